@@ -1,0 +1,27 @@
+"""Real-benchmark evaluation: local loaders, boxed-answer grading, pass@1."""
+
+from mipu_jax.eval.benchmarks import BENCHMARKS
+from mipu_jax.eval.benchmarks import BenchmarkProblem
+from mipu_jax.eval.benchmarks import canonical_name
+from mipu_jax.eval.benchmarks import load_benchmark
+from mipu_jax.eval.benchmarks import PROMPT_TEMPLATE
+from mipu_jax.eval.grading import boxed_reward
+from mipu_jax.eval.grading import extract_boxed
+from mipu_jax.eval.grading import grade
+from mipu_jax.eval.grading import is_equivalent
+from mipu_jax.eval.grading import normalize_answer
+from mipu_jax.eval.grading import pass_at_1
+
+__all__ = [
+    "BENCHMARKS",
+    "BenchmarkProblem",
+    "PROMPT_TEMPLATE",
+    "boxed_reward",
+    "canonical_name",
+    "extract_boxed",
+    "grade",
+    "is_equivalent",
+    "load_benchmark",
+    "normalize_answer",
+    "pass_at_1",
+]

@@ -1,0 +1,37 @@
+"""MIPU Step 2: inference-gap-aware acceptance and exact rollback (SPEC.md §5).
+
+Pure functions; the RL loop composes them::
+
+  t_post, metrics = gap_post(lp_new_BT, lp_mu_new_BT, mask_BT, rewards_B, G)
+  accepted = accept(t_post, c)            # or random_accept(key, p)
+  state = select_tree(accepted, candidate_state, previous_state)
+  counters = update_counters(counters, accepted)
+  metrics |= counter_metrics(counters, accepted)
+
+Rollback is a functional select over the learner state (see `acceptance`).
+Step 1 is the ``mipu_step1`` correction preset, not part of this package.
+"""
+
+from mipu_jax.mipu.acceptance import accept
+from mipu_jax.mipu.acceptance import DEFAULT_C
+from mipu_jax.mipu.acceptance import random_accept
+from mipu_jax.mipu.acceptance import select_tree
+from mipu_jax.mipu.counters import counter_metrics
+from mipu_jax.mipu.counters import init_counters
+from mipu_jax.mipu.counters import MipuCounters
+from mipu_jax.mipu.counters import rollback_rate
+from mipu_jax.mipu.counters import update_counters
+from mipu_jax.mipu.gap import gap_post
+
+__all__ = [
+    "DEFAULT_C",
+    "MipuCounters",
+    "accept",
+    "counter_metrics",
+    "gap_post",
+    "init_counters",
+    "random_accept",
+    "rollback_rate",
+    "select_tree",
+    "update_counters",
+]

@@ -1,0 +1,275 @@
+"""Hugging Face interop: read and write Qwen3 `config.json` + safetensors directories.
+
+The only module that knows Hugging Face tensor names. Layouts (ours <- HF):
+  embed [V, D]           <- model.embed_tokens.weight [V, D]
+  layers.q [L, D, N, H]  <- model.layers.{i}.self_attn.q_proj.weight [N*H, D] (transposed)
+  layers.k/v [L, D, K, H]<- k_proj / v_proj [K*H, D]
+  layers.o [L, N, H, D]  <- o_proj [D, N*H]
+  layers.gate/up [L, D, F] <- mlp.gate_proj / up_proj [F, D]
+  layers.down [L, F, D]  <- mlp.down_proj [D, F]
+  norms                  <- input_layernorm, post_attention_layernorm, q_norm, k_norm, model.norm
+  lm_head [D, V]         <- lm_head.weight [V, D] (untied models only)
+"""
+
+import json
+import os
+from typing import Any, Optional
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+from safetensors import safe_open
+from safetensors.flax import save_file
+
+from mipu_jax.models.config import Qwen3Config, as_dtype
+from mipu_jax.models.qwen3 import Qwen3
+
+_INDEX = "model.safetensors.index.json"
+_SINGLE = "model.safetensors"
+
+
+class CheckpointError(ValueError):
+  """A Hugging Face checkpoint directory that cannot be loaded as Qwen3."""
+
+
+def config_from_hf(hf: dict, **overrides) -> Qwen3Config:
+  """Qwen3Config from a parsed `config.json`; unsupported features are errors."""
+  model_type = hf.get("model_type")
+  archs = hf.get("architectures") or []
+  if model_type != "qwen3" or (archs and "Qwen3ForCausalLM" not in archs):
+    raise CheckpointError(
+        f"Unsupported architecture: model_type={model_type!r}, architectures={archs}; "
+        "mipu_jax loads Qwen3ForCausalLM (model_type 'qwen3') only.")
+  if hf.get("hidden_act", "silu") != "silu":
+    raise CheckpointError(f"Unsupported hidden_act {hf['hidden_act']!r}; Qwen3 uses 'silu'.")
+  if hf.get("attention_bias", False):
+    raise CheckpointError("Unsupported: attention_bias=true (Qwen3 has no attention bias).")
+  if hf.get("use_sliding_window", False):
+    raise CheckpointError("Unsupported: use_sliding_window=true.")
+  rope = hf.get("rope_parameters") or hf.get("rope_scaling") or {}
+  rope_type = rope.get("rope_type", rope.get("type", "default"))
+  if rope_type != "default":
+    raise CheckpointError(f"Unsupported RoPE scaling {rope_type!r}; only 'default' RoPE.")
+  theta = hf.get("rope_theta", rope.get("rope_theta", 1_000_000.0))
+  n_heads = hf["num_attention_heads"]
+  kwargs = dict(
+      vocab_size=hf["vocab_size"], hidden_size=hf["hidden_size"],
+      num_layers=hf["num_hidden_layers"], num_heads=n_heads,
+      num_kv_heads=hf.get("num_key_value_heads", n_heads),
+      head_dim=hf.get("head_dim", hf["hidden_size"] // n_heads),
+      intermediate_size=hf["intermediate_size"],
+      tie_embeddings=hf.get("tie_word_embeddings", False),
+      rope_theta=float(theta), rms_eps=hf.get("rms_norm_eps", 1e-6))
+  kwargs.update(overrides)
+  return Qwen3Config(**kwargs)
+
+
+def config_to_hf(cfg: Qwen3Config) -> dict:
+  """`config.json` contents that `transformers` reads as Qwen3ForCausalLM."""
+  return {
+      "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3",
+      "vocab_size": cfg.vocab_size, "hidden_size": cfg.hidden_size,
+      "intermediate_size": cfg.intermediate_size, "num_hidden_layers": cfg.num_layers,
+      "num_attention_heads": cfg.num_heads, "num_key_value_heads": cfg.num_kv_heads,
+      "head_dim": cfg.head_dim, "hidden_act": "silu", "attention_bias": False,
+      "attention_dropout": 0.0, "rms_norm_eps": cfg.rms_eps, "rope_theta": cfg.rope_theta,
+      "rope_parameters": {"rope_type": "default", "rope_theta": cfg.rope_theta},
+      "tie_word_embeddings": cfg.tie_embeddings, "use_sliding_window": False,
+      "sliding_window": None, "max_position_embeddings": 40960,
+      "dtype": jnp.dtype(cfg.param_dtype).name, "initializer_range": 0.02,
+  }
+
+
+def _expected_shapes(cfg: Qwen3Config) -> dict[str, tuple[int, ...]]:
+  d, f, n, k, h, v = (cfg.hidden_size, cfg.intermediate_size, cfg.num_heads,
+                      cfg.num_kv_heads, cfg.head_dim, cfg.vocab_size)
+  shapes = {"model.embed_tokens.weight": (v, d), "model.norm.weight": (d,)}
+  for i in range(cfg.num_layers):
+    p = f"model.layers.{i}."
+    shapes.update({
+        p + "input_layernorm.weight": (d,), p + "post_attention_layernorm.weight": (d,),
+        p + "self_attn.q_proj.weight": (n * h, d), p + "self_attn.k_proj.weight": (k * h, d),
+        p + "self_attn.v_proj.weight": (k * h, d), p + "self_attn.o_proj.weight": (d, n * h),
+        p + "self_attn.q_norm.weight": (h,), p + "self_attn.k_norm.weight": (h,),
+        p + "mlp.gate_proj.weight": (f, d), p + "mlp.up_proj.weight": (f, d),
+        p + "mlp.down_proj.weight": (d, f),
+    })
+  if not cfg.tie_embeddings:
+    shapes["lm_head.weight"] = (v, d)
+  return shapes
+
+
+def _tensor_files(path: str) -> dict[str, str]:
+  """Maps each tensor name to the safetensors file holding it."""
+  index = os.path.join(path, _INDEX)
+  if os.path.exists(index):
+    with open(index) as f:
+      weight_map = json.load(f).get("weight_map")
+    if not weight_map:
+      raise CheckpointError(f"{index} has no 'weight_map'.")
+    missing = sorted({fn for fn in weight_map.values()
+                      if not os.path.exists(os.path.join(path, fn))})
+    if missing:
+      raise CheckpointError(f"{index} names shard files that do not exist: {missing}.")
+    return {name: os.path.join(path, fn) for name, fn in weight_map.items()}
+  single = os.path.join(path, _SINGLE)
+  if not os.path.exists(single):
+    raise CheckpointError(f"No {_SINGLE} or {_INDEX} in {path}.")
+  with safe_open(single, framework="flax") as f:
+    return {name: single for name in f.keys()}
+
+
+def _read_tensors(path: str, cfg: Qwen3Config) -> dict[str, np.ndarray]:
+  files = _tensor_files(path)
+  expected = _expected_shapes(cfg)
+  names = set(files)
+  if cfg.tie_embeddings:
+    names.discard("lm_head.weight")  # Some tied checkpoints store a copy; the embedding wins.
+  missing = sorted(set(expected) - names)
+  unexpected = sorted(names - set(expected))
+  if missing:
+    raise CheckpointError(f"Checkpoint {path} is missing tensors: {missing[:8]}"
+                          + (f" and {len(missing) - 8} more" if len(missing) > 8 else ""))
+  if unexpected:
+    raise CheckpointError(f"Checkpoint {path} has unexpected tensors: {unexpected[:8]}"
+                          + (f" and {len(unexpected) - 8} more" if len(unexpected) > 8 else ""))
+  tensors = {}
+  by_file: dict[str, list[str]] = {}
+  for name in expected:
+    by_file.setdefault(files[name], []).append(name)
+  for fn, fnames in by_file.items():
+    with safe_open(fn, framework="flax") as f:
+      for name in fnames:
+        t = f.get_tensor(name)
+        if tuple(t.shape) != expected[name]:
+          raise CheckpointError(f"Tensor {name} in {fn} has shape {tuple(t.shape)}, "
+                                f"expected {expected[name]} for this config.")
+        tensors[name] = np.asarray(t.astype(jnp.float32))
+  return tensors
+
+
+def _to_ours(t: dict[str, np.ndarray], cfg: Qwen3Config, dtype) -> dict[str, Any]:
+  d, n, k, h = cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+
+  def stack(suffix, fn):
+    return np.stack([fn(t[f"model.layers.{i}.{suffix}"]) for i in range(cfg.num_layers)])
+
+  layers = {
+      "attn_norm": stack("input_layernorm.weight", lambda w: w),
+      "q": stack("self_attn.q_proj.weight", lambda w: w.T.reshape(d, n, h)),
+      "k": stack("self_attn.k_proj.weight", lambda w: w.T.reshape(d, k, h)),
+      "v": stack("self_attn.v_proj.weight", lambda w: w.T.reshape(d, k, h)),
+      "o": stack("self_attn.o_proj.weight", lambda w: w.T.reshape(n, h, d)),
+      "q_norm": stack("self_attn.q_norm.weight", lambda w: w),
+      "k_norm": stack("self_attn.k_norm.weight", lambda w: w),
+      "mlp_norm": stack("post_attention_layernorm.weight", lambda w: w),
+      "gate": stack("mlp.gate_proj.weight", lambda w: w.T),
+      "up": stack("mlp.up_proj.weight", lambda w: w.T),
+      "down": stack("mlp.down_proj.weight", lambda w: w.T),
+  }
+  out = {"embed": t["model.embed_tokens.weight"], "layers": layers,
+         "final_norm": t["model.norm.weight"]}
+  if not cfg.tie_embeddings:
+    out["lm_head"] = t["lm_head.weight"].T
+  return jax.tree.map(lambda a: np.asarray(a, dtype), out)
+
+
+def _from_ours(params: dict, cfg: Qwen3Config) -> dict[str, np.ndarray]:
+  d, n, k, h = cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+  lay = params["layers"]
+  t = {"model.embed_tokens.weight": params["embed"], "model.norm.weight": params["final_norm"]}
+  for i in range(cfg.num_layers):
+    p = f"model.layers.{i}."
+    t[p + "input_layernorm.weight"] = lay["attn_norm"][i]
+    t[p + "post_attention_layernorm.weight"] = lay["mlp_norm"][i]
+    t[p + "self_attn.q_proj.weight"] = lay["q"][i].reshape(d, n * h).T
+    t[p + "self_attn.k_proj.weight"] = lay["k"][i].reshape(d, k * h).T
+    t[p + "self_attn.v_proj.weight"] = lay["v"][i].reshape(d, k * h).T
+    t[p + "self_attn.o_proj.weight"] = lay["o"][i].reshape(n * h, d).T
+    t[p + "self_attn.q_norm.weight"] = lay["q_norm"][i]
+    t[p + "self_attn.k_norm.weight"] = lay["k_norm"][i]
+    t[p + "mlp.gate_proj.weight"] = lay["gate"][i].T
+    t[p + "mlp.up_proj.weight"] = lay["up"][i].T
+    t[p + "mlp.down_proj.weight"] = lay["down"][i].T
+  if not cfg.tie_embeddings:
+    t["lm_head.weight"] = params["lm_head"].T
+  return t
+
+
+def read_config(path: str, **overrides) -> Qwen3Config:
+  """Qwen3Config from `path/config.json`."""
+  fn = os.path.join(path, "config.json")
+  if not os.path.isdir(path):
+    raise CheckpointError(f"Checkpoint directory {path} does not exist.")
+  if not os.path.exists(fn):
+    raise CheckpointError(f"No config.json in {path}.")
+  with open(fn) as f:
+    return config_from_hf(json.load(f), **overrides)
+
+
+def from_pretrained(path: str, dtype: Any = jnp.float32, *, compute_dtype: Any = None,
+                    mesh: Optional[jax.sharding.Mesh] = None, layout: str = "train") -> Qwen3:
+  """Loads a local Hugging Face Qwen3 directory as a `Qwen3` model.
+
+  Args:
+    path: directory with `config.json` and `model.safetensors` or sharded
+      `*.safetensors` + `model.safetensors.index.json`.
+    dtype: parameter dtype (float32 master weights by default).
+    compute_dtype: matmul dtype; defaults to `dtype`.
+    mesh: if given, parameters are placed with the `layout` sharding table.
+    layout: 'train' or 'sampling' (see `mipu_jax.models.sharding`).
+  """
+  dtype = as_dtype(dtype)
+  cfg = read_config(path, param_dtype=dtype, dtype=as_dtype(compute_dtype or dtype))
+  params = _to_ours(_read_tensors(path, cfg), cfg, dtype)
+  abstract = nnx.eval_shape(lambda: Qwen3(cfg, rngs=nnx.Rngs(0)))
+  graphdef, state = nnx.split(abstract)
+  if mesh is not None:
+    from mipu_jax.models import sharding  # pylint: disable=g-import-not-at-top
+    shardings = sharding.param_shardings(state, mesh, layout)
+    params = jax.tree.map(jax.device_put, params, shardings)
+  else:
+    params = jax.tree.map(jnp.asarray, params)
+  nnx.replace_by_pure_dict(state, params)
+  return nnx.merge(graphdef, state)
+
+
+def save_pretrained(model: Qwen3, path: str, *, max_shard_bytes: int = 2 * 1024**3,
+                    dtype: Any = None) -> None:
+  """Writes `model` as a Hugging Face directory that `transformers` loads.
+
+  Tensors are written in `dtype` (default: the parameter dtype), split into
+  several files with an index when they exceed `max_shard_bytes`.
+  """
+  cfg = model.config
+  dtype = as_dtype(dtype) if dtype is not None else cfg.param_dtype
+  os.makedirs(path, exist_ok=True)
+  hf_cfg = config_to_hf(cfg)
+  hf_cfg["dtype"] = jnp.dtype(dtype).name
+  with open(os.path.join(path, "config.json"), "w") as f:
+    json.dump(hf_cfg, f, indent=2)
+  params = jax.tree.map(lambda a: np.asarray(jax.device_get(a), np.float32),
+                        nnx.to_pure_dict(nnx.state(model, nnx.Param)))
+  tensors = {n: jnp.asarray(np.ascontiguousarray(a), dtype)
+             for n, a in _from_ours(params, cfg).items()}
+  shards, current, size = [], {}, 0
+  for name in sorted(tensors):
+    nbytes = tensors[name].nbytes
+    if current and size + nbytes > max_shard_bytes:
+      shards.append(current)
+      current, size = {}, 0
+    current[name] = tensors[name]
+    size += nbytes
+  shards.append(current)
+  if len(shards) == 1:
+    save_file(shards[0], os.path.join(path, _SINGLE), metadata={"format": "pt"})
+    return
+  weight_map = {}
+  for i, shard in enumerate(shards):
+    fn = f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
+    save_file(shard, os.path.join(path, fn), metadata={"format": "pt"})
+    weight_map.update({name: fn for name in shard})
+  total = sum(t.nbytes for t in tensors.values())
+  with open(os.path.join(path, _INDEX), "w") as f:
+    json.dump({"metadata": {"total_size": total}, "weight_map": weight_map}, f, indent=2)

@@ -1,0 +1,272 @@
+"""Qwen3 decoder in Flax NNX (SPEC.md §7).
+
+RMSNorm, RoPE, grouped-query attention with per-head q/k RMSNorm, SwiGLU MLP,
+tied or untied embeddings. Layer weights are stacked on a leading `L` axis and
+the layers run under `jax.lax.scan`, so a 36-layer model compiles as fast as a
+one-layer one and the KV cache is one array per K/V.
+
+Shape letters: B batch, T query positions, S key positions (cache slots),
+D hidden, N query heads, K kv heads, G = N // K, H head dim, F MLP width,
+V vocab, L layers.
+"""
+
+from typing import Callable, NamedTuple, Optional
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from mipu_jax.models.config import Qwen3Config
+
+ActQuant = Optional[Callable[[jax.Array], jax.Array]]
+_NEG_INF = float(jnp.finfo(jnp.float32).min)
+
+
+class KVCache(NamedTuple):
+  """Preallocated key/value cache shared by prefill and decode.
+
+  Attributes:
+    k: [L, B, S, K, H] keys in the cache dtype (int8 with `k_scale`).
+    v: [L, B, S, K, H] values.
+    k_scale: [L, B, S, K, 1] float32 absmax scales when the cache is int8, else None.
+    v_scale: as `k_scale`.
+    valid: [B, S] bool, whether a slot holds a real (non-padding) token.
+    index: int32 scalar, the next slot to write (shared by all rows: prompts are
+      left-padded so every row writes the same slot).
+  """
+
+  k: jax.Array
+  v: jax.Array
+  k_scale: Optional[jax.Array]
+  v_scale: Optional[jax.Array]
+  valid: jax.Array
+  index: jax.Array
+
+
+def init_cache(cfg: Qwen3Config, batch: int, max_len: int, dtype=jnp.bfloat16) -> KVCache:
+  """An empty cache of `max_len` slots; `dtype` float32/bfloat16/float8_*/int8."""
+  dtype = jnp.dtype(dtype)
+  shape = (cfg.num_layers, batch, max_len, cfg.num_kv_heads, cfg.head_dim)
+  scale = None
+  if dtype == jnp.int8:
+    scale = jnp.ones(shape[:-1] + (1,), jnp.float32)
+  return KVCache(k=jnp.zeros(shape, dtype), v=jnp.zeros(shape, dtype), k_scale=scale,
+                 v_scale=scale, valid=jnp.zeros((batch, max_len), bool),
+                 index=jnp.zeros((), jnp.int32))
+
+
+def _quantize_kv(x, dtype):
+  """Casts new K/V to the cache dtype; int8 uses per-(token, head) absmax scales."""
+  if dtype == jnp.int8:
+    scale = jnp.max(jnp.abs(x.astype(jnp.float32)), axis=-1, keepdims=True) / 127.0
+    scale = jnp.where(scale == 0, 1.0, scale)
+    q = jnp.clip(jnp.round(x.astype(jnp.float32) / scale), -127, 127).astype(jnp.int8)
+    return q, scale
+  return x.astype(dtype), None
+
+
+def _dequantize_kv(x, scale, dtype):
+  if scale is None:
+    return x.astype(dtype)
+  return (x.astype(jnp.float32) * scale).astype(dtype)
+
+
+def rms_norm(x, weight, eps):
+  """RMSNorm in float32, cast back to the input dtype (as Hugging Face Qwen3)."""
+  x32 = x.astype(jnp.float32)
+  x32 = x32 * jax.lax.rsqrt(jnp.mean(jnp.square(x32), axis=-1, keepdims=True) + eps)
+  weight = weight.astype(jnp.float32).reshape((1,) * (x.ndim - 1) + weight.shape)
+  return (weight * x32).astype(x.dtype)
+
+
+def rope(x_BTNH, positions_BT, theta):
+  """Rotary embedding, half-split (`rotate_half`) layout as Hugging Face Qwen3."""
+  h = x_BTNH.shape[-1]
+  inv_freq = 1.0 / (theta ** (jnp.arange(0, h, 2, dtype=jnp.float32) / h))
+  angles_BTh = positions_BT.astype(jnp.float32)[..., None] * inv_freq[None, None, :]
+  sin = jnp.sin(angles_BTh)[:, :, None, :]
+  cos = jnp.cos(angles_BTh)[:, :, None, :]
+  x = x_BTNH.astype(jnp.float32)
+  x1, x2 = x[..., : h // 2], x[..., h // 2:]
+  out = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
+  return out.astype(x_BTNH.dtype)
+
+
+def _aq(x, act_quant: ActQuant):
+  return x if act_quant is None else act_quant(x)
+
+
+def _layer(cfg: Qwen3Config, x_BTD, w, positions_BT, mask_BTS, kv, index, act_quant):
+  """One decoder layer. `w` holds this layer's weights (already in compute dtype).
+
+  `kv` is this layer's cache `(k, k_scale, v, v_scale)`. Without a cache (`kv is None`) the keys are the T positions themselves;
+  with one, the new keys are written at `cache.index` and attention runs over
+  all S slots. Returns the new hidden state and the new K/V (cache-layout).
+  """
+  dt = cfg.dtype
+  h_BTD = rms_norm(x_BTD, w["attn_norm"], cfg.rms_eps)
+  h_BTD = _aq(h_BTD, act_quant)
+  q_BTNH = jnp.einsum("BTD,DNH->BTNH", h_BTD, w["q"])
+  k_BTKH = jnp.einsum("BTD,DKH->BTKH", h_BTD, w["k"])
+  v_BTKH = jnp.einsum("BTD,DKH->BTKH", h_BTD, w["v"])
+  q_BTNH = rope(rms_norm(q_BTNH, w["q_norm"], cfg.rms_eps), positions_BT, cfg.rope_theta)
+  k_BTKH = rope(rms_norm(k_BTKH, w["k_norm"], cfg.rms_eps), positions_BT, cfg.rope_theta)
+
+  if kv is None:
+    keys_BSKH, values_BSKH, new_kv = k_BTKH, v_BTKH, None
+  else:
+    k_q, k_s, v_q, v_s = kv
+    kq_new, ks_new = _quantize_kv(k_BTKH, k_q.dtype)
+    vq_new, vs_new = _quantize_kv(v_BTKH, v_q.dtype)
+    k_q = jax.lax.dynamic_update_slice(k_q, kq_new, (0, index, 0, 0))
+    v_q = jax.lax.dynamic_update_slice(v_q, vq_new, (0, index, 0, 0))
+    if k_s is not None:
+      k_s = jax.lax.dynamic_update_slice(k_s, ks_new, (0, index, 0, 0))
+      v_s = jax.lax.dynamic_update_slice(v_s, vs_new, (0, index, 0, 0))
+    keys_BSKH = _dequantize_kv(k_q, k_s, dt)
+    values_BSKH = _dequantize_kv(v_q, v_s, dt)
+    new_kv = (k_q, k_s, v_q, v_s)
+
+  b, t, n, hd = q_BTNH.shape
+  kh = keys_BSKH.shape[2]
+  q_BTKGH = q_BTNH.reshape(b, t, kh, n // kh, hd)
+  scores_BKGTS = jnp.einsum("BTKGH,BSKH->BKGTS", q_BTKGH, keys_BSKH,
+                            preferred_element_type=jnp.float32) * (hd ** -0.5)
+  scores_BKGTS = jnp.where(mask_BTS[:, None, None, :, :], scores_BKGTS, _NEG_INF)
+  probs_BKGTS = jax.nn.softmax(scores_BKGTS, axis=-1).astype(dt)
+  attn_BTKGH = jnp.einsum("BKGTS,BSKH->BTKGH", probs_BKGTS, values_BSKH)
+  attn_BTNH = _aq(attn_BTKGH.reshape(b, t, n, hd), act_quant)
+  x_BTD = x_BTD + jnp.einsum("BTNH,NHD->BTD", attn_BTNH, w["o"]).astype(x_BTD.dtype)
+
+  h_BTD = _aq(rms_norm(x_BTD, w["mlp_norm"], cfg.rms_eps), act_quant)
+  gate_BTF = jnp.einsum("BTD,DF->BTF", h_BTD, w["gate"])
+  up_BTF = jnp.einsum("BTD,DF->BTF", h_BTD, w["up"])
+  act_BTF = _aq(jax.nn.silu(gate_BTF) * up_BTF, act_quant)
+  x_BTD = x_BTD + jnp.einsum("BTF,FD->BTD", act_BTF, w["down"]).astype(x_BTD.dtype)
+  return x_BTD, new_kv
+
+
+def _normal(rngs, shape, dtype, std=0.02):
+  return (std * jax.random.normal(rngs.params(), shape, jnp.float32)).astype(dtype)
+
+
+class Layers(nnx.Module):
+  """The L decoder layers, weights stacked on a leading layer axis."""
+
+  def __init__(self, cfg: Qwen3Config, *, rngs: nnx.Rngs):
+    l, d, n, k, h, f = (cfg.num_layers, cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads,
+                        cfg.head_dim, cfg.intermediate_size)
+    pd = cfg.param_dtype
+    self.attn_norm = nnx.Param(jnp.ones((l, d), pd))
+    self.q = nnx.Param(_normal(rngs, (l, d, n, h), pd))
+    self.k = nnx.Param(_normal(rngs, (l, d, k, h), pd))
+    self.v = nnx.Param(_normal(rngs, (l, d, k, h), pd))
+    self.o = nnx.Param(_normal(rngs, (l, n, h, d), pd))
+    self.q_norm = nnx.Param(jnp.ones((l, h), pd))
+    self.k_norm = nnx.Param(jnp.ones((l, h), pd))
+    self.mlp_norm = nnx.Param(jnp.ones((l, d), pd))
+    self.gate = nnx.Param(_normal(rngs, (l, d, f), pd))
+    self.up = nnx.Param(_normal(rngs, (l, d, f), pd))
+    self.down = nnx.Param(_normal(rngs, (l, f, d), pd))
+
+  NAMES = ("attn_norm", "q", "k", "v", "o", "q_norm", "k_norm", "mlp_norm", "gate", "up", "down")
+
+  def stacked(self, dtype) -> dict[str, jax.Array]:
+    """Weights as a dict of [L, ...] arrays; matmul weights cast to `dtype`, norms kept."""
+    out = {}
+    for name in self.NAMES:
+      value = getattr(self, name)[...]
+      out[name] = value if name.endswith("norm") else value.astype(dtype)
+    return out
+
+
+class Qwen3(nnx.Module):
+  """Qwen3 causal LM: `model(tokens[B, T]) -> logits[B, T, V]` (float32)."""
+
+  def __init__(self, cfg: Qwen3Config, *, rngs: nnx.Rngs):
+    self.config = cfg
+    pd = cfg.param_dtype
+    self.embed = nnx.Param(_normal(rngs, (cfg.vocab_size, cfg.hidden_size), pd))
+    self.layers = Layers(cfg, rngs=rngs)
+    self.final_norm = nnx.Param(jnp.ones((cfg.hidden_size,), pd))
+    if not cfg.tie_embeddings:
+      self.lm_head = nnx.Param(_normal(rngs, (cfg.hidden_size, cfg.vocab_size), pd))
+
+  def __call__(self, tokens_BT: jax.Array, *, positions_BT: Optional[jax.Array] = None,
+               mask_BT: Optional[jax.Array] = None, cache: Optional[KVCache] = None,
+               act_quant: ActQuant = None, quant_lm_head: bool = True,
+               return_hidden: bool = False):
+    """Runs the decoder.
+
+    Args:
+      tokens_BT: int token ids.
+      positions_BT: RoPE positions; default: count of real tokens before each
+        position (so left- and right-padded rows both get 0, 1, 2, ...).
+      mask_BT: 1 on real tokens, 0 on padding (padding keys are never attended).
+      cache: if given, the T tokens are written at `cache.index` and attend to
+        every valid earlier slot; the updated cache is returned too.
+      act_quant: optional fake-quantizer applied to the input of every
+        projection (the sampler's activation quantization).
+      quant_lm_head: whether `act_quant` also applies to the LM head input.
+      return_hidden: also return the final normalised hidden state [B, T, D].
+
+    Returns:
+      float32 logits [B, T, V]; `(logits, cache)` when a cache is given.
+    """
+    cfg = self.config
+    b, t = tokens_BT.shape
+    if mask_BT is None:
+      mask_BT = jnp.ones((b, t), bool)
+    mask_BT = mask_BT.astype(bool)
+    if positions_BT is None:
+      positions_BT = jnp.maximum(jnp.cumsum(mask_BT, axis=1) - 1, 0)
+      if cache is not None:
+        start_B = jnp.sum(cache.valid, axis=1)
+        positions_BT = positions_BT + start_B[:, None]
+
+    embed_VD = self.embed[...]
+    x_BTD = jnp.take(embed_VD, tokens_BT, axis=0).astype(cfg.dtype)
+    weights = self.layers.stacked(cfg.dtype)
+
+    if cache is None:
+      causal_TT = jnp.tril(jnp.ones((t, t), bool))
+      mask_BTS = causal_TT[None] & mask_BT[:, None, :]
+
+      def body(x, w):
+        x, _ = _layer(cfg, x, w, positions_BT, mask_BTS, None, None, act_quant)
+        return x, None
+
+      if cfg.remat:
+        body = jax.checkpoint(body)
+      x_BTD, _ = jax.lax.scan(body, x_BTD, weights)
+      new_cache = None
+    else:
+      s = cache.valid.shape[1]
+      valid_BS = jax.lax.dynamic_update_slice(cache.valid, mask_BT, (0, cache.index))
+      slot_T = cache.index + jnp.arange(t)
+      causal_TS = jnp.arange(s)[None, :] <= slot_T[:, None]
+      mask_BTS = causal_TS[None] & valid_BS[:, None, :]
+
+      def body(x, xs):
+        w, k_q, k_s, v_q, v_s = xs
+        return _layer(cfg, x, w, positions_BT, mask_BTS, (k_q, k_s, v_q, v_s), cache.index,
+                      act_quant)
+
+      x_BTD, (k, k_s, v, v_s) = jax.lax.scan(
+          body, x_BTD, (weights, cache.k, cache.k_scale, cache.v, cache.v_scale))
+      new_cache = KVCache(k=k, v=v, k_scale=k_s, v_scale=v_s, valid=valid_BS,
+                          index=cache.index + t)
+
+    h_BTD = rms_norm(x_BTD, self.final_norm[...], cfg.rms_eps)
+    logits_BTV = self.logits(h_BTD, act_quant if quant_lm_head else None)
+    out = (logits_BTV, h_BTD) if return_hidden else logits_BTV
+    return out if cache is None else (out, new_cache)
+
+  def logits(self, h_BTD, act_quant: ActQuant = None):
+    """LM head: float32 logits from the final normalised hidden state."""
+    h_BTD = _aq(h_BTD, act_quant)
+    if self.config.tie_embeddings:
+      w_VD = self.embed[...].astype(self.config.dtype)
+      return jnp.einsum("BTD,VD->BTV", h_BTD, w_VD, preferred_element_type=jnp.float32)
+    w_DV = self.lm_head[...].astype(self.config.dtype)
+    return jnp.einsum("BTD,DV->BTV", h_BTD, w_DV, preferred_element_type=jnp.float32)

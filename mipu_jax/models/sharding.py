@@ -1,0 +1,143 @@
+"""Sharding tables: parameter names -> `PartitionSpec` over a (data, fsdp, tensor) mesh.
+
+Two layouts (SPEC.md §7): `train` shards every matrix over `fsdp` (ZeRO-3
+style) and `tensor` (Megatron style: heads / MLP width); `sampling` keeps only
+the `tensor` split so decode never all-gathers weights. Batches are split over
+(`data`, `fsdp`). `jit` over the mesh shards parameters too, which Qwen3-4B on a
+TPU pod needs and `pmap` cannot do.
+"""
+
+import math
+from typing import Any, Optional
+
+import jax
+import numpy as np
+from flax import nnx
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+AXES = ("data", "fsdp", "tensor")
+
+# Parameter path -> per-dimension mesh axes, for the `train` layout.
+TRAIN_RULES: dict[str, tuple[Optional[str], ...]] = {
+    "embed": ("tensor", "fsdp"),                        # [V, D]
+    "lm_head": ("fsdp", "tensor"),                      # [D, V]
+    "final_norm": (None,),                              # [D]
+    "layers/attn_norm": (None, None),                   # [L, D]
+    "layers/mlp_norm": (None, None),                    # [L, D]
+    "layers/q_norm": (None, None),                      # [L, H]
+    "layers/k_norm": (None, None),                      # [L, H]
+    "layers/q": (None, "fsdp", "tensor", None),         # [L, D, N, H]
+    "layers/k": (None, "fsdp", "tensor", None),         # [L, D, K, H]
+    "layers/v": (None, "fsdp", "tensor", None),         # [L, D, K, H]
+    "layers/o": (None, "tensor", None, "fsdp"),         # [L, N, H, D]
+    "layers/gate": (None, "fsdp", "tensor"),            # [L, D, F]
+    "layers/up": (None, "fsdp", "tensor"),              # [L, D, F]
+    "layers/down": (None, "tensor", "fsdp"),            # [L, F, D]
+}
+LAYOUTS = ("train", "sampling")
+
+
+def make_mesh(data: int = 1, fsdp: int = -1, tensor: int = 1, devices=None) -> Mesh:
+  """A (data, fsdp, tensor) mesh; one axis may be -1 to take the remaining devices."""
+  devices = list(jax.devices() if devices is None else devices)
+  shape = [data, fsdp, tensor]
+  if shape.count(-1) > 1:
+    raise ValueError(f"At most one mesh axis may be -1, got {shape}.")
+  known = math.prod(s for s in shape if s != -1)
+  if -1 in shape:
+    if len(devices) % known:
+      raise ValueError(f"{len(devices)} devices do not divide into mesh {shape}.")
+    shape[shape.index(-1)] = len(devices) // known
+  if math.prod(shape) != len(devices):
+    raise ValueError(f"Mesh {dict(zip(AXES, shape))} needs {math.prod(shape)} devices, "
+                     f"have {len(devices)}.")
+  return Mesh(np.asarray(devices).reshape(shape), AXES)
+
+
+def _path_name(path) -> str:
+  return "/".join(str(getattr(k, "key", getattr(k, "name", k))) for k in path)
+
+
+def spec_for(name: str, shape: tuple[int, ...], mesh: Mesh, layout: str = "train") -> P:
+  """PartitionSpec of parameter `name`; an axis that does not divide its dim is dropped."""
+  if layout not in LAYOUTS:
+    raise ValueError(f"Unknown layout {layout!r}; expected one of {LAYOUTS}.")
+  if name not in TRAIN_RULES:
+    raise KeyError(f"No sharding rule for parameter {name!r}.")
+  rule = TRAIN_RULES[name]
+  if len(rule) != len(shape):
+    raise ValueError(f"Rule for {name!r} has rank {len(rule)}, parameter has shape {shape}.")
+  axes = []
+  for axis, dim in zip(rule, shape):
+    if axis == "fsdp" and layout == "sampling":
+      axis = None
+    if axis is not None and dim % mesh.shape[axis]:
+      axis = None
+    axes.append(axis)
+  return P(*axes)
+
+
+def param_shardings(params: Any, mesh: Mesh, layout: str = "train") -> dict:
+  """Pure dict of `NamedSharding`s for a parameter state / pure dict / model."""
+  if isinstance(params, nnx.Module):
+    params = nnx.state(params, nnx.Param)
+  if isinstance(params, nnx.State):
+    params = nnx.to_pure_dict(params)
+  return jax.tree_util.tree_map_with_path(
+      lambda path, x: NamedSharding(mesh, spec_for(_path_name(path), x.shape, mesh, layout)),
+      params)
+
+
+def batch_sharding(mesh: Mesh, ndim: int = 2) -> NamedSharding:
+  """Leading (batch) axis over (data, fsdp); the rest replicated."""
+  return NamedSharding(mesh, P(("data", "fsdp"), *([None] * (ndim - 1))))
+
+
+def replicated(mesh: Mesh) -> NamedSharding:
+  return NamedSharding(mesh, P())
+
+
+def shard_model(model: nnx.Module, mesh: Mesh, layout: str = "train") -> nnx.Module:
+  """Places the model's parameters with the `layout` table (in place) and returns it."""
+  state = nnx.state(model, nnx.Param)
+  pure = jax.tree.map(jax.device_put, nnx.to_pure_dict(state),
+                      param_shardings(state, mesh, layout))
+  nnx.replace_by_pure_dict(state, pure)
+  nnx.update(model, state)
+  return model
+
+
+def init_sharded(model_fn, mesh: Mesh, layout: str = "train") -> nnx.Module:
+  """Builds `model_fn()` directly sharded: abstract shapes first, then a jitted init.
+
+  No device ever holds the full unsharded parameters (`jax.eval_shape` ->
+  shardings -> `jax.jit(init, out_shardings=...)`).
+  """
+  abstract = nnx.eval_shape(model_fn)
+  graphdef, state = nnx.split(abstract)
+  shardings = param_shardings(state, mesh, layout)
+
+  def init():
+    return nnx.to_pure_dict(nnx.state(model_fn()))
+
+  init = jax.jit(init, out_shardings=shardings)
+  nnx.replace_by_pure_dict(state, init())
+  return nnx.merge(graphdef, state)
+
+
+def abstract_model(model_fn, mesh: Mesh, layout: str = "train"):
+  """(graphdef, pure dict of `ShapeDtypeStruct`s carrying their shardings)."""
+  graphdef, state = nnx.split(nnx.eval_shape(model_fn))
+  pure = nnx.to_pure_dict(state)
+  shardings = param_shardings(pure, mesh, layout)
+  return graphdef, jax.tree.map(
+      lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), pure, shardings)
+
+
+def per_device_bytes(abstract_params: Any) -> int:
+  """Bytes of parameters held by one device, from shapes and shardings."""
+  total = 0
+  for x in jax.tree.leaves(abstract_params):
+    shard = x.sharding.shard_shape(x.shape)
+    total += math.prod(shard) * np.dtype(x.dtype).itemsize
+  return total

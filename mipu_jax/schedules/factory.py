@@ -1,0 +1,77 @@
+"""Picking a schedule by name and reading it back for logging (SPEC.md §6)."""
+
+from typing import Any
+
+import jax
+import optax
+
+from mipu_jax.schedules.baselines import constant
+from mipu_jax.schedules.baselines import cosine
+from mipu_jax.schedules.baselines import ScheduleState
+from mipu_jax.schedules.length_surge import length_surge
+from mipu_jax.schedules.length_surge import LengthSurgeState
+
+_FACTORIES = {
+    "constant": constant,
+    "cosine": cosine,
+    "length_surge": length_surge,
+}
+_STATE_TYPES = (LengthSurgeState, ScheduleState)
+
+
+def make_schedule(name: str, learning_rate: float,
+                  **kwargs: Any) -> optax.GradientTransformationExtraArgs:
+  """Builds the schedule ``name`` (``constant``, ``cosine``, ``length_surge``).
+
+  Args:
+    name: schedule name.
+    learning_rate: ``η_0``.
+    **kwargs: the schedule's own keyword arguments (e.g. ``mode``,
+      ``decay_period`` for ``length_surge``; ``total_steps``, ``warmup``,
+      ``min_ratio`` for ``cosine``).
+
+  Returns:
+    The schedule transformation; place it in an ``optax.chain`` after the
+    preconditioner and before ``optax.scale(-1.0)``.
+  """
+  if name not in _FACTORIES:
+    raise ValueError(f"unknown schedule {name!r}; known: {sorted(_FACTORIES)}")
+  return _FACTORIES[name](learning_rate, **kwargs)
+
+
+def find_schedule_state(opt_state: Any) -> LengthSurgeState | ScheduleState:
+  """Returns the (single) schedule state inside an optimizer state.
+
+  Args:
+    opt_state: a schedule state itself or any pytree holding exactly one (e.g.
+      the state of an ``optax.chain``).
+
+  Raises:
+    ValueError: if there is no schedule state or more than one.
+  """
+  found = [
+      x for x in jax.tree.leaves(
+          opt_state, is_leaf=lambda x: isinstance(x, _STATE_TYPES))
+      if isinstance(x, _STATE_TYPES)
+  ]
+  if len(found) != 1:
+    raise ValueError(f"expected one schedule state, found {len(found)}")
+  return found[0]
+
+
+def current_learning_rate(opt_state: Any) -> jax.Array:
+  """The rate the schedule in ``opt_state`` used for its last update."""
+  return find_schedule_state(opt_state).learning_rate
+
+
+def schedule_metrics(opt_state: Any) -> dict[str, jax.Array]:
+  """Scalars to log under ``schedule/`` (rate; length EMA, surge, period)."""
+  state = find_schedule_state(opt_state)
+  metrics = {"schedule/learning_rate": state.learning_rate}
+  if isinstance(state, LengthSurgeState):
+    metrics.update({
+        "schedule/length_ema": state.length_ema,
+        "schedule/surge_step": state.surge_step,
+        "schedule/decay_period": state.decay_period,
+    })
+  return metrics

@@ -1,0 +1,203 @@
+"""Length-surge learning-rate schedule as an optax transformation (SPEC.md §6).
+
+Source: the length-decay LR scheduler of ``../shared/seeds/002_…`` (its §3.3 and
+Algorithm 1). The rate stays at ``η_0`` until decay starts, then at every step
+``t`` with ``t mod T_decay == 0`` it becomes ``max(η / 2, η_∞)``, with the floor
+``η_∞ = min_ratio · η_0``.
+
+Steps are counted from 1, as in Algorithm 1: the first call to ``update`` is
+step ``t = 1``, and the rate of step ``t`` is computed *before* it scales that
+step's updates (Algorithm 1 sets ``η_t`` and then "updates model parameters
+using ``η_t``"). So the first halved update is step ``T_decay`` itself.
+
+Modes:
+
+* ``fixed``: ``T_decay = decay_period`` from step 1 on. This is Algorithm 1
+  exactly (the paper's experiments, e.g. period 204 for Qwen3-4B-Base).
+* ``auto``: the paper picks ``decay_period`` by hand, from the step at which the
+  mean response length surged (≈ 1.8 × that step); SPEC §6 turns that into
+  online detection, which the paper does not have. A surge is declared at the
+  first step ``t ≥ min_steps`` whose length is ``≥ surge_ratio ×`` a baseline;
+  then ``T_decay = max(round(period_factor · t), 1)`` and halving happens at the
+  multiples of ``T_decay`` from then on (for ``period_factor ≥ 1`` the first one
+  is ``T_decay`` itself).
+
+Baseline choice (``baseline=``): ``"window"`` (default) compares with the length
+``surge_window`` steps earlier, kept in a ring buffer; it matches the paper's
+description of the surge ("the average length can triple in just a few
+steps") and needs no smoothing constant. ``"ema"`` compares with the EMA of the
+lengths of all earlier steps, which is less noisy but also fires on slow,
+steady growth. A baseline of 0 (or a step without one) never declares a surge,
+so empty responses cannot trigger a decay or produce a NaN.
+
+The rate, the length EMA, the surge step and ``T_decay`` live in the state, so
+they are logged (``schedule_metrics``) and checkpointed with the optimizer
+state.
+"""
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from mipu_jax.schedules._scale import scale_updates
+
+_MODES = ("auto", "fixed")
+_BASELINES = ("window", "ema")
+
+
+class LengthSurgeState(NamedTuple):
+  """State of `length_surge` (SPEC.md §6); all leaves are scalars but one.
+
+  Attributes:
+    count: int32, updates applied so far; the next update is step ``count + 1``.
+    length_ema: float32, EMA of the mean response length (first step: its
+      length).
+    length_history_W: float32 ``[surge_window]`` ring buffer; slot
+      ``(t - 1) % surge_window`` holds the length of step ``t``.
+    surge_step: int32, step at which the surge was declared, -1 if none yet (in
+      ``fixed`` mode: always -1).
+    decay_period: int32, ``T_decay``; -1 while unknown (``auto`` before a
+      surge).
+    learning_rate: float32, the rate used by the last update (``η_0`` before
+      any).
+  """
+  count: jax.Array
+  length_ema: jax.Array
+  length_history_W: jax.Array
+  surge_step: jax.Array
+  decay_period: jax.Array
+  learning_rate: jax.Array
+
+
+def _validate(learning_rate, mode, decay_period, surge_ratio, surge_window,
+              min_steps, period_factor, min_ratio, ema_decay, baseline):
+  if mode not in _MODES:
+    raise ValueError(f"mode must be one of {_MODES}, got {mode!r}")
+  if baseline not in _BASELINES:
+    raise ValueError(f"baseline must be one of {_BASELINES}, got {baseline!r}")
+  if mode == "fixed":
+    if decay_period is None or int(decay_period) != decay_period:
+      raise ValueError("mode='fixed' needs an integer decay_period, "
+                       f"got {decay_period!r}")
+    if decay_period < 1:
+      raise ValueError(f"decay_period must be >= 1, got {decay_period}")
+  elif decay_period is not None:
+    raise ValueError("decay_period is only used with mode='fixed'; in 'auto' "
+                     "mode it is period_factor * surge step")
+  if not learning_rate > 0:
+    raise ValueError(f"learning_rate must be > 0, got {learning_rate}")
+  if not 0 <= min_ratio <= 1:
+    raise ValueError(f"min_ratio must be in [0, 1], got {min_ratio}")
+  if not surge_ratio > 1:
+    raise ValueError(f"surge_ratio must be > 1, got {surge_ratio}")
+  if surge_window < 1 or min_steps < 1:
+    raise ValueError("surge_window and min_steps must be >= 1, got "
+                     f"{surge_window} and {min_steps}")
+  if not period_factor > 0:
+    raise ValueError(f"period_factor must be > 0, got {period_factor}")
+  if not 0 <= ema_decay < 1:
+    raise ValueError(f"ema_decay must be in [0, 1), got {ema_decay}")
+
+
+def length_surge(
+    learning_rate: float,
+    *,
+    mode: str = "auto",
+    decay_period: int | None = None,
+    surge_ratio: float = 2.0,
+    surge_window: int = 5,
+    min_steps: int = 10,
+    period_factor: float = 1.8,
+    min_ratio: float = 0.1,
+    ema_decay: float = 0.9,
+    baseline: str = "window",
+) -> optax.GradientTransformationExtraArgs:
+  """Scales updates by the length-surge learning rate (SPEC.md §6).
+
+  ``update(updates, state, params=None, *, response_length=None)`` takes the
+  step's mean response length (a scalar) as an extra argument; ``optax.chain``
+  forwards it, so ``optax.chain(optax.scale_by_adam(), length_surge(lr),
+  optax.scale(-1.0))`` is Adam under this schedule.
+
+  Args:
+    learning_rate: ``η_0``.
+    mode: ``"auto"`` (detect the surge online; ``response_length`` required) or
+      ``"fixed"`` (Algorithm 1 with the given ``decay_period``; the length is
+      optional and only tracked for logging).
+    decay_period: ``T_decay`` for ``fixed`` mode.
+    surge_ratio: a length ``≥ surge_ratio ×`` the baseline is a surge.
+    surge_window: how many steps back the ``"window"`` baseline looks.
+    min_steps: no surge is declared before this step.
+    period_factor: ``T_decay = round(period_factor · t_surge)`` (paper: 1.8).
+    min_ratio: the floor ``η_∞ = min_ratio · η_0`` (paper: 0.1).
+    ema_decay: decay of the length EMA.
+    baseline: ``"window"`` or ``"ema"``, see the module docstring.
+
+  Returns:
+    An ``optax.GradientTransformationExtraArgs`` with a `LengthSurgeState`.
+  """
+  _validate(learning_rate, mode, decay_period, surge_ratio, surge_window,
+            min_steps, period_factor, min_ratio, ema_decay, baseline)
+  floor = min_ratio * learning_rate
+
+  def init_fn(params):
+    del params
+    return LengthSurgeState(
+        count=jnp.zeros([], jnp.int32),
+        length_ema=jnp.zeros([], jnp.float32),
+        length_history_W=jnp.zeros([surge_window], jnp.float32),
+        surge_step=jnp.full([], -1, jnp.int32),
+        decay_period=jnp.full(
+            [], decay_period if mode == "fixed" else -1, jnp.int32),
+        learning_rate=jnp.asarray(learning_rate, jnp.float32),
+    )
+
+  def update_fn(updates, state, params=None, *, response_length=None,
+                **extra_args):
+    del params, extra_args
+    if response_length is None and mode == "auto":
+      raise ValueError(
+          "length_surge(mode='auto') needs update(..., response_length=...)")
+    step = state.count + 1  # Algorithm 1 counts steps from 1.
+    surge_step, period = state.surge_step, state.decay_period
+
+    if response_length is None:
+      length_ema, history_W = state.length_ema, state.length_history_W
+    else:
+      length = jnp.asarray(response_length, jnp.float32).reshape([])
+      length_ema = jnp.where(
+          state.count == 0, length,
+          ema_decay * state.length_ema + (1.0 - ema_decay) * length)
+      slot = (step - 1) % surge_window
+      if baseline == "window":
+        base = state.length_history_W[slot]  # the length of step - window
+        has_base = step > surge_window
+      else:
+        base = state.length_ema  # EMA of the steps before this one
+        has_base = step > 1
+      history_W = state.length_history_W.at[slot].set(length)
+      if mode == "auto":
+        is_surge = ((surge_step < 0) & (step >= min_steps) & has_base
+                    & (base > 0) & (length >= surge_ratio * base))
+        new_period = jnp.maximum(
+            jnp.round(period_factor * step.astype(jnp.float32)), 1.0)
+        surge_step = jnp.where(is_surge, step, surge_step)
+        period = jnp.where(is_surge, new_period.astype(jnp.int32), period)
+
+    at_boundary = (period > 0) & (step % jnp.maximum(period, 1) == 0)
+    lr = jnp.where(at_boundary,
+                   jnp.maximum(state.learning_rate / 2, floor),
+                   state.learning_rate)
+    new_state = LengthSurgeState(
+        count=step,
+        length_ema=length_ema,
+        length_history_W=history_W,
+        surge_step=surge_step,
+        decay_period=period,
+        learning_rate=lr,
+    )
+    return scale_updates(updates, lr), new_state
+
+  return optax.GradientTransformationExtraArgs(init_fn, update_fn)

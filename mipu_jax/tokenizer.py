@@ -1,0 +1,216 @@
+"""Tokenizers: a small protocol, a Hugging Face `tokenizers` backend and a character one.
+
+`encode` never adds special tokens: callers that want a BOS or EOS add the ids
+themselves, so the two implementations behave alike. `decode` does not stop at
+EOS (truncating a completion is the caller's job); it only drops padding.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterable, Sequence
+from typing import Any, Protocol, runtime_checkable
+
+
+@runtime_checkable
+class Tokenizer(Protocol):
+  """What the sampler, the learner and the tasks need from a tokenizer."""
+
+  @property
+  def vocab_size(self) -> int:
+    """Number of ids the tokenizer can produce (specials included)."""
+
+  @property
+  def eos_id(self) -> int:
+    """Id that ends a completion."""
+
+  @property
+  def pad_id(self) -> int:
+    """Id used to pad; `decode` skips it."""
+
+  @property
+  def bos_id(self) -> int | None:
+    """Id that starts a sequence, or None if the model uses none (Qwen)."""
+
+  def encode(self, text: str) -> list[int]:
+    """Text to ids, without adding any special token."""
+
+  def decode(self, ids: Iterable[int]) -> str:
+    """Ids to text, skipping `pad_id`; does not stop at `eos_id`."""
+
+
+class CharTokenizer:
+  """One id per character: pad=0, eos=1, bos=2, then the alphabet in order.
+
+  Special ids decode to `<pad>`-style markers (pad is skipped), so a decoded
+  completion shows where the model emitted EOS.
+  """
+
+  PAD_ID = 0
+  EOS_ID = 1
+  BOS_ID = 2
+  _SPECIALS = ("<pad>", "<eos>", "<bos>")
+
+  def __init__(self, alphabet: str):
+    if not alphabet:
+      raise ValueError("CharTokenizer alphabet is empty.")
+    if len(set(alphabet)) != len(alphabet):
+      dupes = sorted({c for c in alphabet if alphabet.count(c) > 1})
+      raise ValueError(f"CharTokenizer alphabet repeats characters: {dupes!r}.")
+    self._alphabet = alphabet
+    offset = len(self._SPECIALS)
+    self._char_to_id = {c: i + offset for i, c in enumerate(alphabet)}
+    self._id_to_text = list(self._SPECIALS) + list(alphabet)
+
+  @property
+  def alphabet(self) -> str:
+    return self._alphabet
+
+  @property
+  def vocab_size(self) -> int:
+    return len(self._id_to_text)
+
+  @property
+  def eos_id(self) -> int:
+    return self.EOS_ID
+
+  @property
+  def pad_id(self) -> int:
+    return self.PAD_ID
+
+  @property
+  def bos_id(self) -> int:
+    return self.BOS_ID
+
+  def encode(self, text: str) -> list[int]:
+    ids = []
+    for c in text:
+      i = self._char_to_id.get(c)
+      if i is None:
+        raise ValueError(
+            f"Character {c!r} is not in the CharTokenizer alphabet "
+            f"{self._alphabet!r}.")
+      ids.append(i)
+    return ids
+
+  def decode(self, ids: Iterable[int]) -> str:
+    out = []
+    for i in ids:
+      i = int(i)
+      if i == self.PAD_ID:
+        continue
+      if not 0 <= i < len(self._id_to_text):
+        raise ValueError(
+            f"Id {i} is outside the CharTokenizer vocabulary "
+            f"(size {self.vocab_size}).")
+      out.append(self._id_to_text[i])
+    return "".join(out)
+
+  def __repr__(self) -> str:
+    return f"CharTokenizer(alphabet={self._alphabet!r})"
+
+
+class HFTokenizer:
+  """A `tokenizers.Tokenizer` (the `tokenizer.json` of a checkpoint)."""
+
+  def __init__(self, tokenizer: Any, *, eos_id: int, pad_id: int | None = None,
+               bos_id: int | None = None):
+    """Wraps a loaded `tokenizers.Tokenizer`.
+
+    Args:
+      tokenizer: a `tokenizers.Tokenizer`.
+      eos_id: id that ends a completion.
+      pad_id: padding id; defaults to `eos_id` (as Qwen base checkpoints do).
+      bos_id: id that starts a sequence, or None.
+    """
+    self._tok = tokenizer
+    self._eos_id = int(eos_id)
+    self._pad_id = self._eos_id if pad_id is None else int(pad_id)
+    self._bos_id = None if bos_id is None else int(bos_id)
+
+  @classmethod
+  def from_dir(cls, path: str | os.PathLike[str]) -> HFTokenizer:
+    """Reads `tokenizer.json` and the special tokens of a checkpoint directory.
+
+    Special tokens come from `tokenizer_config.json` (`eos_token`, `pad_token`,
+    `bos_token`, by name) and, for whatever it leaves unset, from `config.json`
+    (`eos_token_id`, `pad_token_id`, `bos_token_id`). A missing pad falls back
+    to EOS.
+
+    Args:
+      path: directory holding `tokenizer.json`.
+
+    Returns:
+      The tokenizer.
+
+    Raises:
+      FileNotFoundError: `tokenizer.json` is not in `path`.
+      ValueError: no EOS token can be found, or a named token is not in the vocab.
+    """
+    import tokenizers  # pylint: disable=g-import-not-at-top
+
+    path = os.fspath(path)
+    tok_file = os.path.join(path, "tokenizer.json")
+    if not os.path.isfile(tok_file):
+      raise FileNotFoundError(
+          f"No tokenizer.json in {path!r} (looked for {tok_file!r}).")
+    tok = tokenizers.Tokenizer.from_file(tok_file)
+    tok_config = _read_json(os.path.join(path, "tokenizer_config.json"))
+    model_config = _read_json(os.path.join(path, "config.json"))
+
+    def special(name: str) -> int | None:
+      token = tok_config.get(f"{name}_token")
+      if isinstance(token, dict):  # AddedToken serialised as a dict.
+        token = token.get("content")
+      if token:
+        token_id = tok.token_to_id(token)
+        if token_id is None:
+          raise ValueError(
+              f"{name}_token {token!r} from tokenizer_config.json in {path!r} "
+              "is not in tokenizer.json's vocabulary.")
+        return token_id
+      token_id = model_config.get(f"{name}_token_id")
+      if isinstance(token_id, Sequence) and not isinstance(token_id, str):
+        token_id = token_id[0] if token_id else None  # HF allows a list of EOS.
+      return None if token_id is None else int(token_id)
+
+    eos_id = special("eos")
+    if eos_id is None:
+      raise ValueError(
+          f"No EOS token for the tokenizer in {path!r}: set eos_token in "
+          "tokenizer_config.json or eos_token_id in config.json.")
+    return cls(tok, eos_id=eos_id, pad_id=special("pad"),
+               bos_id=special("bos"))
+
+  @property
+  def vocab_size(self) -> int:
+    return self._tok.get_vocab_size(with_added_tokens=True)
+
+  @property
+  def eos_id(self) -> int:
+    return self._eos_id
+
+  @property
+  def pad_id(self) -> int:
+    return self._pad_id
+
+  @property
+  def bos_id(self) -> int | None:
+    return self._bos_id
+
+  def encode(self, text: str) -> list[int]:
+    return list(self._tok.encode(text, add_special_tokens=False).ids)
+
+  def decode(self, ids: Iterable[int]) -> str:
+    """Ids to text, special tokens shown; pad skipped (so is EOS if pad == EOS)."""
+    kept = [int(i) for i in ids if int(i) != self._pad_id]
+    return self._tok.decode(kept, skip_special_tokens=False)
+
+
+def _read_json(path: str) -> dict[str, Any]:
+  """The JSON object in `path`, or {} if the file does not exist."""
+  if not os.path.isfile(path):
+    return {}
+  with open(path, encoding="utf-8") as f:
+    return json.load(f)

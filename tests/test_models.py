@@ -1,0 +1,144 @@
+"""Qwen3 policy: parity with Hugging Face transformers, KV cache, dtypes."""
+
+import numpy as np
+import jax
+import jax.numpy as jnp
+import pytest
+from flax import nnx
+
+from mipu_jax import models
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+torch.set_num_threads(2)
+
+# Random tiny configs: tied / untied, GQA ratio 1 and > 1, odd sizes.
+CONFIGS = {
+    "tied_gqa2": dict(vocab_size=97, hidden_size=48, num_layers=2, num_heads=4, num_kv_heads=2,
+                      head_dim=12, intermediate_size=80, tie_embeddings=True),
+    "untied_mha": dict(vocab_size=101, hidden_size=40, num_layers=3, num_heads=5, num_kv_heads=5,
+                       head_dim=8, intermediate_size=72, tie_embeddings=False),
+    "untied_gqa3_odd": dict(vocab_size=89, hidden_size=36, num_layers=2, num_heads=6,
+                            num_kv_heads=2, head_dim=14, intermediate_size=58,
+                            tie_embeddings=False, rope_theta=1e6),
+}
+
+
+def _random_model(kw, seed=0):
+  cfg = models.Qwen3Config(**kw)
+  model = models.Qwen3(cfg, rngs=nnx.Rngs(seed))
+  # Non-trivial norm weights so a mis-mapped norm would show.
+  rng = np.random.default_rng(seed)
+  state = nnx.state(model, nnx.Param)
+  pure = nnx.to_pure_dict(state)
+  for name in ("attn_norm", "mlp_norm", "q_norm", "k_norm"):
+    x = pure["layers"][name]
+    pure["layers"][name] = jnp.asarray(1 + 0.3 * rng.standard_normal(x.shape), x.dtype)
+  pure["final_norm"] = jnp.asarray(1 + 0.3 * rng.standard_normal(pure["final_norm"].shape))
+  nnx.replace_by_pure_dict(state, pure)
+  nnx.update(model, state)
+  return model
+
+
+def _hf_logits(path, tokens, mask=None, positions=None):
+  hf = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+  hf.eval()
+  kwargs = {}
+  if mask is not None:
+    kwargs["attention_mask"] = torch.tensor(np.asarray(mask, np.int64))
+  if positions is not None:
+    kwargs["position_ids"] = torch.tensor(np.asarray(positions, np.int64))
+  with torch.no_grad():
+    return hf(torch.tensor(np.asarray(tokens, np.int64)), **kwargs).logits.numpy()
+
+
+@pytest.mark.parametrize("name", sorted(CONFIGS))
+def test_logits_match_transformers(name, tmp_path):
+  model = _random_model(CONFIGS[name])
+  models.save_pretrained(model, str(tmp_path))
+  v = model.config.vocab_size
+  rng = np.random.default_rng(1)
+  tokens = rng.integers(0, v, (3, 13))
+  fwd = nnx.jit(lambda m, t, k: m(t, mask_BT=k))
+  ours = np.asarray(fwd(model, jnp.asarray(tokens), jnp.ones((3, 13), bool)))
+  ref = _hf_logits(str(tmp_path), tokens)
+  assert ours.dtype == np.float32
+  np.testing.assert_array_less(np.abs(ours - ref).max(), 1e-4)
+
+  # Left and right padding: compare at real positions, with HF given the same positions.
+  lengths = np.array([13, 9, 5])
+  for side in ("left", "right"):
+    mask = np.zeros((3, 13), bool)
+    for b, n in enumerate(lengths):
+      if side == "left":
+        mask[b, 13 - n:] = True
+      else:
+        mask[b, :n] = True
+    positions = np.maximum(np.cumsum(mask, 1) - 1, 0)
+    padded = np.where(mask, tokens, 0)
+    ours = np.asarray(fwd(model, jnp.asarray(padded), jnp.asarray(mask)))
+    ref = _hf_logits(str(tmp_path), padded, mask, positions)
+    diff = np.abs(ours - ref)[mask]
+    assert diff.max() <= 1e-4, (side, diff.max())
+    # The real tokens' logits do not depend on padding at all.
+    alone = np.asarray(model(jnp.asarray(padded[2][mask[2]][None])))[0]
+    np.testing.assert_allclose(ours[2][mask[2]], alone, atol=1e-4)
+
+
+def test_from_pretrained_roundtrip_sharded_files(tmp_path):
+  model = _random_model(CONFIGS["untied_gqa3_odd"], seed=4)
+  models.save_pretrained(model, str(tmp_path), max_shard_bytes=20_000)
+  assert (tmp_path / "model.safetensors.index.json").exists()
+  loaded = models.from_pretrained(str(tmp_path))
+  tokens = jnp.asarray(np.random.default_rng(0).integers(0, 89, (2, 7)))
+  np.testing.assert_array_equal(np.asarray(loaded(tokens)), np.asarray(model(tokens)))
+  bf16 = models.from_pretrained(str(tmp_path), dtype="bfloat16")
+  assert bf16.layers.q[...].dtype == jnp.bfloat16
+
+
+@pytest.mark.parametrize("cache_dtype,atol", [(jnp.float32, 1e-5), (jnp.bfloat16, 3e-2)])
+def test_kv_cache_decode_equals_full_forward(cache_dtype, atol):
+  model = _random_model(CONFIGS["tied_gqa2"], seed=2)
+  rng = np.random.default_rng(3)
+  tokens = rng.integers(0, 97, (2, 11))
+  mask = np.ones((2, 11), bool)
+  mask[1, :3] = False  # left padding on row 1
+  full = np.asarray(model(jnp.asarray(tokens), mask_BT=jnp.asarray(mask)))
+  cache = models.init_cache(model.config, 2, 16, cache_dtype)
+  step = nnx.jit(lambda m, t, k, c: m(t, mask_BT=k, cache=c))
+  logits, cache = step(model, jnp.asarray(tokens[:, :6]), jnp.asarray(mask[:, :6]), cache)
+  outs = [np.asarray(logits)]
+  for t in range(6, 11):
+    logits, cache = step(model, jnp.asarray(tokens[:, t:t + 1]), jnp.asarray(mask[:, t:t + 1]),
+                         cache)
+    outs.append(np.asarray(logits))
+  got = np.concatenate(outs, axis=1)
+  assert int(cache.index) == 11
+  np.testing.assert_allclose(got[mask], full[mask], atol=atol)
+
+
+def test_bf16_compute_close_to_fp32_and_logits_fp32():
+  kw = CONFIGS["tied_gqa2"]
+  m32 = _random_model(kw, seed=5)
+  m16 = _random_model(dict(kw, dtype="bfloat16"), seed=5)
+  tokens = jnp.asarray(np.random.default_rng(0).integers(0, 97, (2, 9)))
+  a, b = np.asarray(m32(tokens)), np.asarray(m16(tokens))
+  assert b.dtype == np.float32 and m16.layers.q[...].dtype == jnp.float32
+  assert 0 < np.abs(a - b).max() < 0.1
+
+
+def test_presets_match_public_configs():
+  c = models.get_config("qwen3_4b")
+  assert (c.hidden_size, c.num_layers, c.num_heads, c.num_kv_heads, c.head_dim,
+          c.intermediate_size, c.tie_embeddings, c.vocab_size) == (
+              2560, 36, 32, 8, 128, 9728, True, 151936)
+  assert models.get_config("qwen3_8b").tie_embeddings is False
+  assert models.get_config("qwen3_1p7b").intermediate_size == 6144
+  assert models.get_config("qwen3_0p6b").hidden_size == 1024
+  # Qwen3-4B has ~4.02B parameters.
+  assert 3.9e9 < c.num_params() < 4.1e9
+  with pytest.raises(ValueError, match="Unknown model preset"):
+    models.get_config("qwen3_70b")
+  with pytest.raises(ValueError, match="multiple of num_kv_heads"):
+    models.Qwen3Config(vocab_size=8, hidden_size=8, num_layers=1, num_heads=3, num_kv_heads=2,
+                       head_dim=4, intermediate_size=8)

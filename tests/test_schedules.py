@@ -1,0 +1,219 @@
+"""Tests for mipu_jax.schedules (SPEC.md §6)."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from mipu_jax import schedules
+
+LR0 = 1e-6
+
+
+def algorithm1(lr0, lr_inf, decay_period, total_steps):
+  """The source's Algorithm 1, verbatim: the rate used at steps 1..T."""
+  rates = []
+  lr = lr0
+  for t in range(1, total_steps + 1):
+    if t % decay_period == 0:
+      lr = max(lr / 2, lr_inf)
+    rates.append(lr)
+  return np.asarray(rates, np.float32)
+
+
+def run_schedule(tx, lengths):
+  """Runs ``tx`` over a length series inside one scan; returns rates, state."""
+  params = jnp.zeros([3], jnp.float32)
+
+  def body(state, length):
+    updates, state = tx.update(jnp.ones([3], jnp.float32), state, params,
+                               response_length=length)
+    return state, (updates[0], state.learning_rate)
+
+  state, (scaled, rates) = jax.jit(
+      lambda lengths: jax.lax.scan(body, tx.init(params), lengths))(
+          jnp.asarray(lengths, jnp.float32))
+  np.testing.assert_array_equal(scaled, rates)  # updates are scaled by rate
+  return np.asarray(rates), state
+
+
+def surge_series(surge_at, total, before=100.0, after=300.0):
+  """Mean length ``before`` for steps < surge_at, ``after`` from it on."""
+  steps = np.arange(1, total + 1)
+  return np.where(steps < surge_at, before, after)
+
+
+@pytest.mark.parametrize("surge_at", [12, 37, 110])
+@pytest.mark.parametrize("baseline", ["window", "ema"])
+def test_auto_decays_at_multiples_of_round_1p8_surge(surge_at, baseline):
+  period = round(1.8 * surge_at)
+  total = 5 * period + 7
+  tx = schedules.length_surge(LR0, mode="auto", baseline=baseline)
+  rates, state = run_schedule(tx, surge_series(surge_at, total))
+
+  assert int(state.surge_step) == surge_at
+  assert int(state.decay_period) == period
+  np.testing.assert_array_equal(rates[:period - 1], np.float32(LR0))
+  np.testing.assert_array_equal(rates[period - 1], np.float32(LR0 / 2))
+  np.testing.assert_array_equal(rates[2 * period - 1], np.float32(LR0 / 4))
+  np.testing.assert_array_equal(rates[3 * period - 1], np.float32(LR0 / 8))
+  np.testing.assert_array_equal(rates[4 * period - 1:], np.float32(0.1 * LR0))
+  np.testing.assert_array_equal(rates,
+                                algorithm1(LR0, 0.1 * LR0, period, total))
+
+
+def test_auto_ignores_slow_growth_and_jumps_before_min_steps():
+  total = 200
+  slow = 100.0 * 1.01 ** np.arange(total)  # 5 % per window: no surge
+  rates, state = run_schedule(schedules.length_surge(LR0), slow)
+  assert int(state.surge_step) == -1 and int(state.decay_period) == -1
+  np.testing.assert_array_equal(rates, np.float32(LR0))
+
+  # A jump at step 3 is before min_steps=10; by then the window is level.
+  _, state = run_schedule(schedules.length_surge(LR0), surge_series(3, total))
+  assert int(state.surge_step) == -1
+
+
+def test_auto_keeps_first_surge():
+  lengths = surge_series(20, 300)
+  lengths[150:] *= 10  # a second surge changes nothing
+  _, state = run_schedule(schedules.length_surge(LR0), lengths)
+  assert int(state.surge_step) == 20
+  assert int(state.decay_period) == 36
+
+
+def test_zero_lengths_no_nan_no_surge():
+  lengths = np.concatenate([np.zeros(30), np.full(30, 50.0)])
+  rates, state = run_schedule(schedules.length_surge(LR0), lengths)
+  assert np.isfinite(rates).all()
+  for leaf in jax.tree.leaves(state):
+    assert np.isfinite(np.asarray(leaf)).all()
+  # The 0 -> 50 step has a baseline of 0, which never counts as a surge.
+  assert int(state.surge_step) == -1
+  np.testing.assert_allclose(float(state.length_ema), 50 * (1 - 0.9**30),
+                             rtol=1e-5)
+
+
+@pytest.mark.parametrize("decay_period", [1, 37, 204])
+def test_fixed_mode_is_algorithm1(decay_period):
+  total = 500
+  tx = schedules.length_surge(LR0, mode="fixed", decay_period=decay_period)
+  rates, state = run_schedule(tx, np.full(total, 1000.0))
+  np.testing.assert_array_equal(
+      rates, algorithm1(LR0, 0.1 * LR0, decay_period, total))
+  assert int(state.surge_step) == -1
+  assert int(state.decay_period) == decay_period
+
+
+def test_fixed_mode_without_length():
+  tx = schedules.length_surge(LR0, mode="fixed", decay_period=2)
+  params = jnp.ones([2])
+  state = tx.init(params)
+  for _ in range(4):
+    _, state = tx.update(params, state, params)
+  assert float(state.learning_rate) == np.float32(LR0 / 4)
+  assert float(state.length_ema) == 0.0
+
+
+def test_chain_with_adam_equals_manual_adam_times_rate():
+  b1, b2, eps, period, steps = 0.9, 0.999, 1e-8, 7, 30
+  tx = optax.chain(optax.scale_by_adam(b1=b1, b2=b2, eps=eps),
+                   schedules.length_surge(1e-2, mode="fixed",
+                                          decay_period=period),
+                   optax.scale(-1.0))
+  rng = np.random.default_rng(0)
+  params = {"w": jnp.asarray(rng.normal(size=(3, 5)), jnp.float32),
+            "b": jnp.asarray(rng.normal(size=(7,)), jnp.float32)}
+  grads = [jax.tree.map(lambda p: rng.normal(size=p.shape).astype(np.float32),
+                        params) for _ in range(steps)]
+  rates = algorithm1(1e-2, 1e-3, period, steps)
+
+  state = tx.init(params)
+  update = jax.jit(tx.update)
+  m = jax.tree.map(np.zeros_like, params)
+  v = jax.tree.map(np.zeros_like, params)
+  for t, g in enumerate(grads, start=1):
+    updates, state = update(g, state, params, response_length=100.0)
+    m = jax.tree.map(lambda m, g: b1 * m + (1 - b1) * g, m, g)
+    v = jax.tree.map(lambda v, g: b2 * v + (1 - b2) * g * g, v, g)
+    expected = jax.tree.map(
+        lambda m, v, lr=rates[t - 1], t=t: -lr * (m / (1 - b1**t)) / (
+            np.sqrt(v / (1 - b2**t)) + eps), m, v)
+    jax.tree.map(  # float32 vs float64: loose where m nearly cancels
+        lambda a, b: np.testing.assert_allclose(a, b, rtol=2e-5, atol=1e-8),
+        updates, expected)
+  assert float(schedules.current_learning_rate(state)) == rates[-1]
+
+
+def test_jit_does_not_recompile():
+  tx = optax.chain(optax.scale_by_adam(), schedules.length_surge(LR0),
+                   optax.scale(-1.0))
+  params = jnp.ones([5])
+  traces = 0
+
+  @jax.jit
+  def step(state, length):
+    nonlocal traces
+    traces += 1
+    return tx.update(params, state, params, response_length=length)
+
+  state = tx.init(params)
+  _, state = step(state, jnp.float32(10.0))
+  _, state = step(state, jnp.float32(400.0))
+  assert traces == 1
+
+
+def test_auto_without_length_raises():
+  tx = schedules.length_surge(LR0)
+  params = jnp.ones([2])
+  with pytest.raises(ValueError, match="response_length"):
+    tx.update(params, tx.init(params), params)
+
+
+@pytest.mark.parametrize("kwargs", [
+    dict(mode="fixed"),
+    dict(mode="fixed", decay_period=0),
+    dict(mode="auto", decay_period=10),
+    dict(mode="sometimes"),
+    dict(baseline="median"),
+    dict(min_ratio=1.5),
+    dict(surge_ratio=1.0),
+])
+def test_length_surge_rejects_bad_config(kwargs):
+  with pytest.raises(ValueError):
+    schedules.length_surge(LR0, **kwargs)
+
+
+def test_constant_and_cosine_ignore_length():
+  const = schedules.make_schedule("constant", LR0)
+  cos = schedules.make_schedule("cosine", LR0, total_steps=20, warmup=4,
+                                min_ratio=0.1)
+  const_rates, _ = run_schedule(const, np.arange(30.0))
+  cos_rates, state = run_schedule(cos, np.arange(30.0))
+  np.testing.assert_array_equal(const_rates, np.float32(LR0))
+
+  t = np.arange(1, 31)
+  frac = np.clip((t - 4) / 16, 0, 1)
+  expected = np.where(t <= 4, LR0 * t / 4,
+                      0.1 * LR0 + 0.9 * LR0 * 0.5 * (1 + np.cos(np.pi * frac)))
+  np.testing.assert_allclose(cos_rates, expected, rtol=1e-5)
+  np.testing.assert_allclose(cos_rates[19:], 0.1 * LR0, rtol=1e-6)
+  assert set(schedules.schedule_metrics(state)) == {"schedule/learning_rate"}
+
+
+def test_make_schedule_and_metrics():
+  with pytest.raises(ValueError, match="unknown schedule"):
+    schedules.make_schedule("step", LR0)
+  tx = optax.chain(optax.scale_by_adam(),
+                   schedules.make_schedule("length_surge", LR0),
+                   optax.scale(-1.0))
+  params = jnp.ones([2])
+  _, state = tx.update(params, tx.init(params), params, response_length=7.0)
+  metrics = schedules.schedule_metrics(state)
+  assert set(metrics) == {"schedule/learning_rate", "schedule/length_ema",
+                          "schedule/surge_step", "schedule/decay_period"}
+  assert float(metrics["schedule/length_ema"]) == 7.0
+  assert int(metrics["schedule/surge_step"]) == -1
+  with pytest.raises(ValueError, match="one schedule state"):
+    schedules.find_schedule_state((state, state))
