@@ -1,0 +1,55 @@
+"""RL losses under training–inference mismatch: pure JAX, no model dependency.
+
+SPEC.md §1 advantages, §2 PPO policy loss, §3 mismatch corrections, §4 metrics.
+Shapes: `B` responses, `T` response tokens, `N` groups of `G` responses.
+"""
+
+from mipu_jax.losses.advantages import ADVANTAGE_ESTIMATORS
+from mipu_jax.losses.advantages import all_equal_groups
+from mipu_jax.losses.advantages import compute_advantages
+from mipu_jax.losses.advantages import drgrpo_advantages
+from mipu_jax.losses.advantages import grpo_advantages
+from mipu_jax.losses.advantages import rloo_advantages
+from mipu_jax.losses.aggregation import aggregate
+from mipu_jax.losses.aggregation import AGGREGATIONS
+from mipu_jax.losses.config import CORRECTION_PRESETS
+from mipu_jax.losses.config import CorrectionConfig
+from mipu_jax.losses.config import LossConfig
+from mipu_jax.losses.config import MODES
+from mipu_jax.losses.corrections import correction_weights
+from mipu_jax.losses.corrections import IS_LEVELS
+from mipu_jax.losses.corrections import IS_MODES
+from mipu_jax.losses.corrections import METRIC_NAMES as CORRECTION_METRIC_NAMES
+from mipu_jax.losses.metrics import MISMATCH_METRIC_NAMES
+from mipu_jax.losses.metrics import mismatch_metrics
+from mipu_jax.losses.policy import policy_loss
+from mipu_jax.losses.ppo import kl_estimate
+from mipu_jax.losses.ppo import KL_ESTIMATORS
+from mipu_jax.losses.ppo import ppo_loss
+from mipu_jax.losses.ppo import ppo_token_loss
+
+__all__ = [
+    "ADVANTAGE_ESTIMATORS",
+    "AGGREGATIONS",
+    "CORRECTION_METRIC_NAMES",
+    "CORRECTION_PRESETS",
+    "CorrectionConfig",
+    "IS_LEVELS",
+    "IS_MODES",
+    "KL_ESTIMATORS",
+    "LossConfig",
+    "MISMATCH_METRIC_NAMES",
+    "MODES",
+    "aggregate",
+    "all_equal_groups",
+    "compute_advantages",
+    "correction_weights",
+    "drgrpo_advantages",
+    "grpo_advantages",
+    "kl_estimate",
+    "mismatch_metrics",
+    "policy_loss",
+    "ppo_loss",
+    "ppo_token_loss",
+    "rloo_advantages",
+]
