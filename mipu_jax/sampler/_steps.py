@@ -1,0 +1,197 @@
+"""Pure prefill / insert / decode functions of the engine (jitted in `engine.py`).
+
+Every sampled token — the first one (drawn in `insert`) and every later one
+(drawn in `advance`) — goes through `sampling.sample_logits`, so all log-probs
+come from one function. Layout conventions are in `state.py`.
+"""
+
+import dataclasses
+from typing import Callable, Optional
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from mipu_jax.models.qwen3 import KVCache, init_cache
+from mipu_jax.sampler import quant
+from mipu_jax.sampler.sampling import sample_logits
+from mipu_jax.sampler.state import LENGTH, RUNNING, STOP, DecodeState, Prefix
+
+
+@dataclasses.dataclass(frozen=True)
+class StepSpec:
+  """Static (compile-time) settings shared by the step functions."""
+
+  graphdef: nnx.GraphDef
+  kv_dtype: jnp.dtype
+  act_quant: Optional[Callable[[jax.Array], jax.Array]]
+  quant_lm_head: bool
+  pad_id: int
+
+
+def build_model(spec: StepSpec, params):
+  """The sampling model from its params; `QArray`s (real PTQ storage) are dequantized here."""
+  return nnx.merge(spec.graphdef, quant.dequantize_tree(params))
+
+
+def _fold(keys, data_B):
+  return jax.vmap(jax.random.fold_in)(keys, data_B)
+
+
+def _is_stop(tokens_B, stop_ids_E):
+  return jnp.any(tokens_B[:, None] == stop_ids_E[None, :], axis=-1)
+
+
+def prefill(spec: StepSpec, params, tokens_RP, true_length_R, keys_R, temperature_R, top_k_R,
+            top_p_R, max_new_R):
+  """Prefills R right-padded prompts (JetStream's convention) into a `Prefix`.
+
+  Returns the prefix and sample 0's first token and log-prob per request (the
+  token `insert` will draw for sample 0, so JetStream's prefill result agrees).
+  """
+  model = build_model(spec, params)
+  r, p = tokens_RP.shape
+  if keys_R.ndim == 0:  # one key for the batch: request r uses fold_in(key, r)
+    keys_R = _fold(jnp.broadcast_to(keys_R, (r,)), jnp.arange(r))
+  # The model's cache needs left padding: rotate each row right by its padding.
+  shift_R = p - true_length_R
+  src_RP = (jnp.arange(p)[None, :] - shift_R[:, None]) % p
+  mask_RP = jnp.arange(p)[None, :] >= shift_R[:, None]
+  left_RP = jnp.where(mask_RP, jnp.take_along_axis(tokens_RP, src_RP, axis=1), spec.pad_id)
+  cache = init_cache(model.config, r, p, spec.kv_dtype)
+  (_, h_RPD), cache = model(left_RP, mask_BT=mask_RP, cache=cache, act_quant=spec.act_quant,
+                            quant_lm_head=spec.quant_lm_head, return_hidden=True)
+  # Only the last position's logits are needed: the model's own [R, P, V] logits
+  # are dead code under jit and XLA drops them (P times fewer LM-head FLOPs).
+  head_quant = spec.act_quant if spec.quant_lm_head else None
+  logits_RV = model.logits(h_RPD[:, -1:], head_quant)[:, 0]
+  prefix = Prefix(cache=cache, logits_RV=logits_RV, keys_R=keys_R,
+                  true_length_R=true_length_R, temperature_R=temperature_R, top_k_R=top_k_R,
+                  top_p_R=top_p_R, max_new_R=max_new_R)
+  first_keys_R = _fold(_fold(keys_R, jnp.zeros((r,), jnp.int32)), jnp.zeros((r,), jnp.int32))
+  tokens_R, lp_R = sample_logits(prefix.logits_RV, first_keys_R, temperature_R, top_k_R, top_p_R)
+  return prefix, tokens_R, lp_R
+
+
+def init_decode_state(spec: StepSpec, model_cfg, num_slots: int, prefill_length: int,
+                      decode_length: int, stop_ids_E: jax.Array) -> DecodeState:
+  """Empty slots; the cache has `prefill_length + decode_length` slots, index at the first."""
+  b, n = num_slots, decode_length
+  cache = init_cache(model_cfg, b, prefill_length + decode_length, spec.kv_dtype)
+  cache = cache._replace(index=jnp.asarray(prefill_length, jnp.int32))
+  return DecodeState(
+      cache=cache, last_token_B=jnp.zeros((b,), jnp.int32),
+      keys_B=jax.random.split(jax.random.key(0), b),
+      num_generated_B=jnp.zeros((b,), jnp.int32), active_B=jnp.zeros((b,), bool),
+      done_B=jnp.ones((b,), bool), finish_B=jnp.full((b,), RUNNING, jnp.int32),
+      temperature_B=jnp.ones((b,), jnp.float32), top_k_B=jnp.zeros((b,), jnp.int32),
+      top_p_B=jnp.ones((b,), jnp.float32), max_new_B=jnp.zeros((b,), jnp.int32),
+      stop_ids_E=stop_ids_E, tokens_BN=jnp.full((b, n), spec.pad_id, jnp.int32),
+      logprobs_BN=jnp.zeros((b, n), jnp.float32))
+
+
+def _place_rows(full_LBS, part_LMP, slots_M, start, axis_s=2):
+  """Writes M prefix rows into slots `slots_M` of a full cache array, right-aligned at `start`.
+
+  Each target row is rebuilt entirely (zeros outside the prompt window), so no
+  key, value or validity of a slot's previous occupant survives. Slot ids out of
+  range (padding) are dropped.
+  """
+  shape = list(full_LBS.shape)
+  shape[1] = part_LMP.shape[1]
+  rows = jnp.zeros(shape, full_LBS.dtype)
+  offsets = [0] * len(shape)
+  offsets[axis_s] = start
+  rows = jax.lax.dynamic_update_slice(rows, part_LMP.astype(full_LBS.dtype), offsets)
+  return full_LBS.at[:, slots_M].set(rows, mode="drop")
+
+
+def insert(spec: StepSpec, prefix: Prefix, ds: DecodeState, slots_M, rows_M,
+           samples_M) -> DecodeState:
+  """Inserts sample `samples_M[m]` of prefilled request `rows_M[m]` into slot `slots_M[m]`.
+
+  Draws each slot's first token from the prefix logits with the slot's own key.
+  Slot ids ≥ B are padding and ignored.
+  """
+  idx = ds.cache.index
+  s = ds.cache.valid.shape[1]
+  p = prefix.cache.valid.shape[1]
+  start = idx - p  # ≥ 0: checked on the host (prefill region ≥ prompt bucket)
+  c, pc = ds.cache, prefix.cache
+  def place(full, part):
+    return None if full is None else _place_rows(full, part[:, rows_M], slots_M, start)
+
+  cache = KVCache(k=place(c.k, pc.k), v=place(c.v, pc.v), k_scale=place(c.k_scale, pc.k_scale),
+                  v_scale=place(c.v_scale, pc.v_scale),
+                  valid=place(c.valid[None], pc.valid[None])[0], index=idx)
+
+  keys_M = _fold(prefix.keys_R[rows_M], samples_M)
+  temperature_M = prefix.temperature_R[rows_M]
+  top_k_M, top_p_M = prefix.top_k_R[rows_M], prefix.top_p_R[rows_M]
+  max_new_M = prefix.max_new_R[rows_M]
+  tokens_M, lp_M = sample_logits(prefix.logits_RV[rows_M], _fold(keys_M, jnp.zeros_like(samples_M)),
+                                 temperature_M, top_k_M, top_p_M)
+  stop_M = _is_stop(tokens_M, ds.stop_ids_E)
+  done_M = stop_M | (max_new_M <= 1) | (idx >= s)
+  finish_M = jnp.where(done_M, jnp.where(stop_M, STOP, LENGTH), RUNNING)
+  n = ds.tokens_BN.shape[1]
+  first_N = jnp.arange(n) == 0
+
+  def put(x_B, v_M):
+    return x_B.at[slots_M].set(v_M, mode="drop")
+
+  return DecodeState(
+      cache=cache, last_token_B=put(ds.last_token_B, tokens_M), keys_B=put(ds.keys_B, keys_M),
+      num_generated_B=put(ds.num_generated_B, jnp.ones_like(tokens_M)),
+      active_B=put(ds.active_B, jnp.ones_like(stop_M)), done_B=put(ds.done_B, done_M),
+      finish_B=put(ds.finish_B, finish_M), temperature_B=put(ds.temperature_B, temperature_M),
+      top_k_B=put(ds.top_k_B, top_k_M), top_p_B=put(ds.top_p_B, top_p_M),
+      max_new_B=put(ds.max_new_B, max_new_M), stop_ids_E=ds.stop_ids_E,
+      tokens_BN=put(ds.tokens_BN, jnp.where(first_N[None, :], tokens_M[:, None], spec.pad_id)),
+      logprobs_BN=put(ds.logprobs_BN, jnp.where(first_N[None, :], lp_M[:, None], 0.0)))
+
+
+def live_slots(ds: DecodeState) -> jax.Array:
+  """Slots that still decode: occupied, not finished, and the cache has room."""
+  return ds.active_B & ~ds.done_B & (ds.cache.index < ds.cache.valid.shape[1])
+
+
+def advance(spec: StepSpec, params, ds: DecodeState):
+  """One decode step for all slots: feed each live slot's last token, draw the next.
+
+  Returns the new state and `(tokens_B, logprobs_B, live_B)` of this step.
+  Finished and empty slots write an invalid cache entry and keep their outputs.
+  """
+  model = build_model(spec, params)
+  live_B = live_slots(ds)
+  logits_B1V, cache = model(ds.last_token_B[:, None], mask_BT=live_B[:, None], cache=ds.cache,
+                            act_quant=spec.act_quant, quant_lm_head=spec.quant_lm_head)
+  tokens_B, lp_B = sample_logits(logits_B1V[:, 0], _fold(ds.keys_B, ds.num_generated_B),
+                                 ds.temperature_B, ds.top_k_B, ds.top_p_B)
+  b, n = ds.tokens_BN.shape
+  at_B = jnp.where(live_B, ds.num_generated_B, n)  # n: out of range, dropped
+  num_generated_B = ds.num_generated_B + live_B.astype(jnp.int32)
+  stop_B = _is_stop(tokens_B, ds.stop_ids_E)
+  full = cache.index >= cache.valid.shape[1]
+  ended_B = live_B & (stop_B | (num_generated_B >= ds.max_new_B) | full)
+  ds = ds._replace(
+      cache=cache, last_token_B=jnp.where(live_B, tokens_B, ds.last_token_B),
+      num_generated_B=num_generated_B, done_B=ds.done_B | ended_B,
+      finish_B=jnp.where(ended_B, jnp.where(stop_B, STOP, LENGTH), ds.finish_B),
+      tokens_BN=ds.tokens_BN.at[jnp.arange(b), at_B].set(tokens_B, mode="drop"),
+      logprobs_BN=ds.logprobs_BN.at[jnp.arange(b), at_B].set(lp_B, mode="drop"))
+  return ds, (tokens_B, lp_B, live_B)
+
+
+def generate_step(spec: StepSpec, params, ds: DecodeState):
+  """`advance` when some slot is live, else nothing (the cache index must not pass S)."""
+  b = ds.last_token_B.shape[0]
+  idle = (jnp.zeros((b,), jnp.int32), jnp.zeros((b,), jnp.float32), jnp.zeros((b,), bool))
+  return jax.lax.cond(jnp.any(live_slots(ds)), lambda d: advance(spec, params, d),
+                      lambda d: (d, idle), ds)
+
+
+def generate_until_done(spec: StepSpec, params, ds: DecodeState) -> DecodeState:
+  """Runs `advance` in one `lax.while_loop` until no slot is live."""
+  return jax.lax.while_loop(lambda d: jnp.any(live_slots(d)),
+                            lambda d: advance(spec, params, d)[0], ds)

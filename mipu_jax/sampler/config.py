@@ -1,0 +1,116 @@
+"""Sampler engine configuration and shape buckets (SPEC.md §7).
+
+A frozen dataclass, validated once; everything below it takes explicit values.
+Shapes that reach a compiled function are bucketed (powers of two between a
+floor and the configured maximum), so that an RL run whose prompts, batch sizes
+and `max_new_tokens` vary inside a bucket compiles each function once.
+"""
+
+import dataclasses
+from typing import Any, Optional
+
+import jax.numpy as jnp
+
+from mipu_jax.models.config import as_dtype
+from mipu_jax.sampler import quant
+
+_KV_DTYPES = {
+    "float32": jnp.float32, "fp32": jnp.float32,
+    "bfloat16": jnp.bfloat16, "bf16": jnp.bfloat16,
+    "float16": jnp.float16, "fp16": jnp.float16,
+    "fp8": jnp.float8_e4m3fn, "fp8_e4m3": jnp.float8_e4m3fn, "fp8_e5m2": jnp.float8_e5m2,
+    "int8": jnp.int8,
+}
+
+
+def kv_dtype(name: Any) -> jnp.dtype:
+  """KV-cache dtype from a name ('bf16', 'fp8', 'int8', ...) or a dtype."""
+  if isinstance(name, str):
+    if name not in _KV_DTYPES:
+      raise ValueError(f"Unknown kv_cache_dtype {name!r}; expected one of {sorted(_KV_DTYPES)}.")
+    return jnp.dtype(_KV_DTYPES[name])
+  return jnp.dtype(name)
+
+
+def bucket(n: int, *, minimum: int, maximum: Optional[int] = None, what: str = "Size") -> int:
+  """Smallest power of two ≥ max(n, minimum), capped at `maximum` (which must fit n)."""
+  if maximum is not None and n > maximum:
+    raise ValueError(f"{what} is {n}, more than the configured maximum {maximum}.")
+  size = max(minimum, 1)
+  while size < n:
+    size *= 2
+  return size if maximum is None else min(size, maximum)
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplerConfig:
+  """How the sampler computes (the inference policy μ of SPEC.md §0).
+
+  Attributes:
+    dtype: compute dtype of the matmuls: float32 / bfloat16 / float16.
+    weight_quant: None, 'int8', 'fp8_e4m3', 'fp8_e5m2' or 'int4' (per-channel absmax).
+    act_quant: None, 'int8' or 'fp8' (= 'fp8_e4m3'), 'fp8_e5m2' (per-token absmax).
+    kv_cache_dtype: None (= compute dtype), 'bf16', 'fp16', 'fp32', 'fp8', 'fp8_e5m2', 'int8'.
+    quant_lm_head: also quantize the LM head weight and its input activation.
+      Off by default, as in common FP8/INT8 serving recipes.
+    quant_storage: 'fake' (float tree of dequantized values) or 'real' (QArrays,
+      dequantized inside each step); see `mipu_jax/sampler/quant.py`.
+    max_prefill_length: longest prompt accepted; longer prompts are an error.
+    max_decode_length: largest `max_new_tokens` accepted.
+    max_concurrent_decodes: default number of decode slots of an engine.
+    min_prefill_bucket / min_decode_bucket / min_slot_bucket: bucket floors.
+    stop_ids: token ids that end a response (EOS / stop ids); at most `max_stop_ids`.
+    max_stop_ids: size of the fixed stop-id buffer (changing ids never recompiles).
+    pad_id: id written in the padding of token buffers.
+  """
+
+  dtype: Any = jnp.float32
+  weight_quant: Optional[str] = None
+  act_quant: Optional[str] = None
+  kv_cache_dtype: Any = None
+  quant_lm_head: bool = False
+  quant_storage: str = "fake"
+  max_prefill_length: int = 512
+  max_decode_length: int = 1024
+  max_concurrent_decodes: int = 64
+  min_prefill_bucket: int = 16
+  min_decode_bucket: int = 16
+  min_slot_bucket: int = 8
+  stop_ids: tuple[int, ...] = ()
+  max_stop_ids: int = 8
+  pad_id: int = 0
+
+  def __post_init__(self):
+    object.__setattr__(self, "dtype", as_dtype(self.dtype))
+    if self.dtype not in (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16),
+                          jnp.dtype(jnp.float16)):
+      raise ValueError(f"Sampler dtype must be float32, bfloat16 or float16, got {self.dtype}.")
+    kv = self.dtype if self.kv_cache_dtype is None else kv_dtype(self.kv_cache_dtype)
+    object.__setattr__(self, "kv_cache_dtype", kv)
+    quant.check_weight_quant(self.weight_quant)
+    quant.check_act_quant(self.act_quant)
+    if self.quant_storage not in quant.STORAGES:
+      raise ValueError(
+          f"quant_storage must be one of {quant.STORAGES}, got {self.quant_storage!r}.")
+    for name in ("max_prefill_length", "max_decode_length", "max_concurrent_decodes",
+                 "min_prefill_bucket", "min_decode_bucket", "min_slot_bucket", "max_stop_ids"):
+      if getattr(self, name) <= 0:
+        raise ValueError(f"SamplerConfig.{name} must be positive, got {getattr(self, name)}.")
+    object.__setattr__(self, "stop_ids", tuple(int(i) for i in self.stop_ids))
+    if len(self.stop_ids) > self.max_stop_ids:
+      raise ValueError(
+          f"{len(self.stop_ids)} stop ids, more than max_stop_ids={self.max_stop_ids}.")
+
+  def replace(self, **kwargs) -> "SamplerConfig":
+    return dataclasses.replace(self, **kwargs)
+
+  def prefill_bucket(self, prompt_len: int) -> int:
+    return bucket(prompt_len, minimum=self.min_prefill_bucket,
+                  maximum=self.max_prefill_length, what="Prompt length")
+
+  def decode_bucket(self, max_new_tokens: int) -> int:
+    return bucket(max_new_tokens, minimum=self.min_decode_bucket,
+                  maximum=self.max_decode_length, what="max_new_tokens")
+
+  def slot_bucket(self, num_sequences: int) -> int:
+    return bucket(num_sequences, minimum=self.min_slot_bucket)

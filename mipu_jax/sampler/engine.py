@@ -1,0 +1,373 @@
+"""The sampler engine behind the JetStream engine interface (SPEC.md §7).
+
+`Engine` has the method signatures of JetStream's current main branch
+(`jetstream/engine/engine_api.py`, as implemented by MaxText's `MaxEngine`):
+keyword-only `prefill(*, params, existing_prefix=None, padded_tokens, true_length,
+sampler=None, request_id=None) -> (Prefix, ResultTokens)`, `insert(prefix,
+decode_state, slot, request_id=None)`, `bulk_insert(prefix, decode_state, slots)`,
+`generate(params, decode_state, sampler=None) -> (DecodeState, ResultTokens)`,
+`free_resource`, `load_params`, `init_decode_state`, and the capacity properties.
+Like MaxText we add keyword-only extensions: per-request `rng`, `temperature`,
+`top_k`, `top_p`, `max_new_tokens` on `prefill`; batched prefill (`padded_tokens`
+of shape `[R, P]`); `rows` / `sample_ids` on `bulk_insert`; and
+`generate_until_done`, the same decode step in one `lax.while_loop`.
+`ResultTokens` carries `log_prob` as a pytree field (JetStream's is a static
+field that `get_result_at_slot` drops); here it also comes back through
+single-slot access, because `lp_mu` is the point of this engine.
+
+Why not depend on JetStream. The PyPI package `google-jetstream` (0.2.2, 2024)
+has the old signatures (no `request_id`, `bulk_insert`, chunked prefill), no
+log-probs in `ResultTokens`, pulls TensorFlow into the install, its orchestrator
+does not run on current JAX, and the project is archived. So we own the
+interface (this module is its single touchpoint) and, when a `jetstream` package
+is importable, register `Engine` and `ResultTokens` as virtual subclasses of its
+ABCs so JetStream-typed code accepts them.
+
+The engine is stateless with respect to weights (JetStream style): `params`
+from `load_params` are passed to every call, so a weight sync never invalidates
+a compiled function or leaves stale weights in one.
+"""
+
+import collections
+from typing import Any, Optional, Sequence, Union
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx, struct
+
+from mipu_jax.models.qwen3 import Qwen3
+from mipu_jax.sampler import _steps, quant, weights
+from mipu_jax.sampler.config import SamplerConfig
+from mipu_jax.sampler.state import DecodeState, Prefix
+
+Params = Any
+
+
+@struct.dataclass
+class SlotData:
+  """Tokens, validity, lengths and log-probs of one slot's samples."""
+
+  tokens: Union[jax.Array, np.ndarray]
+  valid: Union[jax.Array, np.ndarray]
+  lengths: Union[jax.Array, np.ndarray]
+  log_prob: Union[jax.Array, np.ndarray, None] = None
+
+
+@struct.dataclass
+class ResultTokens:
+  """One step's tokens for every slot, JetStream layout plus `log_prob`.
+
+  `data[:, tokens_idx]` are the tokens, `data[:, valid_idx]` 1 where the slot
+  produced a token this step, `data[:, length_idx]` the number of tokens the
+  slot has generated so far (including this one). `log_prob[b, 0]` is the
+  token's log-prob under the distribution it was drawn from.
+  """
+
+  data: Union[jax.Array, np.ndarray]
+  log_prob: Union[jax.Array, np.ndarray]
+  tokens_idx: tuple[int, int] = struct.field(pytree_node=False, default=(0, 1))
+  valid_idx: tuple[int, int] = struct.field(pytree_node=False, default=(1, 2))
+  length_idx: tuple[int, int] = struct.field(pytree_node=False, default=(2, 3))
+  samples_per_slot: int = struct.field(pytree_node=False, default=1)
+
+  @classmethod
+  def from_step(cls, tokens_B, valid_B, lengths_B, log_prob_B) -> "ResultTokens":
+    data = jnp.stack([tokens_B.astype(jnp.int32), valid_B.astype(jnp.int32),
+                      lengths_B.astype(jnp.int32)], axis=1)
+    return cls(data=data, log_prob=log_prob_B.astype(jnp.float32)[:, None])
+
+  def copy_to_host_async(self) -> None:
+    for x in (self.data, self.log_prob):
+      if isinstance(x, jax.Array):
+        x.copy_to_host_async()
+
+  def convert_to_numpy(self) -> "ResultTokens":
+    return self.replace(data=np.asarray(self.data), log_prob=np.asarray(self.log_prob))
+
+  def get_result_at_slot(self, slot: int) -> SlotData:
+    lo, hi = slot * self.samples_per_slot, (slot + 1) * self.samples_per_slot
+    return self._slot_data(slice(lo, hi))
+
+  def get_result_at_slots(self, slots: Sequence[int]) -> SlotData:
+    return self._slot_data(np.asarray(slots))
+
+  def _slot_data(self, rows) -> SlotData:
+    return SlotData(tokens=self.data[rows, self.tokens_idx[0]:self.tokens_idx[1]],
+                    valid=self.data[rows, self.valid_idx[0]:self.valid_idx[1]],
+                    lengths=self.data[rows, self.length_idx[0]:self.length_idx[1]][:, 0],
+                    log_prob=self.log_prob[rows])
+
+
+def _as_array(x, dtype, n: int, what: str) -> jax.Array:
+  """A per-request knob as an `[n]` array (a scalar is broadcast)."""
+  a = np.asarray(x, dtype=dtype)
+  if a.ndim == 0:
+    a = np.full((n,), a, dtype)
+  if a.shape != (n,):
+    raise ValueError(f"{what} must be a scalar or have shape ({n},), got {a.shape}.")
+  return jnp.asarray(a)
+
+
+# Jitted engine functions, shared by all engines: static settings travel in
+# `_steps.StepSpec` (hashable), so two samplers that differ only in weight
+# quantization hit the same compiled code. The counter records traces
+# (a Python side effect that only runs while tracing).
+TRACE_COUNTS = collections.Counter()
+
+
+def _counted_jit(name, fn, **jit_kwargs):
+  def counted(*args, **kwargs):
+    TRACE_COUNTS[name] += 1
+    return fn(*args, **kwargs)
+  counted.__name__ = counted.__qualname__ = name
+  return jax.jit(counted, **jit_kwargs)
+
+
+def _prefill_with_result(spec, params, *args):
+  prefix, tokens_R, lp_R = _steps.prefill(spec, params, *args)
+  ones_R = jnp.ones_like(tokens_R)
+  return prefix, ResultTokens.from_step(tokens_R, ones_R, ones_R, lp_R)
+
+
+def _generate_with_result(spec, params, ds):
+  ds, (tokens_B, lp_B, live_B) = _steps.generate_step(spec, params, ds)
+  return ds, ResultTokens.from_step(tokens_B, live_B, ds.num_generated_B, lp_B)
+
+
+_jit_prepare = _counted_jit("prepare", quant.quantize_params, static_argnames=(
+    "weight_quant", "compute_dtype", "quant_lm_head", "tie_embeddings", "storage"))
+_jit_prefill = _counted_jit("prefill", _prefill_with_result, static_argnums=0)
+_jit_insert = _counted_jit("insert", _steps.insert, static_argnums=0, donate_argnums=2)
+_jit_generate = _counted_jit("generate", _generate_with_result, static_argnums=0,
+                             donate_argnums=2)
+_jit_generate_until_done = _counted_jit("generate_until_done", _steps.generate_until_done,
+                                        static_argnums=0, donate_argnums=2)
+_jit_init_decode_state = _counted_jit("init_decode_state", _steps.init_decode_state,
+                                      static_argnums=(0, 1, 2, 3, 4))
+
+
+class Engine:
+  """Prefill / insert / generate over fixed decode slots, with log-probs.
+
+  Args:
+    model: the learner's Qwen3 (its architecture; its weights are the default
+      `load_params` source).
+    config: precision, quantization, capacities, stop ids.
+    mesh: device mesh of the sampling layout, or None (single device).
+  """
+
+  def __init__(self, model: Qwen3, config: SamplerConfig = SamplerConfig(), *,
+               mesh: Optional[jax.sharding.Mesh] = None):
+    self.config = config
+    self._mesh = mesh
+    self._source = model
+    self.model_config = model.config.replace(dtype=config.dtype, remat=False)
+    abstract = nnx.eval_shape(lambda: Qwen3(self.model_config, rngs=nnx.Rngs(0)))
+    self._reference = jax.eval_shape(lambda: weights.learner_params(model))
+    self._spec = _steps.StepSpec(
+        graphdef=nnx.graphdef(abstract), kv_dtype=config.kv_cache_dtype,
+        act_quant=quant.make_act_quant(config.act_quant),
+        quant_lm_head=config.quant_lm_head, pad_id=config.pad_id)
+    self._quant_kwargs = dict(
+        weight_quant=config.weight_quant, compute_dtype=config.dtype,
+        quant_lm_head=config.quant_lm_head, tie_embeddings=self.model_config.tie_embeddings,
+        storage=config.quant_storage)
+    self._rng = jax.random.key(0)
+
+  @property
+  def trace_counts(self) -> collections.Counter:
+    """How often each jitted engine function was traced, process-wide.
+
+    Compiled functions are shared by every engine with the same static settings
+    (architecture, compute dtype, activation and KV quantization): weight-only
+    quantization modes differ only in parameter values and reuse one compilation.
+    """
+    return TRACE_COUNTS
+
+  # --- Weights -------------------------------------------------------------
+
+  def load_params(self, params: Any = None, *args, **kwargs) -> Params:
+    """Sampling params from learner params (module / nnx.State / dict; default: the model).
+
+    Reshards to the sampling layout (when a mesh is set) and casts or quantizes
+    as configured. The result has the same structure every time, so engine
+    functions compiled for one sync serve every later one.
+    """
+    del args, kwargs
+    pure = weights.learner_params(self._source if params is None else params)
+    weights.check_structure(pure, self._reference)
+    return _jit_prepare(weights.reshard_for_sampling(pure, self._mesh), **self._quant_kwargs)
+
+  # --- JetStream engine API ------------------------------------------------
+
+  def prefill(self, *, params: Params, existing_prefix: Optional[Prefix] = None,
+              padded_tokens: Any, true_length: Any, sampler=None, request_id=None,
+              rng: Optional[jax.Array] = None, temperature: Any = 1.0, top_k: Any = 0,
+              top_p: Any = 1.0, max_new_tokens: Any = None) -> tuple[Prefix, ResultTokens]:
+    """Computes the KV cache of right-padded prompt(s); returns it and sample 0's first token.
+
+    `padded_tokens` is `[P]` (one request, JetStream) or `[R, P]` (a batch);
+    `true_length` an int or `[R]`. `rng`: one typed key per request (`[R]`), or
+    one key for all, request r then using `fold_in(rng, r)`; by default the
+    engine splits its own. `temperature == 0` is greedy.
+    """
+    del request_id
+    if existing_prefix is not None:
+      raise NotImplementedError("Chunked prefill is not supported (use_chunked_prefill=False).")
+    if sampler is not None:
+      raise NotImplementedError(
+          "A custom `sampler` callable cannot report the log-prob of the distribution it "
+          "draws from; use temperature / top_k / top_p.")
+    tokens = np.asarray(padded_tokens)
+    if tokens.ndim == 1:
+      tokens = tokens[None]
+    if tokens.ndim != 2:
+      raise ValueError(f"padded_tokens must be [P] or [R, P], got shape {tokens.shape}.")
+    r, p = tokens.shape
+    if p > self.config.max_prefill_length:
+      raise ValueError(f"Prompt bucket {p} exceeds max_prefill_length "
+                       f"{self.config.max_prefill_length}.")
+    lengths = np.asarray(true_length, np.int32).reshape(-1) if np.ndim(true_length) else \
+        np.full((r,), int(true_length), np.int32)
+    if lengths.shape != (r,):
+      raise ValueError(f"true_length must be an int or have shape ({r},), got {lengths.shape}.")
+    if np.any(lengths <= 0):
+      raise ValueError("Empty prompt: every request needs at least one prompt token.")
+    if np.any(lengths > p):
+      raise ValueError(f"true_length {lengths.max()} exceeds the padded length {p}.")
+    if rng is None:
+      self._rng, rng = jax.random.split(self._rng)
+    if not jnp.issubdtype(rng.dtype, jax.dtypes.prng_key):
+      rng = jax.random.wrap_key_data(rng)  # legacy uint32 key data
+    if rng.ndim and rng.shape != (r,):
+      raise ValueError(f"rng must be one key or one per request ({r}), got shape {rng.shape}.")
+    max_new = self.config.max_decode_length if max_new_tokens is None else max_new_tokens
+    return _jit_prefill(
+        self._spec, params, jnp.asarray(tokens, jnp.int32), jnp.asarray(lengths), rng,
+        _as_array(temperature, np.float32, r, "temperature"),
+        _as_array(top_k, np.int32, r, "top_k"), _as_array(top_p, np.float32, r, "top_p"),
+        _as_array(max_new, np.int32, r, "max_new_tokens"))
+
+  def insert(self, prefix: Prefix, decode_state: DecodeState, slot: int,
+             request_id=None) -> DecodeState:
+    """Puts a one-request prefix into `slot` (its previous content is discarded)."""
+    del request_id
+    if prefix.logits_RV.shape[0] != 1:
+      raise ValueError("insert takes a one-request prefix; use bulk_insert(rows=...) for a batch.")
+    return self.bulk_insert(prefix, decode_state, [slot])
+
+  def bulk_insert(self, prefix: Prefix, decode_state: DecodeState, slots: Sequence[int], *,
+                  rows: Optional[Sequence[int]] = None,
+                  sample_ids: Optional[Sequence[int]] = None) -> DecodeState:
+    """Inserts into several slots at once.
+
+    JetStream semantics by default: one request into every slot of `slots`,
+    as samples 0, 1, ... (independent draws: multi-sampling). With `rows`,
+    slot `slots[m]` gets sample `sample_ids[m]` of prefilled request `rows[m]`.
+    Slot ids ≥ the number of slots are padding and ignored.
+    """
+    slots = np.asarray(slots, np.int32).reshape(-1)
+    m = slots.shape[0]
+    rows = np.zeros((m,), np.int32) if rows is None else np.asarray(rows, np.int32)
+    sample_ids = np.arange(m, dtype=np.int32) if sample_ids is None else np.asarray(
+        sample_ids, np.int32)
+    if rows.shape != (m,) or sample_ids.shape != (m,):
+      raise ValueError("slots, rows and sample_ids must have the same length.")
+    if np.any(slots < 0) or np.any(rows < 0) or np.any(rows >= prefix.logits_RV.shape[0]):
+      raise ValueError("Negative slot, or row outside the prefix.")
+    # Pad to a bucket with out-of-range slot ids (dropped), so insert compiles
+    # once per bucket rather than once per number of slots.
+    b = decode_state.last_token_B.shape[0]
+    pad = self.config.slot_bucket(m) - m
+    slots = np.concatenate([slots, np.full((pad,), b, np.int32)])
+    rows = np.concatenate([rows, np.zeros((pad,), np.int32)])
+    sample_ids = np.concatenate([sample_ids, np.zeros((pad,), np.int32)])
+    region = decode_state.cache.valid.shape[1] - decode_state.tokens_BN.shape[1]
+    if prefix.cache.valid.shape[1] > region:
+      raise ValueError(f"Prefix of length {prefix.cache.valid.shape[1]} does not fit the decode "
+                       f"state's prefill region of {region} slots.")
+    return _jit_insert(self._spec, prefix, decode_state, jnp.asarray(slots), jnp.asarray(rows),
+                       jnp.asarray(sample_ids))
+
+  def generate(self, params: Params, decode_state: DecodeState,
+               sampler=None) -> tuple[DecodeState, ResultTokens]:
+    """One decode step for every live slot."""
+    if sampler is not None:
+      raise NotImplementedError("Custom samplers are not supported (no log-prob); see prefill.")
+    return _jit_generate(self._spec, params, decode_state)
+
+  def generate_until_done(self, params: Params, decode_state: DecodeState) -> DecodeState:
+    """Decode steps in one `lax.while_loop` until every slot has finished."""
+    return _jit_generate_until_done(self._spec, params, decode_state)
+
+  def free_resource(self, slot: int) -> None:
+    """Nothing to free: slots are fixed buffers, and `insert` rebuilds a slot's whole row."""
+    del slot
+
+  def init_decode_state(self, *args, num_slots: Optional[int] = None,
+                        prefill_length: Optional[int] = None,
+                        decode_length: Optional[int] = None,
+                        stop_ids: Optional[Sequence[int]] = None, **kwargs) -> DecodeState:
+    """Empty slots (defaults: the config's capacities and stop ids)."""
+    del args, kwargs
+    cfg = self.config
+    stop = tuple(cfg.stop_ids if stop_ids is None else stop_ids)
+    if len(stop) > cfg.max_stop_ids:
+      raise ValueError(f"{len(stop)} stop ids, more than max_stop_ids={cfg.max_stop_ids}.")
+    stop_E = jnp.asarray(list(stop) + [-1] * (cfg.max_stop_ids - len(stop)), jnp.int32)
+    return _jit_init_decode_state(
+        self._spec, self.model_config, num_slots or cfg.max_concurrent_decodes,
+        prefill_length or cfg.max_prefill_length, decode_length or cfg.max_decode_length, stop_E)
+
+  def get_prefix_destination_sharding(self) -> Any:
+    """Prefixes stay where prefill put them (one engine does prefill and decode)."""
+    return None
+
+  def get_tokenizer(self):
+    raise NotImplementedError("Token ids in, token ids out; tokenizers live in mipu_jax.tokenizer.")
+
+  def build_tokenizer(self, metadata):
+    raise NotImplementedError("Token ids in, token ids out; tokenizers live in mipu_jax.tokenizer.")
+
+  @property
+  def max_concurrent_decodes(self) -> int:
+    return self.config.max_concurrent_decodes
+
+  @property
+  def samples_per_slot(self) -> int:
+    return 1
+
+  @property
+  def max_prefill_length(self) -> int:
+    return self.config.max_prefill_length
+
+  @property
+  def mesh(self) -> Optional[jax.sharding.Mesh]:
+    return self._mesh
+
+  @property
+  def colocated_cpus(self) -> None:
+    return None
+
+  @property
+  def use_chunked_prefill(self) -> bool:
+    return False
+
+  @property
+  def prefill_chunk_size(self) -> int:
+    return self.config.max_prefill_length
+
+
+def _register_with_jetstream() -> bool:
+  """Registers our classes as virtual subclasses of JetStream's ABCs, if importable."""
+  try:
+    from jetstream.engine import engine_api  # pylint: disable=g-import-not-at-top
+  except Exception:  # noqa: BLE001 - absent or broken install: nothing to register with
+    return False
+  engine_api.Engine.register(Engine)
+  engine_api.ResultTokens.register(ResultTokens)
+  return True
+
+
+JETSTREAM_REGISTERED = _register_with_jetstream()

@@ -1,0 +1,175 @@
+"""Every qwix call of the sampler: weight and activation quantization (SPEC.md §7).
+
+The sampler's precision is the knob that creates training–inference mismatch on
+purpose, so this module only has to be faithful, not fast.
+
+Why qwix's array primitives and not its model providers. `qwix.QtProvider` (fake
+quant) and `qwix.PtqProvider` intercept `einsum`/`dot_general` inside NNX modules
+and recognise a weight by tracing the operand back to a `Param` of the module
+being called (`flax_util.find_param`). Our Qwen3 stacks the layer weights on an
+`L` axis and runs the layers under `lax.scan`, so inside the scan a weight is a
+slice of a scan carry, not a `Param`: measured on qwix 0.1.8, `QtProvider` with
+`weight_qtype=int4` quantizes only the tied LM head (bit-identical to quantizing
+`embed` alone) and leaves all layer weights in float; `PtqProvider` fails on the
+embedding lookup (`take` of a `WithAux`). So we apply qwix's own quantizer
+(`qwix.quantize` → `QArray` → `qwix.dequantize`, the same `qarray` code the
+providers call) to the parameter tree directly, with explicit channel axes.
+
+Weights, per output channel, symmetric absmax (qwix `calibration_method='absmax'`):
+the scale is shared along the contraction axes and separate along every other
+axis. For the stacked layout (letters as in `mipu_jax/models/qwen3.py`):
+
+| param   | shape          | reduced (contraction) | kept (own scale) |
+| ------- | -------------- | --------------------- | ---------------- |
+| q       | [L, D, N, H]   | D                     | L, N, H          |
+| k, v    | [L, D, K, H]   | D                     | L, K, H          |
+| o       | [L, N, H, D]   | N, H                  | L, D             |
+| gate/up | [L, D, F]      | D                     | L, F             |
+| down    | [L, F, D]      | F                     | L, D             |
+| embed   | [V, D]         | D (per row)           | V   — only as the tied LM head |
+| lm_head | [D, V]         | D                     | V                |
+
+Norm weights are never quantized. The token embedding is quantized only when it
+is the (tied) LM head and `quant_lm_head` is on — the input lookup then reads the
+same quantized table, as it would on a real engine storing one tied matrix; the
+untied input embedding is a lookup, not a matmul, and stays in float (as in
+common PTQ recipes).
+
+Storage modes:
+- `"fake"` (default): `dequantize(quantize(w))` once at weight sync; the sampler
+  keeps an ordinary float parameter tree in the compute dtype.
+- `"real"`: the sampler keeps `QArray`s (int8/int4/fp8 values + float32 scales)
+  and dequantizes inside every jitted step, right before the matmuls. Numerically
+  bit-identical to `"fake"` (same qwix ops, same order; tested); it saves memory
+  and, on platforms whose compiler fuses the dequantization into the matmul,
+  bandwidth. On CPU it is slower (one dequantization per decode step).
+
+Activations: per-token absmax (one scale per `[batch, position]`, shared over the
+feature axes) through the model's `act_quant` hook, i.e. on the input of every
+projection matmul.
+"""
+
+import functools
+from typing import Any, Callable, Optional
+
+import jax
+import jax.numpy as jnp
+import qwix
+
+WEIGHT_QTYPES = {
+    "int8": jnp.int8,
+    "int4": jnp.int4,
+    "fp8_e4m3": jnp.float8_e4m3fn,
+    "fp8_e5m2": jnp.float8_e5m2,
+}
+ACT_QTYPES = {
+    "int8": jnp.int8,
+    "fp8": jnp.float8_e4m3fn,
+    "fp8_e4m3": jnp.float8_e4m3fn,
+    "fp8_e5m2": jnp.float8_e5m2,
+}
+STORAGES = ("fake", "real")
+
+# Axes that keep their own scale (qwix `channelwise_axes`), per layer weight.
+LAYER_CHANNEL_AXES = {
+    "q": (0, 2, 3),
+    "k": (0, 2, 3),
+    "v": (0, 2, 3),
+    "o": (0, 3),
+    "gate": (0, 2),
+    "up": (0, 2),
+    "down": (0, 2),
+}
+EMBED_CHANNEL_AXES = (0,)
+LM_HEAD_CHANNEL_AXES = (1,)
+
+
+def check_weight_quant(name: Optional[str]) -> None:
+  if name is not None and name not in WEIGHT_QTYPES:
+    raise ValueError(f"Unknown weight_quant {name!r}; expected None or one of "
+                     f"{sorted(WEIGHT_QTYPES)}.")
+
+
+def check_act_quant(name: Optional[str]) -> None:
+  if name is not None and name not in ACT_QTYPES:
+    raise ValueError(f"Unknown act_quant {name!r}; expected None or one of "
+                     f"{sorted(ACT_QTYPES)}.")
+
+
+def quantize(w: jax.Array, qtype: str, channel_axes: tuple[int, ...]) -> qwix.QArray:
+  """Per-channel symmetric absmax quantization (float32 scales) of `w`."""
+  return qwix.quantize(w.astype(jnp.float32), WEIGHT_QTYPES[qtype],
+                       channelwise_axes=channel_axes, calibration_method="absmax")
+
+
+def fake_quantize(w: jax.Array, qtype: str, channel_axes: tuple[int, ...]) -> jax.Array:
+  """`dequantize(quantize(w))` in float32: the values real PTQ would compute with."""
+  return qwix.dequantize(quantize(w, qtype, channel_axes))
+
+
+def is_quantized(x: Any) -> bool:
+  return isinstance(x, qwix.QArray)
+
+
+def dequantize_tree(params: Any) -> Any:
+  """Replaces every `QArray` leaf by its float32 dequantization (real-PTQ storage)."""
+  return jax.tree.map(lambda x: qwix.dequantize(x) if is_quantized(x) else x, params,
+                      is_leaf=is_quantized)
+
+
+def quantize_params(params: dict, *, weight_quant: Optional[str], compute_dtype,
+                    quant_lm_head: bool, tie_embeddings: bool,
+                    storage: str = "fake") -> dict:
+  """Learner params (pure dict, float) → sampler params in `compute_dtype`.
+
+  Matmul weights are cast to the compute dtype (or quantized when
+  `weight_quant` is set); norm weights stay float32, because the model applies
+  them in float32 (`qwen3.rms_norm`), so storing them narrower would change
+  numerics beyond what the precision mode asks for.
+  """
+  if storage not in STORAGES:
+    raise ValueError(f"Unknown quant storage {storage!r}; expected one of {STORAGES}.")
+
+  def convert(w, axes):
+    if weight_quant is None or axes is None:
+      return w.astype(compute_dtype)
+    if storage == "real":
+      return quantize(w, weight_quant, axes)
+    return fake_quantize(w, weight_quant, axes).astype(compute_dtype)
+
+  layers = {}
+  for name, w in params["layers"].items():
+    layers[name] = w.astype(jnp.float32) if name.endswith("norm") else convert(
+        w, LAYER_CHANNEL_AXES[name])
+  out = dict(params)
+  out["layers"] = layers
+  out["final_norm"] = params["final_norm"].astype(jnp.float32)
+  head_axes = None if not quant_lm_head else (
+      EMBED_CHANNEL_AXES if tie_embeddings else LM_HEAD_CHANNEL_AXES)
+  if tie_embeddings:
+    out["embed"] = convert(params["embed"], head_axes)
+  else:
+    out["embed"] = params["embed"].astype(compute_dtype)
+    out["lm_head"] = convert(params["lm_head"], head_axes)
+  return out
+
+
+@functools.lru_cache(maxsize=None)  # one function per name: it is part of a static jit key
+def make_act_quant(name: Optional[str]) -> Optional[Callable[[jax.Array], jax.Array]]:
+  """Per-token absmax fake quantizer for the model's `act_quant` hook, or None.
+
+  The hook sees `[B, T, ...]` inputs; the scale is per `(b, t)` and shared over
+  all feature axes (for the o-projection input `[B, T, N, H]` that is the whole
+  contraction), which is what a per-token dynamic quantizer on a real kernel does.
+  """
+  check_act_quant(name)
+  if name is None:
+    return None
+  qtype = ACT_QTYPES[name]
+
+  def act_quant(x: jax.Array) -> jax.Array:
+    q = qwix.quantize(x.astype(jnp.float32), qtype, channelwise_axes=(0, 1),
+                      calibration_method="absmax")
+    return qwix.dequantize(q).astype(x.dtype)
+
+  return act_quant

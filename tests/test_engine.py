@@ -1,0 +1,160 @@
+"""The JetStream-style engine, driven slot by slot, agrees with `Sampler.generate`."""
+
+import importlib.util
+import inspect
+
+import jax
+import numpy as np
+import pytest
+
+from mipu_jax.sampler import Engine, ResultTokens, Sampler
+from mipu_jax.sampler import engine as engine_lib
+from test_sampler import PROMPTS, make_model
+
+
+@pytest.fixture(scope="module")
+def sampler():
+  return Sampler(make_model(), max_prefill_length=32, max_decode_length=32)
+
+
+def _right_padded(prompt, width=16):
+  tokens = np.zeros((width,), np.int32)
+  tokens[:len(prompt)] = prompt
+  return tokens
+
+
+def _drain(engine, params, ds, slots, got, max_steps=40):
+  """Calls `generate` until no slot produces a token, appending each slot's output."""
+  for _ in range(max_steps):
+    ds, result = engine.generate(params, ds)
+    result = result.convert_to_numpy()
+    if not result.data[:, result.valid_idx[0]].any():
+      return ds
+    for slot in slots:
+      one = result.get_result_at_slot(slot)
+      if one.valid[0, 0]:
+        got[slot][0].append(int(one.tokens[0, 0]))
+        got[slot][1].append(float(one.log_prob[0, 0]))
+  raise AssertionError("decode did not finish")
+
+
+def test_engine_slot_by_slot_matches_sampler(sampler):
+  engine, params = sampler.engine, sampler.params
+  ref = sampler.generate(PROMPTS, max_new_tokens=6, temperature=0.9, seed=4)
+  ds = engine.init_decode_state(num_slots=8, prefill_length=16, decode_length=16)
+  slots, got = [5, 0, 3], {}
+  for i, (prompt, slot) in enumerate(zip(PROMPTS, slots)):
+    prefix, first = engine.prefill(params=params, padded_tokens=_right_padded(prompt),
+                                   true_length=len(prompt), temperature=0.9, max_new_tokens=6,
+                                   rng=jax.random.fold_in(jax.random.key(4), i)[None])
+    one = first.get_result_at_slot(0)
+    got[slot] = ([int(one.tokens[0, 0])], [float(one.log_prob[0, 0])])
+    ds = engine.insert(prefix, ds, slot)
+  ds = _drain(engine, params, ds, slots, got)
+  for i, slot in enumerate(slots):
+    assert got[slot][0] == ref.tokens[i]
+    np.testing.assert_allclose(got[slot][1], ref.logprobs[i], atol=1e-5)
+
+  # Continuous batching: a new request in a freed slot starts at the current
+  # cache index (16 + 5 here, room for 11 more); nothing of the slot's previous
+  # occupant may leak into it.
+  engine.free_resource(0)
+  new_prompt = [9, 8, 7, 6]
+  ref_new = sampler.generate([new_prompt], max_new_tokens=10, temperature=0.9, seed=9)
+  prefix, first = engine.prefill(params=params, padded_tokens=_right_padded(new_prompt),
+                                 true_length=4, temperature=0.9, max_new_tokens=10,
+                                 rng=jax.random.fold_in(jax.random.key(9), 0)[None])
+  got = {0: ([int(first.data[0, 0])], [float(first.log_prob[0, 0])])}
+  ds = _drain(engine, params, engine.insert(prefix, ds, 0), [0], got)
+  assert got[0][0] == ref_new.tokens[0]
+  np.testing.assert_allclose(got[0][1], ref_new.logprobs[0], atol=1e-5)
+
+
+def test_bulk_insert_draws_independent_samples(sampler):
+  engine, params = sampler.engine, sampler.params
+  ref = sampler.generate(PROMPTS[1:2], max_new_tokens=1, num_samples=3, temperature=2.0, seed=6)
+  prefix, first = engine.prefill(params=params, padded_tokens=_right_padded(PROMPTS[1]),
+                                 true_length=len(PROMPTS[1]), temperature=2.0,
+                                 rng=jax.random.fold_in(jax.random.key(6), 0)[None])
+  ds = engine.init_decode_state(num_slots=8, prefill_length=16, decode_length=16)
+  ds = engine.bulk_insert(prefix, ds, [2, 4, 6])
+  np.testing.assert_array_equal(np.asarray(ds.tokens_BN)[[2, 4, 6], 0],
+                                [t[0] for t in ref.tokens])
+  assert int(first.data[0, 0]) == ref.tokens[0][0]  # prefill's token is sample 0
+
+
+def test_generate_until_done_stops_when_every_slot_has_finished(sampler):
+  greedy = sampler.generate(PROMPTS, max_new_tokens=12, temperature=0.0)
+  stop = greedy.tokens[1][4]
+  engine, params = sampler.engine, sampler.params
+  tokens = np.stack([_right_padded(p) for p in PROMPTS] + [_right_padded([1])] * 5)
+  prefix, _ = engine.prefill(params=params, padded_tokens=tokens,
+                             true_length=[len(p) for p in PROMPTS] + [1] * 5, temperature=0.0,
+                             max_new_tokens=12, rng=jax.random.key(0))
+  ds = engine.init_decode_state(num_slots=8, prefill_length=16, decode_length=16,
+                                stop_ids=[stop])
+  ds = engine.bulk_insert(prefix, ds, [0, 1, 2, 8, 8, 8, 8, 8], rows=[0, 1, 2, 0, 0, 0, 0, 0],
+                          sample_ids=[0] * 8)
+  ds = engine.generate_until_done(params, ds)
+  lengths = np.asarray(ds.num_generated_B)[:3]
+  assert lengths[1] <= 5 and np.asarray(ds.tokens_BN)[1, lengths[1] - 1] == stop
+  # One cache slot per decode step, after the 16-slot prefill region: the loop
+  # ran exactly as long as the longest row needed, not to max_new_tokens.
+  assert int(ds.cache.index) == 16 + lengths.max() - 1
+  assert not np.asarray(ds.active_B)[3:].any()
+
+
+def test_result_tokens_carry_log_prob_through_slot_access():
+  result = ResultTokens.from_step(np.array([4, 5, 6]), np.array([1, 0, 1]),
+                                  np.array([2, 2, 3]), np.array([-0.5, 0.0, -1.5]))
+  assert len(jax.tree.leaves(result)) == 2  # data and log_prob are pytree leaves
+  one = result.convert_to_numpy().get_result_at_slot(2)
+  assert one.tokens[0, 0] == 6 and one.valid[0, 0] == 1 and one.lengths[0] == 3
+  np.testing.assert_allclose(one.log_prob, [[-1.5]])
+  many = result.get_result_at_slots([0, 2])
+  np.testing.assert_allclose(many.log_prob[:, 0], [-0.5, -1.5])
+
+
+def test_jetstream_signatures():
+  prefill = inspect.signature(Engine.prefill).parameters
+  for name in ("params", "existing_prefix", "padded_tokens", "true_length", "sampler",
+               "request_id"):
+    assert prefill[name].kind is inspect.Parameter.KEYWORD_ONLY
+  assert list(inspect.signature(Engine.insert).parameters)[1:] == [
+      "prefix", "decode_state", "slot", "request_id"]
+  assert list(inspect.signature(Engine.generate).parameters)[1:] == [
+      "params", "decode_state", "sampler"]
+  for prop in ("max_concurrent_decodes", "samples_per_slot", "max_prefill_length", "mesh",
+               "colocated_cpus", "use_chunked_prefill", "prefill_chunk_size"):
+    assert isinstance(getattr(Engine, prop), property)
+  assert engine_lib.JETSTREAM_REGISTERED == (importlib.util.find_spec("jetstream") is not None)
+
+
+def test_engine_errors(sampler):
+  engine, params = sampler.engine, sampler.params
+  kwargs = dict(params=params, padded_tokens=_right_padded([1, 2]))
+  with pytest.raises(ValueError, match="Empty prompt"):
+    engine.prefill(true_length=0, **kwargs)
+  with pytest.raises(NotImplementedError, match="Chunked"):
+    engine.prefill(true_length=2, existing_prefix=object(), **kwargs)
+  with pytest.raises(NotImplementedError, match="log-prob"):
+    engine.prefill(true_length=2, sampler=lambda x: x, **kwargs)
+  with pytest.raises(ValueError, match="max_prefill_length"):
+    engine.prefill(params=params, padded_tokens=np.zeros((64,), np.int32), true_length=3)
+  prefix, _ = jax.eval_shape(lambda: engine.prefill(  # shapes only: no compile needed
+      params=params, padded_tokens=np.ones((32,), np.int32), true_length=20))
+  ds = engine.init_decode_state(num_slots=8, prefill_length=16, decode_length=16)
+  with pytest.raises(ValueError, match="prefill region"):
+    engine.insert(prefix, ds, 0)
+
+
+def test_load_params_reshards_to_the_sampling_layout():
+  from mipu_jax.models import sharding  # pylint: disable=g-import-not-at-top
+  mesh = sharding.make_mesh(data=1, fsdp=-1, tensor=2)
+  model = make_model()
+  params = Sampler(model, mesh=mesh, weight_quant="int8", max_prefill_length=32,
+                   max_decode_length=32).params
+  for name, x in params["layers"].items():
+    spec = sharding.spec_for(f"layers/{name}", x.shape, mesh, layout="sampling")
+    assert x.sharding.is_equivalent_to(jax.sharding.NamedSharding(mesh, spec), x.ndim), name
+    assert "fsdp" not in str(x.sharding.spec)  # decode never all-gathers weights
