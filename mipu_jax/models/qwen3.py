@@ -99,7 +99,7 @@ def _aq(x, act_quant: ActQuant):
 def _layer(cfg: Qwen3Config, x_BTD, w, positions_BT, mask_BTS, kv, index, act_quant):
   """One decoder layer. `w` holds this layer's weights (already in compute dtype).
 
-  `kv` is this layer's cache `(k, k_scale, v, v_scale)`. Without a cache (`kv is None`) the keys are the T positions themselves;
+  `kv` is the whole cache `(k, k_scale, v, v_scale, layer)`. Without a cache (`kv is None`) the keys are the T positions themselves;
   with one, the new keys are written at `cache.index` and attention runs over
   all S slots. Returns the new hidden state and the new K/V (cache-layout).
   """
@@ -115,17 +115,22 @@ def _layer(cfg: Qwen3Config, x_BTD, w, positions_BT, mask_BTS, kv, index, act_qu
   if kv is None:
     keys_BSKH, values_BSKH, new_kv = k_BTKH, v_BTKH, None
   else:
-    k_q, k_s, v_q, v_s = kv
-    kq_new, ks_new = _quantize_kv(k_BTKH, k_q.dtype)
-    vq_new, vs_new = _quantize_kv(v_BTKH, v_q.dtype)
-    k_q = jax.lax.dynamic_update_slice(k_q, kq_new, (0, index, 0, 0))
-    v_q = jax.lax.dynamic_update_slice(v_q, vq_new, (0, index, 0, 0))
-    if k_s is not None:
-      k_s = jax.lax.dynamic_update_slice(k_s, ks_new, (0, index, 0, 0))
-      v_s = jax.lax.dynamic_update_slice(v_s, vs_new, (0, index, 0, 0))
-    keys_BSKH = _dequantize_kv(k_q, k_s, dt)
-    values_BSKH = _dequantize_kv(v_q, v_s, dt)
-    new_kv = (k_q, k_s, v_q, v_s)
+    # The whole [L, ...] cache is the scan carry: only the T new entries are
+    # written (in place), and this layer's slots are read back.
+    k_all, ks_all, v_all, vs_all, layer = kv
+    kq_new, ks_new = _quantize_kv(k_BTKH, k_all.dtype)
+    vq_new, vs_new = _quantize_kv(v_BTKH, v_all.dtype)
+    at = (layer, 0, index, 0, 0)
+    k_all = jax.lax.dynamic_update_slice(k_all, kq_new[None], at)
+    v_all = jax.lax.dynamic_update_slice(v_all, vq_new[None], at)
+    k_s = v_s = None
+    if ks_all is not None:
+      ks_all = jax.lax.dynamic_update_slice(ks_all, ks_new[None], at)
+      vs_all = jax.lax.dynamic_update_slice(vs_all, vs_new[None], at)
+      k_s, v_s = ks_all[layer], vs_all[layer]
+    keys_BSKH = _dequantize_kv(k_all[layer], k_s, dt)
+    values_BSKH = _dequantize_kv(v_all[layer], v_s, dt)
+    new_kv = (k_all, ks_all, v_all, vs_all)
 
   b, t, n, hd = q_BTNH.shape
   kh = keys_BSKH.shape[2]
@@ -247,13 +252,16 @@ class Qwen3(nnx.Module):
       causal_TS = jnp.arange(s)[None, :] <= slot_T[:, None]
       mask_BTS = causal_TS[None] & valid_BS[:, None, :]
 
-      def body(x, xs):
-        w, k_q, k_s, v_q, v_s = xs
-        return _layer(cfg, x, w, positions_BT, mask_BTS, (k_q, k_s, v_q, v_s), cache.index,
-                      act_quant)
+      def body(carry, xs):
+        x, k, k_s, v, v_s = carry
+        w, layer = xs
+        x, kv = _layer(cfg, x, w, positions_BT, mask_BTS, (k, k_s, v, v_s, layer), cache.index,
+                       act_quant)
+        return (x, *kv), None
 
-      x_BTD, (k, k_s, v, v_s) = jax.lax.scan(
-          body, x_BTD, (weights, cache.k, cache.k_scale, cache.v, cache.v_scale))
+      carry = (x_BTD, cache.k, cache.k_scale, cache.v, cache.v_scale)
+      (x_BTD, k, k_s, v, v_s), _ = jax.lax.scan(
+          body, carry, (weights, jnp.arange(cfg.num_layers)))
       new_cache = KVCache(k=k, v=v, k_scale=k_s, v_scale=v_s, valid=valid_BS,
                           index=cache.index + t)
 
