@@ -1,0 +1,50 @@
+r"""Shared defaults of every run: the small arithmetic task, SPEC.md algorithm defaults.
+
+Not a job by itself; `small_cpu.py` and the table-row configs start from
+`get_config()` and change a few fields. A table row is a function of this base:
+
+  def get_config():
+    config = base.get_config()
+    config.loss.correction.preset = "seq_tis"
+    return config
+
+Algorithm defaults (SPEC.md §1–3, the sources): GRPO advantages, PPO clip
+ε_low 0.2 / ε_high 0.28, token-mean aggregation, on-policy recompute with token
+TIS (U = 2), AdamW (weight decay 0.01, gradient clip 1.0), temperature 1.
+"""
+
+import os
+
+from mipu_jax import config as config_lib
+
+BASE_POLICY = os.path.join(os.path.dirname(config_lib.__file__), "tasks", "assets",
+                           "base_policy")
+
+
+def get_config():
+  """The shared base ConfigDict (every field present, so CLI overrides reach it)."""
+  config = config_lib.default_config()
+  config.seed = 0
+  # The pretrained base policy when it has been shipped, else a random init.
+  has_base = os.path.exists(os.path.join(BASE_POLICY, "config.json"))
+  config.model.init_from = BASE_POLICY if has_base else ""
+  config.model.preset = "tiny"
+
+  config.data.train_tiers = ("tier1", "tier2", "tier3")
+  config.data.prompts_per_step = 16
+  config.data.group_size = 8
+  config.sampling.max_new_tokens = 64  # Tier 5's longest step-by-step answer + EOS is 60.
+
+  config.optim.learning_rate = 1e-4
+  # Two optimizer updates per batch: the second is off-policy, so the PPO clip
+  # (and `actor/pg_clipfrac`) does something.
+  config.learner.num_minibatches = 2
+  config.learner.mesh.data = 1
+  config.learner.mesh.fsdp = 1
+  config.learner.mesh.tensor = 1
+
+  config.eval.every = 10
+  config.eval.n_per_tier = 64
+  config.eval.num_samples = 4
+  config.eval.temperature = 1.0
+  return config

@@ -1,0 +1,77 @@
+r"""One row of the sources' tables on the small CPU task, under a high-mismatch sampler.
+
+    python experiments/train.py --config configs/table.py:mipu --workdir /tmp/mipu
+    python experiments/train.py --config configs/table.py:random_rollback,p=0.25,seed=1 \
+        --workdir /tmp/rr1
+
+The argument is `row[,option...]` with `row` one of `configs/rows.py:ROWS`
+(default `baseline`) and options `seed=N`, `steps=N`, `prompts=N` (prompts per
+step), `p=P` (random-rollback probability) and `quick` (a smoke budget for
+tests and Colab).
+Every table at once, several seeds, with the results table and figures:
+
+    python experiments/reproduce_tables.py --workdir results/small_cpu
+
+Task: multi-operand addition (`mipu_jax.tasks.arithmetic`), five held-out tiers
+standing in for MATH / AIME / Olympiad / Minerva / AMC23. Sampler μ: FP8 e4m3
+weights and FP8 activations (the sources' "FP8 rollout", a high-mismatch
+setting); learner π: fp32. Everything else is `configs/base.py` (SPEC.md
+defaults: GRPO, clip 0.2 / 0.28, token-mean, AdamW wd 0.01, clip 1,
+temperature 1).
+
+Hardware: 2 CPU cores. Expected time: about 2–3 minutes per row and seed for
+the default 40 steps (compilation shared through the persistent cache when
+run by `reproduce_tables.py`); `quick`: under a minute. Expected result: see
+`results/README.md` — at this scale the rows are within a few points of each
+other and the sources' ordering is not guaranteed to reproduce.
+"""
+
+from configs import base
+from configs import rows
+
+
+def get_config(arg=None):
+  """The small-CPU-task ConfigDict of table row `arg` (see module docstring)."""
+  row, opts = rows.parse_arg(arg, "baseline")
+  unknown = set(opts) - {"seed", "steps", "prompts", "p", "quick"}
+  if unknown:
+    raise ValueError(f"unknown option(s) {sorted(unknown)} in {arg!r}; known: "
+                     "seed=N, steps=N, prompts=N, p=P, quick.")
+  config = base.get_config()
+  config.sampling.weight_quant = "fp8_e4m3"
+  config.sampling.act_quant = "fp8"
+  config.num_steps = 40
+  config.eval.every = 5
+  config.eval.n_per_tier = 32
+  config.eval.num_samples = 4
+  config.checkpoint.enabled = False
+  config.logging.tensorboard = False
+  config.logging.plots = False
+  config.logging.progress_bar = False
+  if "mipu" in config:
+    config.mipu.num_probe_prompts = 8
+  if "quick" in opts:
+    config.num_steps = 2
+    config.data.train_tiers = ("tier1",)
+    config.data.prompts_per_step = 4
+    config.data.group_size = 4
+    config.data.max_sampling_rounds = 2
+    config.sampling.max_new_tokens = 24
+    config.eval.every = 0
+    # 4 problems x 4 samples, like the training batch, so that evaluation
+    # and probes reuse the training rollout's compiled sampler shapes.
+    config.eval.n_per_tier = 4
+    config.eval.num_samples = 4
+    config.learner.log_entropy = False
+    if "mipu" in config:
+      config.mipu.num_probe_prompts = 4
+  if opts.get("steps"):
+    config.num_steps = int(opts["steps"])
+  if opts.get("prompts"):
+    config.data.prompts_per_step = int(opts["prompts"])
+  if opts.get("seed"):
+    config.seed = int(opts["seed"])
+    if "mipu" in config:  # probe prompts and rollback coins follow the seed too
+      config.mipu.seed = config.seed
+  p = float(opts["p"]) if opts.get("p") else None
+  return rows.apply(config, row, p=p)

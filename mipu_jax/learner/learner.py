@@ -1,0 +1,166 @@
+"""`Learner`: the pure step and the log-prob recompute, jitted once over a mesh.
+
+The jitted functions carry explicit in/out shardings (parameters in the
+`train` layout over (data, fsdp, tensor), rows over (data, fsdp)) and the step
+donates the incoming state's buffers — except with `donate=False`, which the
+MIPU Step 2 gate needs because a rollback returns to the pre-update state
+(SPEC.md §5). Each jitted function counts its traces, so a test can check that
+a second call does not recompile.
+"""
+
+import collections
+import math
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import nnx
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+from mipu_jax.config import MeshConfig, TrainConfig
+from mipu_jax.learner import batch as batch_lib
+from mipu_jax.learner import logprobs as logprobs_lib
+from mipu_jax.learner import state as state_lib
+from mipu_jax.learner import step as step_lib
+from mipu_jax.models import sharding as sharding_lib
+
+_ROWS = ("data", "fsdp")
+
+
+def mesh_from_config(cfg: MeshConfig, devices=None) -> Mesh:
+  """The (data, fsdp, tensor) mesh; a fully given shape uses the first devices."""
+  devices = list(jax.devices() if devices is None else devices)
+  shape = (cfg.data, cfg.fsdp, cfg.tensor)
+  if -1 not in shape:
+    if math.prod(shape) > len(devices):
+      raise ValueError(f"mesh {shape} needs {math.prod(shape)} devices, have "
+                       f"{len(devices)}.")
+    devices = devices[:math.prod(shape)]
+  return sharding_lib.make_mesh(*shape, devices=devices)
+
+
+def step_spec(cfg: TrainConfig) -> step_lib.StepSpec:
+  """The static step description of a run."""
+  s = cfg.sampling
+  return step_lib.StepSpec(
+      loss=cfg.loss,
+      scoring=logprobs_lib.Scoring(s.temperature, s.top_k, s.top_p),
+      ppo_epochs=cfg.learner.ppo_epochs,
+      num_minibatches=cfg.learner.num_minibatches,
+      num_microbatches=cfg.learner.num_microbatches,
+      shuffle=cfg.learner.shuffle,
+      with_entropy=cfg.learner.log_entropy or cfg.loss.entropy_coef > 0,
+      max_response_len=s.max_new_tokens)
+
+
+class Learner:
+  """The training side π: state init, the jitted step, the jitted recompute.
+
+  Args:
+    graphdef: the policy's `nnx.GraphDef`.
+    abstract_params: the parameter pure dict (arrays or `ShapeDtypeStruct`s).
+    spec: the static step description.
+    optimizer: from `make_optimizer`.
+    mesh: the (data, fsdp, tensor) mesh.
+    donate: donate the state passed to `step` (off for MIPU Step 2).
+  """
+
+  def __init__(self, graphdef: nnx.GraphDef, abstract_params: Any, *,
+               spec: step_lib.StepSpec,
+               optimizer: optax.GradientTransformationExtraArgs, mesh: Mesh,
+               donate: bool = True):
+    self.graphdef, self.spec, self.optimizer, self.mesh = (
+        graphdef, spec, optimizer, mesh)
+    self.donate = donate
+    self.abstract_params = jax.tree.map(
+        lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), abstract_params)
+    self.traces = collections.Counter()
+    self.state_shardings = state_lib.state_shardings(optimizer, abstract_params,
+                                                     mesh)
+    with_ref = spec.loss.kl_coef > 0
+    self.batch_shardings = batch_lib.batch_shardings(mesh, with_ref)
+    row_sh = sharding_lib.batch_sharding(mesh, 2)
+    replicated = NamedSharding(mesh, P())
+    self._row_constraint = NamedSharding(mesh, P(None, _ROWS))
+
+    def rows(x):
+      return jax.lax.with_sharding_constraint(x, self._row_constraint)
+
+    def step(state, batch):
+      self.traces["step"] += 1
+      return step_lib.learner_step(state, batch, graphdef=graphdef,
+                                   optimizer=optimizer, spec=spec, rows=rows)
+
+    def logprobs(params, tokens_BL, mask_BL):
+      self.traces["logprobs"] += 1
+      return logprobs_lib.chunked_logprobs(
+          graphdef, params, tokens_BL, mask_BL, spec.scoring,
+          spec.num_minibatches * spec.num_microbatches)
+
+    self._step = jax.jit(step, in_shardings=(self.state_shardings,
+                                             self.batch_shardings),
+                         out_shardings=(self.state_shardings, replicated),
+                         donate_argnums=(0,) if donate else ())
+    self._logprobs = jax.jit(
+        logprobs, in_shardings=(self.state_shardings.params, row_sh, row_sh),
+        out_shardings=row_sh)
+
+  @classmethod
+  def from_config(cls, cfg: TrainConfig, model: nnx.Module, mesh: Mesh, *,
+                  donate: bool = True) -> "Learner":
+    """A learner for `model`'s architecture under the run config."""
+    graphdef, state = nnx.split(model)
+    abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype),
+                            nnx.to_pure_dict(state))
+    return cls(graphdef, abstract, spec=step_spec(cfg),
+               optimizer=state_lib.make_optimizer(cfg.optim, cfg.num_steps),
+               mesh=mesh, donate=donate)
+
+  def init_state(self, params: Any, seed: int) -> state_lib.LearnerState:
+    """A sharded step-0 state from a parameter pure dict."""
+    return state_lib.init_state(params, self.optimizer, self.mesh, seed)
+
+  def shard_batch(self, batch: batch_lib.Batch) -> batch_lib.Batch:
+    """Places a host batch with the step's input shardings."""
+    self._check_rows(batch.tokens_BL.shape[0])
+    return jax.device_put(batch, self.batch_shardings)
+
+  def step(self, state: state_lib.LearnerState, batch: batch_lib.Batch,
+           ) -> tuple[state_lib.LearnerState, dict[str, jax.Array]]:
+    """`learner_step(state, batch)`; `state` is donated unless `donate=False`."""
+    return self._step(state, self.shard_batch(batch))
+
+  def logprobs(self, params: Any, tokens_BL, mask_BL) -> jax.Array:
+    """Learner log-probs (`lp_old`, or reference / probe log-probs), `[B, L]`."""
+    self._check_rows(np.shape(tokens_BL)[0])
+    rows = sharding_lib.batch_sharding(self.mesh, 2)
+    tokens_BL = jax.device_put(np.asarray(tokens_BL, np.int32), rows)
+    mask_BL = jax.device_put(np.asarray(mask_BL, np.float32), rows)
+    return self._logprobs(params, tokens_BL, mask_BL)
+
+  def abstract_state(self) -> state_lib.LearnerState:
+    """`ShapeDtypeStruct`s (with shardings) of a state, nothing materialised."""
+    def init(params):
+      return state_lib.LearnerState(params, self.optimizer.init(params),
+                                    jnp.zeros([], jnp.int32), jax.random.key(0))
+    shapes = jax.eval_shape(init, self.abstract_params)
+    return jax.tree.map(
+        lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh),
+        shapes, self.state_shardings)
+
+  def lower_step(self, batch_size: int, length: int) -> jax.stages.Lowered:
+    """Lowers the step on abstract inputs (e.g. to read its memory analysis)."""
+    batch = batch_lib.abstract_batch(batch_size, length,
+                                     self.spec.loss.kl_coef > 0)
+    return self._step.lower(self.abstract_state(), batch)
+
+  def _check_rows(self, b: int) -> None:
+    chunks = self.spec.num_minibatches * self.spec.num_microbatches
+    dp = self.mesh.shape["data"] * self.mesh.shape["fsdp"]
+    if b % chunks or (b // chunks) % dp:
+      raise ValueError(
+          f"{b} rows: need a multiple of minibatches x microbatches ({chunks}) "
+          f"whose micro-batches ({b // max(chunks, 1)} rows) split over the "
+          f"{dp} data-parallel devices.")

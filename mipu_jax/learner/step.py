@@ -1,0 +1,201 @@
+"""The pure learner step: PPO epochs × mini-batches × micro-batches (SPEC.md §2–4).
+
+`learner_step(state, batch, spec) -> (state, metrics)` is a pure function of
+its inputs; `Learner` jits it once with shardings and donation. Structure:
+
+1. the §3 correction and the §4 metrics over the whole batch, once;
+2. per epoch a permutation of the rows (from `state.rng`), cut into
+   `num_minibatches` mini-batches of `num_microbatches` micro-batches;
+3. one `lax.scan` over the `epochs × minibatches` optimizer updates, each a
+   `lax.scan` accumulating micro-batch gradients (`objective` makes the sum
+   exact), then one optimizer update with the step's mean response length.
+"""
+
+import dataclasses
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+import optax
+from flax import nnx
+
+from mipu_jax import losses
+from mipu_jax import schedules
+from mipu_jax.learner import objective
+from mipu_jax.learner.batch import Batch
+from mipu_jax.learner.logprobs import policy_logprobs, Scoring
+from mipu_jax.learner.state import LearnerState
+
+Constrain = Callable[[jax.Array], jax.Array]
+
+
+@dataclasses.dataclass(frozen=True)
+class StepSpec:
+  """Static description of a learner step (hashable).
+
+  Attributes:
+    loss: the validated loss config.
+    scoring: the sampled distribution (temperature, truncation).
+    ppo_epochs: passes over the batch.
+    num_minibatches: optimizer updates per epoch.
+    num_microbatches: gradient-accumulation chunks per update.
+    shuffle: permute rows every epoch.
+    with_entropy: compute the policy entropy.
+    max_response_len: the `seq_mean_token_sum_norm` length by default.
+  """
+  loss: losses.LossConfig
+  scoring: Scoring = Scoring()
+  ppo_epochs: int = 1
+  num_minibatches: int = 1
+  num_microbatches: int = 1
+  shuffle: bool = True
+  with_entropy: bool = True
+  max_response_len: int = 1
+
+  @property
+  def num_updates(self) -> int:
+    return self.ppo_epochs * self.num_minibatches
+
+
+def _identity(x):
+  return x
+
+
+def learner_step(state: LearnerState, batch: Batch, *, graphdef: nnx.GraphDef,
+                 optimizer: optax.GradientTransformationExtraArgs,
+                 spec: StepSpec, rows: Constrain = _identity,
+                 ) -> tuple[LearnerState, dict[str, jax.Array]]:
+  """One RL batch of PPO updates. Pure.
+
+  Args:
+    state: the learner state before the step.
+    batch: the RL batch, `B` rows (B divisible by minibatches × microbatches).
+    graphdef: the model's graph definition (`nnx.split`).
+    optimizer: from `make_optimizer`.
+    spec: the static step description.
+    rows: sharding constraint for arrays whose second axis is the row axis
+      (micro-batch arrays `[num_micro, rows, ...]`); identity off-mesh.
+
+  Returns:
+    `(new_state, metrics)`: float32 scalars — `actor/*` (loss, PPO clip
+    fractions, ratio statistics over all updates and over the first one),
+    `actor/grad_norm` (before clipping, mean over updates), `actor/entropy`,
+    `actor/lr` and the `schedule/*` state, `rollout_corr/*` (SPEC.md §4).
+  """
+  cfg = spec.loss
+  b = batch.tokens_BL.shape[0]
+  n_mini, n_micro = spec.num_minibatches, spec.num_microbatches
+  b_micro = b // (n_mini * n_micro)
+
+  corrected, corr_metrics = objective.correct_batch(
+      batch.lp_old_BL, batch.lp_mu_BL, batch.loss_mask_BL, cfg)
+  lp_ref_BL = (batch.lp_old_BL if cfg.mode == "on_policy_recompute"
+               else batch.lp_mu_BL)
+  rows_data = {
+      "tokens": batch.tokens_BL, "input_mask": batch.input_mask_BL,
+      "loss_mask": batch.loss_mask_BL, "lp_ref": lp_ref_BL,
+      "adv": batch.advantages_B, "weights": corrected.weights_BL,
+      "keep": corrected.keep_BL, "denom": corrected.denom_BL,
+  }
+  if batch.lp_ref_model_BL is not None:
+    rows_data["lp_ref_model"] = batch.lp_ref_model_BL
+
+  rng, perm_key = jax.random.split(state.rng)
+  if spec.shuffle:
+    keys = jax.random.split(perm_key, spec.ppo_epochs)
+    order_EB = jax.vmap(lambda k: jax.random.permutation(k, b))(keys)
+  else:
+    order_EB = jnp.broadcast_to(jnp.arange(b), (spec.ppo_epochs, b))
+  # [updates, micro, rows, ...]: update u is mini-batch u % M of epoch u // M.
+  order_UCR = order_EB.reshape(spec.num_updates, n_micro, b_micro)
+
+  def loss_fn(params, mb):
+    model = nnx.merge(graphdef, params)
+    out = policy_logprobs(model, mb["tokens"], mb["input_mask"], spec.scoring,
+                          with_entropy=spec.with_entropy,
+                          entropy_grad=cfg.entropy_coef > 0)
+    lp_BL, ent_BL = out if spec.with_entropy else (out, None)
+    return objective.micro_loss(
+        lp_BL, ent_BL, mb["lp_ref"], mb["adv"], mb["weights"], mb["keep"],
+        mb["coef"], mb["loss_mask"], mb.get("lp_ref_model"), cfg)
+
+  grad_fn = jax.grad(loss_fn, has_aux=True)
+
+  def update(carry, order_CR):
+    params, opt_state = carry
+    mb = {k: rows(v[order_CR]) for k, v in rows_data.items()}
+    flat = lambda x: x.reshape((-1,) + x.shape[2:])
+    coef_BL = objective.token_coefficients(
+        flat(mb["keep"]), flat(mb["denom"]), cfg, spec.max_response_len)
+    mb["coef"] = rows(coef_BL.reshape(mb["keep"].shape))
+
+    def micro(grads, x):
+      g, sums = grad_fn(params, x)
+      return jax.tree.map(jnp.add, grads, g), sums
+
+    zeros = jax.tree.map(jnp.zeros_like, params)
+    grads, sums = jax.lax.scan(micro, zeros, mb)
+    grad_norm = optax.tree.norm(grads)
+    updates, opt_state = optimizer.update(
+        grads, opt_state, params, response_length=batch.response_length)
+    params = optax.apply_updates(params, updates)
+    return (params, opt_state), (_reduce_micro(sums), grad_norm)
+
+  (params, opt_state), (per_update, grad_norm_U) = jax.lax.scan(
+      update, (state.params, state.opt_state), order_UCR)
+
+  metrics = _update_metrics(per_update)
+  if not spec.with_entropy:
+    del metrics["actor/entropy"]
+  if cfg.kl_coef == 0:
+    del metrics["actor/kl_loss"]
+  metrics["actor/grad_norm"] = jnp.mean(grad_norm_U)
+  metrics.update(schedules.schedule_metrics(opt_state))
+  metrics["actor/lr"] = schedules.current_learning_rate(opt_state)
+  metrics.update(corr_metrics)
+  new_state = LearnerState(params=params, opt_state=opt_state,
+                           step=state.step + 1, rng=rng)
+  return new_state, jax.tree.map(lambda x: jnp.asarray(x, jnp.float32), metrics)
+
+
+def _reduce_micro(sums: objective.MicroTerms) -> objective.MicroTerms:
+  """Micro-batch sums → one update's sums (min/max kept as such)."""
+  return objective.MicroTerms(**{
+      k: (jnp.min(v) if k == "ratio_min" else
+          jnp.max(v) if k == "ratio_max" else jnp.sum(v))
+      for k, v in sums._asdict().items()})
+
+
+def _safe_ratio(num, den):
+  return jnp.where(den > 0, num / jnp.where(den > 0, den, 1.0), 0.0)
+
+
+def _update_metrics(u: objective.MicroTerms) -> dict[str, jax.Array]:
+  """Per-update sums `[U]` → metrics; token fractions over all updates."""
+  kept = jnp.sum(u.kept)
+  has = u.kept > 0
+
+  def ratio_stats(sl):
+    k = jnp.sum(u.kept[sl])
+    return {
+        "mean": _safe_ratio(jnp.sum(u.ratio_sum[sl]), k),
+        "min": jnp.where(k > 0, jnp.min(jnp.where(has[sl], u.ratio_min[sl], jnp.inf)), 1.0),
+        "max": jnp.where(k > 0, jnp.max(jnp.where(has[sl], u.ratio_max[sl], -jnp.inf)), 1.0),
+    }
+
+  all_updates = ratio_stats(slice(None))
+  first = ratio_stats(slice(0, 1))
+  metrics = {
+      "actor/loss": jnp.mean(u.loss),
+      "actor/pg_clipfrac": _safe_ratio(jnp.sum(u.clipped), kept),
+      "actor/pg_clipfrac_lower": _safe_ratio(jnp.sum(u.dual_clipped), kept),
+      "actor/ppo_kl": _safe_ratio(jnp.sum(u.neg_log_ratio_sum), kept),
+      "actor/entropy": _safe_ratio(jnp.sum(u.entropy_sum), jnp.sum(u.tokens)),
+      "actor/kl_loss": jnp.mean(u.kl_sum),
+      "actor/num_updates": jnp.asarray(u.loss.shape[0], jnp.float32),
+  }
+  for name, value in all_updates.items():
+    metrics[f"actor/ppo_ratio_{name}"] = value
+  for name, value in first.items():
+    metrics[f"actor/first_update_ratio_{name}"] = value
+  return metrics

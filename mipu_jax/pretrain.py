@@ -1,0 +1,444 @@
+"""Supervised pretraining of the small task's base policy (issue 4, "the small CPU task").
+
+A small Qwen3 learns next-token prediction on `tasks.sft_examples`: prompts of
+multi-operand additions answered either directly (often wrongly, by
+construction) or step by step (always correctly). Each example is the sequence
+`[bos] + prompt + completion + [eos]`, right-padded; the loss is the negative
+log-likelihood of the completion tokens and the EOS only (`sft_loss`).
+
+Curriculum: the first `skill_steps` steps train on (mostly) step-by-step
+answers, where the arithmetic is learnt (a 3-layer model needs about a
+thousand such steps before copying operands and adding "clicks"); the
+remaining steps train on the final SFT mix, which sets the base policy's
+prior over answer styles and its noisy direct answers. With the final mix
+from the start, the skill arrives only after several times more steps. The result
+is an RL starting point with clearly nonzero but imperfect accuracy whose long
+answers beat its short ones, so RL that rewards correctness can grow response
+length (the length surge of SPEC.md §6).
+
+`evaluate` samples the trained policy with the project's `Sampler` (the
+inference policy the RL loop uses) on the held-out tiers and splits accuracy by
+answer style: `direct` (the response starts with `A`), `step` (it starts with a
+digit: work shown) and `other`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import time
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import tqdm
+from flax import nnx
+
+from mipu_jax import models
+from mipu_jax import tasks
+from mipu_jax.tokenizer import CharTokenizer
+
+STYLES = ("direct", "step", "other")
+# Pool of batches grouped by length, so that short direct answers are not
+# padded to the longest step-by-step one (about 2x less compute).
+_POOL_BATCHES = 16
+_LENGTH_BUCKETS = (32, 56)
+
+
+@dataclasses.dataclass(frozen=True)
+class PretrainConfig:
+  """Model, data and optimisation of the base-policy pretraining.
+
+  Attributes:
+    hidden_size: D.
+    num_layers: L.
+    num_heads: N query heads.
+    num_kv_heads: K kv heads.
+    head_dim: H.
+    intermediate_size: F, the SwiGLU width.
+    tiers: tiers the SFT prompts are drawn from (uniformly).
+    cot_fraction: share of step-by-step completions in the final SFT mix
+      (the base policy's prior of showing work).
+    direct_error_rate: share of direct completions that are wrong.
+    skill_steps: first steps of the curriculum, trained on the skill mix.
+    skill_cot_fraction: share of step-by-step completions during the
+      `skill_steps`.
+    steps: optimiser steps in all (skill steps included).
+    batch_size: sequences per step.
+    learning_rate: peak AdamW learning rate (linear warmup, cosine decay to 10%).
+    warmup_steps: warmup length.
+    weight_decay: AdamW weight decay.
+    grad_clip: global-norm gradient clip.
+    seed: seed of the init and of the SFT data stream.
+    eval_seed: seed of `tasks.eval_sets` and of the sampler.
+    eval_per_tier: held-out problems per tier.
+    eval_temperature: sampling temperature of the evaluation (1.0: the RL
+      loop's sampling distribution).
+  """
+
+  hidden_size: int = 128
+  num_layers: int = 3
+  num_heads: int = 4
+  num_kv_heads: int = 2
+  head_dim: int = 32
+  intermediate_size: int = 256
+  tiers: tuple[str, ...] = tasks.TIER_NAMES
+  cot_fraction: float = 0.3
+  direct_error_rate: float = 0.4
+  skill_steps: int = 2000
+  skill_cot_fraction: float = 1.0
+  steps: int = 2500
+  batch_size: int = 32
+  learning_rate: float = 3e-3
+  warmup_steps: int = 100
+  weight_decay: float = 0.01
+  grad_clip: float = 1.0
+  seed: int = 0
+  eval_seed: int = 0
+  eval_per_tier: int = 128
+  eval_temperature: float = 1.0
+
+  def __post_init__(self):
+    object.__setattr__(self, "tiers", tuple(self.tiers))
+    for name in ("steps", "batch_size", "eval_per_tier"):
+      if getattr(self, name) < 1:
+        raise ValueError(f"PretrainConfig.{name} must be >= 1, got {getattr(self, name)}.")
+    if self.warmup_steps < 0 or self.learning_rate <= 0:
+      raise ValueError("Need warmup_steps >= 0 and learning_rate > 0.")
+    if not 0 <= self.skill_steps <= self.steps:
+      raise ValueError(
+          f"Need 0 <= skill_steps <= steps, got {self.skill_steps}, {self.steps}.")
+    unknown = sorted(set(self.tiers) - set(tasks.TIER_NAMES))
+    if unknown or not self.tiers:
+      raise ValueError(f"Unknown or no tiers {unknown}; choose from {tasks.TIER_NAMES}.")
+    self.model_config()  # Validates the dimensions.
+
+  def model_config(self) -> models.Qwen3Config:
+    """The policy's Qwen3 config: the task tokenizer's vocabulary, tied embeddings."""
+    return models.Qwen3Config(
+        vocab_size=tasks.make_tokenizer().vocab_size,
+        hidden_size=self.hidden_size, num_layers=self.num_layers,
+        num_heads=self.num_heads, num_kv_heads=self.num_kv_heads,
+        head_dim=self.head_dim, intermediate_size=self.intermediate_size,
+        tie_embeddings=True, rope_theta=10_000.0)
+
+  def norm_len(self) -> int:
+    """Supervised tokens of the longest example: the loss's fixed length."""
+    return tasks.max_completion_len(self.tiers) + 1
+
+  def max_seq_len(self) -> int:
+    """`[bos] + prompt + completion + [eos]` of the longest example."""
+    return tasks.max_prompt_len(self.tiers) + tasks.max_completion_len(self.tiers) + 2
+
+
+@dataclasses.dataclass(frozen=True)
+class Batch:
+  """One right-padded SFT batch.
+
+  Attributes:
+    tokens_BT: int32 ids, `pad_id` after the EOS.
+    mask_BT: int32, 1 on real tokens.
+    target_BT: float32, 1 on completion and EOS tokens (the supervised ones).
+  """
+
+  tokens_BT: np.ndarray
+  mask_BT: np.ndarray
+  target_BT: np.ndarray
+
+
+def encode_examples(tokenizer: CharTokenizer, examples: Sequence[tuple[str, str]],
+                    length: int) -> Batch:
+  """`[bos] + prompt + completion + [eos]` per example, right-padded to `length`."""
+  b = len(examples)
+  tokens_BT = np.full((b, length), tokenizer.pad_id, np.int32)
+  mask_BT = np.zeros((b, length), np.int32)
+  target_BT = np.zeros((b, length), np.float32)
+  for i, (prompt, completion) in enumerate(examples):
+    head = [tokenizer.bos_id] + tokenizer.encode(prompt)
+    tail = tokenizer.encode(completion) + [tokenizer.eos_id]
+    ids = head + tail
+    if len(ids) > length:
+      raise ValueError(f"Example of {len(ids)} tokens does not fit length {length}.")
+    tokens_BT[i, :len(ids)] = ids
+    mask_BT[i, :len(ids)] = 1
+    target_BT[i, len(head):len(ids)] = 1.0
+  return Batch(tokens_BT, mask_BT, target_BT)
+
+
+def sft_batches(cfg: PretrainConfig, tokenizer: CharTokenizer, *,
+                cot_fraction: float, stream: int = 0) -> Iterator[Batch]:
+  """Endless SFT batches: pools of `_POOL_BATCHES` batches grouped by length.
+
+  Args:
+    cfg: tiers, batch size, direct error rate and seed.
+    tokenizer: the task tokenizer.
+    cot_fraction: share of step-by-step completions.
+    stream: index of an independent data stream of the same seed.
+  """
+  rng = np.random.default_rng([cfg.seed, stream])
+  max_len = cfg.max_seq_len()
+  buckets = sorted({b for b in _LENGTH_BUCKETS if b < max_len} | {max_len})
+  n = cfg.batch_size
+  while True:
+    examples = tasks.sft_examples(
+        rng, n * _POOL_BATCHES, tiers=cfg.tiers, cot_fraction=cot_fraction,
+        direct_error_rate=cfg.direct_error_rate)
+    examples.sort(key=lambda e: len(e[0]) + len(e[1]))
+    for i in rng.permutation(_POOL_BATCHES):
+      chunk = examples[i * n:(i + 1) * n]
+      longest = max(len(p) + len(c) for p, c in chunk) + 2
+      yield encode_examples(tokenizer, chunk, next(b for b in buckets if b >= longest))
+
+
+def make_optimizer(cfg: PretrainConfig) -> optax.GradientTransformation:
+  """AdamW with global-norm clipping, linear warmup and cosine decay to 10%."""
+  schedule = optax.warmup_cosine_decay_schedule(
+      0.0, cfg.learning_rate, cfg.warmup_steps, max(cfg.steps, cfg.warmup_steps + 1),
+      end_value=0.1 * cfg.learning_rate)
+  return optax.chain(optax.clip_by_global_norm(cfg.grad_clip),
+                     optax.adamw(schedule, weight_decay=cfg.weight_decay))
+
+
+def sft_loss(model: models.Qwen3, tokens_BT: jax.Array, mask_BT: jax.Array,
+             target_BT: jax.Array, norm_len: int) -> tuple[jax.Array, jax.Array]:
+  """Summed NLL of the target (completion + EOS) tokens over `B * norm_len`.
+
+  A fixed denominator (SPEC.md §2's `seq_mean_token_sum_norm`), not the batch's
+  token count: batches are grouped by length, and a per-batch token mean would
+  weigh a short direct answer's tokens (its style choice included) several
+  times more than a long step-by-step one's, biasing the learnt prior towards
+  direct answers (about 10x on tier5).
+
+  Returns:
+    The loss and, for display, the mean NLL per target token.
+  """
+  lp_BT = models.sequence_logprobs(model, tokens_BT, mask_BT)
+  nll = -jnp.sum(lp_BT * target_BT)
+  return (nll / (tokens_BT.shape[0] * norm_len),
+          nll / jnp.maximum(jnp.sum(target_BT), 1.0))
+
+
+def make_train_step(graphdef: nnx.GraphDef, optimizer: optax.GradientTransformation,
+                    norm_len: int):
+  """A jitted `step(params, opt_state, batch) -> (params, opt_state, token_nll)`.
+
+  Pure over explicit state (`params` is the model's `nnx.Param` state); the
+  state buffers are donated. `norm_len` is `sft_loss`'s fixed length.
+  """
+
+  def loss_fn(params, tokens_BT, mask_BT, target_BT):
+    return sft_loss(nnx.merge(graphdef, params), tokens_BT, mask_BT, target_BT,
+                    norm_len)
+
+  def step(params, opt_state, tokens_BT, mask_BT, target_BT):
+    (_, token_nll), grads = jax.value_and_grad(loss_fn, has_aux=True)(
+        params, tokens_BT, mask_BT, target_BT)
+    updates, opt_state = optimizer.update(grads, opt_state, params)
+    return optax.apply_updates(params, updates), opt_state, token_nll
+
+  return jax.jit(step, donate_argnums=(0, 1))
+
+
+def train(cfg: PretrainConfig, *, progress: bool = True
+          ) -> tuple[models.Qwen3, list[float]]:
+  """Pretrains the base policy.
+
+  Args:
+    cfg: the run.
+    progress: show a tqdm progress bar with the loss.
+
+  Returns:
+    The trained model and the per-step mean NLL per target token.
+  """
+  tokenizer = tasks.make_tokenizer()
+  model = models.Qwen3(cfg.model_config(), rngs=nnx.Rngs(cfg.seed))
+  graphdef, params = nnx.split(model, nnx.Param)
+  optimizer = make_optimizer(cfg)
+  opt_state = optimizer.init(params)
+  step_fn = make_train_step(graphdef, optimizer, cfg.norm_len())
+  skill = sft_batches(cfg, tokenizer, cot_fraction=cfg.skill_cot_fraction, stream=0)
+  final_mix = sft_batches(cfg, tokenizer, cot_fraction=cfg.cot_fraction, stream=1)
+  losses, pending = [], None  # Per-token NLL: comparable across batches.
+  with tqdm.tqdm(total=cfg.steps, desc="pretrain", disable=not progress) as bar:
+    for i in range(cfg.steps):
+      b = next(skill if i < cfg.skill_steps else final_mix)
+      params, opt_state, loss = step_fn(params, opt_state, b.tokens_BT,
+                                        b.mask_BT, b.target_BT)
+      # Fetch step N-1's loss after dispatching step N (STYLE.md habit 5).
+      if pending is not None:
+        losses.append(float(pending))
+        bar.set_postfix(nll=f"{losses[-1]:.4f}", refresh=False)
+      pending = loss
+      bar.update()
+    losses.append(float(pending))
+  return nnx.merge(graphdef, params), losses
+
+
+def response_style(completion: str) -> str:
+  """`direct` (answers at once), `step` (shows work first) or `other`."""
+  if completion.startswith("A"):
+    return "direct"
+  if completion[:1].isdigit():
+    return "step"
+  return "other"
+
+
+def evaluate(model: models.Qwen3, *, seed: int = 0, n_per_tier: int = 128,
+             temperature: float = 1.0,
+             tiers: Sequence[str] = tasks.TIER_NAMES) -> dict[str, dict[str, Any]]:
+  """Samples one response per held-out problem and scores it, by tier and style.
+
+  Args:
+    model: the policy.
+    seed: seed of the evaluation sets and of the sampler.
+    n_per_tier: problems per tier.
+    temperature: sampling temperature (0: greedy).
+    tiers: tiers to evaluate.
+
+  Returns:
+    Per tier: `accuracy`, `mean_length` (generated tokens, EOS included),
+    `truncated` (share without EOS), and per style `<style>_share`,
+    `<style>_accuracy` (None when the style never occurs) and
+    `<style>_length`.
+  """
+  # Imported here: training alone needs neither the sampler nor its deps.
+  from mipu_jax.sampler import Sampler  # pylint: disable=g-import-not-at-top
+
+  tokenizer = tasks.make_tokenizer()
+  max_new = tasks.max_completion_len(tiers) + 1
+  sampler = Sampler(model, eos_ids=(tokenizer.eos_id,), pad_id=tokenizer.pad_id,
+                    max_prefill_length=tasks.max_prompt_len(tiers) + 1,
+                    max_decode_length=max_new)
+  sets = tasks.eval_sets(seed, n_per_tier)
+  results = {}
+  for index, tier in enumerate(tiers):
+    problems = sets[tier]
+    prompts = [[tokenizer.bos_id] + tokenizer.encode(p.prompt) for p in problems]
+    out = sampler.generate(prompts, max_new_tokens=max_new, temperature=temperature,
+                           seed=seed * 1000 + index)
+    completions = [_decode(tokenizer, t) for t in out.tokens]
+    rewards = tasks.reward_batch(problems, completions)
+    styles = np.asarray([response_style(c) for c in completions])
+    lengths = np.asarray(out.lengths, np.float64)
+    row = {"accuracy": float(rewards.mean()), "mean_length": float(lengths.mean()),
+           "truncated": float(np.mean([f == "length" for f in out.finish_reasons]))}
+    for style in STYLES:
+      sel = styles == style
+      row[f"{style}_share"] = float(sel.mean())
+      row[f"{style}_accuracy"] = float(rewards[sel].mean()) if sel.any() else None
+      row[f"{style}_length"] = float(lengths[sel].mean()) if sel.any() else None
+    results[tier] = row
+  return results
+
+
+def _decode(tokenizer: CharTokenizer, tokens: Sequence[int]) -> str:
+  tokens = list(tokens)
+  if tokenizer.eos_id in tokens:
+    tokens = tokens[:tokens.index(tokenizer.eos_id)]
+  return tokenizer.decode(tokens)
+
+
+def save(model: models.Qwen3, cfg: PretrainConfig, output_dir: str, *,
+         eval_results: dict[str, dict[str, Any]], timing: dict[str, float],
+         final_nll: float, command: str) -> None:
+  """Writes the checkpoint, `tokenizer_meta.json`, `eval.json` and `README.md`."""
+  os.makedirs(output_dir, exist_ok=True)
+  models.save_pretrained(model, output_dir)
+  tokenizer = tasks.make_tokenizer()
+  meta = {
+      "tokenizer": "CharTokenizer", "alphabet": tokenizer.alphabet,
+      "vocab_size": tokenizer.vocab_size, "pad_id": tokenizer.pad_id,
+      "eos_id": tokenizer.eos_id, "bos_id": tokenizer.bos_id, "add_bos": True,
+      "task": "mipu_jax.tasks.arithmetic",
+      "sequence_format": "[bos] + prompt + completion + [eos]",
+      "pretrain_config": dataclasses.asdict(cfg),
+  }
+  with open(os.path.join(output_dir, "tokenizer_meta.json"), "w") as f:
+    json.dump(meta, f, indent=2)
+  with open(os.path.join(output_dir, "eval.json"), "w") as f:
+    json.dump(eval_results, f, indent=2)
+  with open(os.path.join(output_dir, "README.md"), "w") as f:
+    f.write(_readme(cfg, eval_results, timing, final_nll, command))
+
+
+def _pct(x: float | None) -> str:
+  return "—" if x is None else f"{100 * x:.1f}%"
+
+
+def _num(x: float | None) -> str:
+  return "—" if x is None else f"{x:.1f}"
+
+
+def _readme(cfg: PretrainConfig, results: dict[str, dict[str, Any]],
+            timing: dict[str, float], final_nll: float, command: str) -> str:
+  m = cfg.model_config()
+  rows = "\n".join(
+      f"| {t} | {_pct(r['accuracy'])} | {_pct(r['step_share'])} "
+      f"| {_pct(r['direct_accuracy'])} | {_pct(r['step_accuracy'])} "
+      f"| {_num(r['mean_length'])} | {_num(r['direct_length'])} "
+      f"| {_num(r['step_length'])} |" for t, r in results.items())
+  dims = (f"vocab {m.vocab_size}, D={m.hidden_size}, L={m.num_layers}, "
+          f"N={m.num_heads}, K={m.num_kv_heads}, H={m.head_dim}, "
+          f"F={m.intermediate_size}")
+  return f"""# Base policy of the small CPU task
+
+A {m.num_params():,}-parameter Qwen3 ({dims}; tied embeddings, fp32) pretrained
+by supervised next-token prediction on the multi-operand addition task
+(`mipu_jax.tasks.arithmetic`): the starting policy of the RL runs (issue 4).
+Written by `experiments/pretrain_base.py` (logic in `mipu_jax/pretrain.py`).
+
+- **Tokenizer**: `mipu_jax.tasks.make_tokenizer()` (characters; pad 0, eos 1,
+  bos 2). Prompts are `[bos] + prompt`; the model continues with the
+  completion and EOS. `tokenizer_meta.json` records this and the config.
+- **Data**: `tasks.sft_examples` over {", ".join(cfg.tiers)}; loss on the
+  completion and EOS tokens. Direct answers (`A104.`) are wrong
+  {100 * cfg.direct_error_rate:.0f}% of the time by construction, step-by-step
+  ones (`37+48=85;85+19=104;A104.`) never.
+- **Curriculum**: steps 1–{cfg.skill_steps} draw step-by-step answers with
+  probability {cfg.skill_cot_fraction} (the arithmetic is learnt from worked
+  answers); the last {cfg.steps - cfg.skill_steps} steps use the final mix
+  `cot_fraction={cfg.cot_fraction}`, which sets the prior over answer styles.
+- **Training**: {cfg.steps} AdamW steps of {cfg.batch_size} sequences, peak LR
+  {cfg.learning_rate}; final NLL per target token {final_nll:.3f} (mean of the
+  last 20 steps, final mix). Time: {timing["wall_s"] / 60:.1f} min wall-clock,
+  {timing["cpu_s"] / 60:.1f} CPU-min (training and evaluation, 2 CPU cores
+  shared with other jobs).
+- **Command**: `{command}`
+
+## Accuracy of the base policy
+
+One sample per held-out problem (`tasks.eval_sets(seed={cfg.eval_seed},
+n_per_tier={cfg.eval_per_tier})`) at temperature {cfg.eval_temperature}, drawn
+with `mipu_jax.sampler.Sampler` (fp32). A response is *step by step* when it
+starts with a digit (work shown) and *direct* when it starts with `A`. Lengths
+are generated tokens, EOS included.
+
+| tier | accuracy | step-by-step share | direct acc. | step-by-step acc. | mean length | direct length | step length |
+| --- | --- | --- | --- | --- | --- | --- | --- |
+{rows}
+
+`eval.json` holds these numbers and the share of malformed (`other`)
+responses.
+"""
+
+
+def run(cfg: PretrainConfig, output_dir: str, *, command: str = "",
+        progress: bool = True) -> dict[str, dict[str, Any]]:
+  """Trains, evaluates and writes the base policy into `output_dir`.
+
+  Returns:
+    `evaluate`'s per-tier results.
+  """
+  wall, cpu = time.perf_counter(), time.process_time()
+  model, nll = train(cfg, progress=progress)
+  results = evaluate(model, seed=cfg.eval_seed, n_per_tier=cfg.eval_per_tier,
+                     temperature=cfg.eval_temperature)
+  # CPU time (all threads) is the figure that does not depend on other jobs.
+  timing = {"wall_s": time.perf_counter() - wall, "cpu_s": time.process_time() - cpu}
+  save(model, cfg, output_dir, eval_results=results, timing=timing,
+       final_nll=float(np.mean(nll[-20:])), command=command)
+  return results

@@ -1,0 +1,384 @@
+"""Reproduce the sources' tables: table rows x seeds through the RL loop, then a table and figures.
+
+    result = run_table(make_config, ROWS, seeds=(0, 1), workdir="results/small_cpu")
+    print(result.markdown)
+
+`make_config(row, seed, p)` returns the ConfigDict (or `TrainConfig`) of one
+table row (`configs/table.py` for the small CPU task); `p` is the
+random-rollback probability, set to the rejection rate that the MIPU row
+measured with the same seed (SPEC.md §5), which is why seeds are the outer
+loop and `mipu` runs before `random_rollback`. Each run goes through
+`mipu_jax.rl.train`, the loop's public entry point, into
+`workdir/runs/<row>_s<seed>/`; a run that finished before (a `summary.json`
+next to its metrics) is read back instead of re-run, so an interrupted
+reproduction resumes. Rows whose validated configs are identical (`tis` and
+`step1`: Step 1 *is* token TIS, SPEC.md §5) run once and are reported under
+both names. A row whose config cannot be built (the MIPU rows before
+`config.mipu` exists) is reported as pending, with the reason.
+
+Scores are the loop's periodic evaluation of the inference policy μ: pass@1
+averaged over k samples on the five held-out tiers (`eval/<tier>`,
+`eval/avg`), the stand-ins of MATH / AIME / Olympiad / Minerva / AMC23.
+
+**Stable** (the sources' last column, whose criterion they do not publish):
+a run is stable when its final evaluation Avg is within `margin` (default 5
+points of pass@1) of the best Avg it reached at any evaluation, step 0
+included, and no metric went non-finite. A row is stable when every seed is.
+
+Outputs in `workdir`: `table.md` (the MIPU main table, its ablation, and the
+random-rollback comparison, in the sources' layout: tiers, Avg., Stable),
+`summary.json`, and `curves_main.png` / `curves_ablation.png` (reward, eval
+accuracy, `k3_kl`, response length, gradient norm, learning rate, rollback
+rate over steps; mean over seeds, min-max band).
+"""
+
+import dataclasses
+import json
+import math
+import os
+import time
+from typing import Any, Callable, Mapping, Optional, Sequence
+
+import numpy as np
+
+from mipu_jax import config as config_lib
+from mipu_jax import rl
+
+LABELS = {
+    "baseline": "Baseline", "tis": "TIS", "mis": "MIS", "lr_decay": "LR-decay",
+    "mipu": "Ours (MIPU)", "step1": "+ Step 1", "step2": "+ Step 2",
+    "random_rollback": "Random rollback",
+}
+# The sources' tables: MIPU's main table (plus TIS), its ablation, and the
+# "Step 2 is not random rollback" comparison.
+MAIN_ROWS = ("baseline", "tis", "mis", "lr_decay", "mipu")
+ABLATION_ROWS = ("baseline", "step1", "step2", "mipu")
+ROLLBACK_ROWS = ("mipu", "random_rollback")
+PANELS = (
+    ("rollout/reward_mean", "training reward"),
+    ("eval/avg", "eval pass@1 (Avg of 5 tiers)"),
+    ("rollout_corr/k3_kl", "k3_kl (sampler vs learner)"),
+    ("rollout/response_length_mean", "response length"),
+    ("actor/grad_norm", "grad norm"),
+    ("actor/lr", "learning rate"),
+    ("mipu/rollback_rate", "rollback rate"),
+)
+DEFAULT_MARGIN = 0.05
+
+MakeConfig = Callable[[str, int, Optional[float]], Any]
+
+
+@dataclasses.dataclass(frozen=True)
+class RunSummary:
+  """One (row, seed) run, reduced to what the tables need.
+
+  Attributes:
+    row: table row name.
+    seed: run seed.
+    workdir: the run's directory (or the one it shares with a twin row).
+    final: `{tier: pass@1, "avg": ...}` at the last evaluation.
+    peak_avg: best eval Avg over all evaluations (step 0 included).
+    peak_step: step of `peak_avg`.
+    stable: the criterion in the module docstring.
+    rollback_rate: the run's final `mipu/rollback_rate` (0 without MIPU).
+    seconds: wall time of the run.
+    note: e.g. "same run as tis" for a deduplicated row.
+  """
+  row: str
+  seed: int
+  workdir: str
+  final: Mapping[str, float]
+  peak_avg: float
+  peak_step: int
+  stable: bool
+  rollback_rate: float
+  seconds: float
+  note: str = ""
+
+
+@dataclasses.dataclass
+class TableResult:
+  """What `run_table` returns: per-run summaries, pending rows, outputs."""
+  runs: list[RunSummary]
+  pending: dict[str, str]
+  markdown: str
+  files: dict[str, str]
+
+
+def summarize(rows: Sequence[Mapping[str, float]], tiers: Sequence[str], *,
+              margin: float = DEFAULT_MARGIN) -> dict[str, Any]:
+  """Final / peak eval and the Stable flag of one run's logged rows."""
+  evals = [r for r in rows if "eval/avg" in r]
+  if not evals:
+    raise ValueError("the run has no evaluation rows (eval/avg).")
+  last = evals[-1]
+  peak = max(evals, key=lambda r: r["eval/avg"])
+  finite = all(math.isfinite(v) for r in rows for v in r.values())
+  rate = [r["mipu/rollback_rate"] for r in rows if "mipu/rollback_rate" in r]
+  return dict(
+      final={**{t: last[f"eval/{t}"] for t in tiers}, "avg": last["eval/avg"]},
+      peak_avg=peak["eval/avg"], peak_step=int(peak["step"]),
+      stable=bool(finite and last["eval/avg"] >= peak["eval/avg"] - margin),
+      rollback_rate=float(rate[-1]) if rate else 0.0)
+
+
+def enable_compilation_cache(path: str) -> None:
+  """JAX's persistent compilation cache at `path`: runs of a row share compiles.
+
+  Each run builds a new learner whose jitted step would otherwise recompile;
+  with the cache, seeds of a row (and rows with the same learner program)
+  compile once. Call before the first compilation.
+  """
+  import jax  # pylint: disable=g-import-not-at-top
+  os.makedirs(path, exist_ok=True)
+  jax.config.update("jax_compilation_cache_dir", path)
+  jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
+  jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+
+
+def _as_train_config(cfg) -> config_lib.TrainConfig:
+  if isinstance(cfg, config_lib.TrainConfig):
+    return cfg
+  return config_lib.from_config_dict(cfg)
+
+
+def _run_one(cfg: config_lib.TrainConfig, row: str, seed: int, workdir: str,
+             margin: float, log: Callable[[str], None],
+             train: bool = True) -> Optional[RunSummary]:
+  """Trains one run (or reads back a finished one) and summarises it.
+
+  Returns None for an unfinished run when `train` is False.
+  """
+  done = os.path.join(workdir, "summary.json")
+  if os.path.exists(done):
+    with open(done) as f:
+      data = json.load(f)
+    log(f"[reproduce] {row} seed {seed}: finished before, read back")
+    return RunSummary(**{**data, "row": row})
+  if not train:
+    return None
+  log(f"[reproduce] {row} seed {seed}: training {cfg.num_steps} steps -> {workdir}")
+  stale = os.path.join(workdir, "metrics.jsonl")
+  if os.path.exists(stale):  # an unfinished earlier attempt: start clean
+    os.remove(stale)
+  start = time.perf_counter()
+  result = rl.train(cfg, workdir)
+  seconds = time.perf_counter() - start
+  s = RunSummary(row=row, seed=seed, workdir=workdir, seconds=seconds,
+                 **summarize(result.rows, cfg.eval.tiers, margin=margin))
+  with open(done, "w") as f:
+    json.dump(dataclasses.asdict(s), f, indent=2)
+  log(f"[reproduce] {row} seed {seed}: Avg {s.final['avg']:.3f} (peak "
+      f"{s.peak_avg:.3f} @ {s.peak_step}), stable={s.stable}, rollback "
+      f"{s.rollback_rate:.2f}, {seconds:.0f} s")
+  return s
+
+
+def _order(rows: Sequence[str]) -> list[str]:
+  """`mipu` before `random_rollback`, which needs its measured rate."""
+  rows = list(dict.fromkeys(rows))
+  if "mipu" in rows and "random_rollback" in rows:
+    rows.remove("mipu")
+    rows.insert(rows.index("random_rollback"), "mipu")
+  return rows
+
+
+def run_table(make_config: MakeConfig, rows: Sequence[str],
+              seeds: Sequence[int], workdir: str, *,
+              margin: float = DEFAULT_MARGIN,
+              log: Callable[[str], None] = print,
+              train: bool = True) -> TableResult:
+  """Runs `rows` x `seeds`, writes the tables and figures into `workdir`.
+
+  Args:
+    make_config: `(row, seed, p) -> ConfigDict | TrainConfig`; `p` is None
+      except for `random_rollback` (see module docstring).
+    rows: table rows (`configs/rows.py` names).
+    seeds: seeds; the outer loop, so the first seed's table is complete first.
+    workdir: output directory.
+    margin: the Stable criterion's margin, in pass@1 (0.05 = 5 points).
+    log: progress sink.
+    train: False to only tabulate runs that finished before (a budget cut
+      short: unfinished runs are left out and their seeds listed in the
+      notes).
+
+  Returns:
+    A `TableResult`.
+  """
+  os.makedirs(workdir, exist_ok=True)
+  runs, pending, skipped, tiers = [], {}, {}, None
+  for seed in seeds:
+    seen: dict[config_lib.TrainConfig, RunSummary] = {}
+    for row in _order(rows):
+      p = None
+      if row == "random_rollback":
+        mipu = [r for r in runs if r.row == "mipu" and r.seed == seed]
+        p = mipu[0].rollback_rate if mipu else None
+      try:
+        if p == 0.0:  # MIPU rejected nothing: random rollback is Step 1.
+          cfg = _as_train_config(make_config("step1", seed, None))
+        else:
+          cfg = _as_train_config(make_config(row, seed, p))
+      except (ValueError, AttributeError, KeyError) as e:
+        pending[row] = str(e)
+        log(f"[reproduce] {row} seed {seed}: pending ({e})")
+        continue
+      tiers = cfg.eval.tiers
+      if cfg in seen:
+        twin = seen[cfg]
+        runs.append(dataclasses.replace(twin, row=row,
+                                        note=f"same run as {twin.row}"))
+        log(f"[reproduce] {row} seed {seed}: identical config to {twin.row}, reused")
+        continue
+      s = _run_one(cfg, row, seed, os.path.join(workdir, "runs", f"{row}_s{seed}"),
+                   margin, log, train)
+      if s is None:
+        skipped.setdefault(row, []).append(seed)
+        continue
+      if p is not None:
+        s = dataclasses.replace(s, note=f"p = {p:.3f} (MIPU's rejection rate)")
+      seen[cfg] = s
+      runs.append(s)
+  for row, missing in skipped.items():
+    if not any(r.row == row for r in runs):
+      pending[row] = f"not run (seeds {missing} did not finish in the budget)"
+  markdown = tables_markdown(runs, pending, tiers or (), margin=margin,
+                             skipped=skipped)
+  files = {"table": os.path.join(workdir, "table.md"),
+           "summary": os.path.join(workdir, "summary.json")}
+  with open(files["table"], "w") as f:
+    f.write(markdown)
+  with open(files["summary"], "w") as f:
+    json.dump({"runs": [dataclasses.asdict(r) for r in runs], "pending": pending,
+               "margin": margin, "seeds": list(seeds)}, f, indent=2)
+  for name, group in (("main", MAIN_ROWS), ("ablation", ABLATION_ROWS + ("random_rollback",))):
+    seeds_run = sorted({r.seed for r in runs})
+    path = plot_curves(runs, [r for r in group if r in rows],
+                       os.path.join(workdir, f"curves_{name}.png"),
+                       title=f"{name} rows: mean over seeds {seeds_run} (band: min-max)")
+    if path:
+      files[f"curves_{name}"] = path
+  return TableResult(runs=runs, pending=pending, markdown=markdown, files=files)
+
+
+# --- Table -----------------------------------------------------------------
+
+
+def _row_cells(runs: Sequence[RunSummary], tiers: Sequence[str]) -> list[str]:
+  """Per-tier means, Avg mean ± sd, peak Avg, Stable, in percent."""
+  def mean(key):
+    return 100 * float(np.mean([r.final[key] for r in runs]))
+  cells = [f"{mean(t):.2f}" for t in tiers]
+  avgs = 100 * np.array([r.final["avg"] for r in runs])
+  sd = f" ± {avgs.std(ddof=1):.2f}" if len(runs) > 1 else ""
+  cells.append(f"{avgs.mean():.2f}{sd}")
+  cells.append(f"{100 * np.mean([r.peak_avg for r in runs]):.2f}")
+  n_stable = sum(r.stable for r in runs)
+  mark = "✔" if n_stable == len(runs) else "✘"
+  cells.append(mark if n_stable in (0, len(runs)) else f"{mark} ({n_stable}/{len(runs)})")
+  return cells
+
+
+def _table(title: str, names: Sequence[str], by_row: Mapping[str, list],
+           pending: Mapping[str, str], tiers: Sequence[str], extra=None) -> list[str]:
+  head = ["Method", *tiers, "Avg.", "Peak Avg.", "Stable"]
+  if extra:
+    head.append(extra[0])
+  lines = [f"### {title}", "", "| " + " | ".join(head) + " |",
+           "|" + "---|" * len(head)]
+  for name in names:
+    if name in by_row:
+      cells = _row_cells(by_row[name], tiers)
+    elif name in pending:
+      cells = ["—"] * (len(tiers) + 2) + ["pending"]
+    else:
+      continue
+    if extra:
+      cells.append(extra[1](by_row.get(name, [])))
+    lines.append(f"| {LABELS.get(name, name)} | " + " | ".join(cells) + " |")
+  return lines + [""]
+
+
+def tables_markdown(runs: Sequence[RunSummary], pending: Mapping[str, str],
+                    tiers: Sequence[str], *, margin: float = DEFAULT_MARGIN,
+                    skipped: Optional[Mapping[str, list]] = None) -> str:
+  """The three tables (main, ablation, random rollback) as markdown."""
+  by_row: dict[str, list[RunSummary]] = {}
+  for r in runs:
+    by_row.setdefault(r.row, []).append(r)
+  seeds = sorted({r.seed for r in runs})
+
+  def rate(rs):
+    return f"{100 * np.mean([r.rollback_rate for r in rs]):.1f}%" if rs else "—"
+
+  lines = [
+      f"Pass@1 (%) at the last evaluation, mean over seeds {seeds} "
+      f"(Avg.: mean ± sd). Peak Avg.: best evaluation of the run (mean over "
+      f"seeds). Stable: final Avg. within {100 * margin:.0f} points of the "
+      "run's peak for every seed (✘ (k/n): k of n seeds stable).", ""]
+  lines += _table("Main results (MIPU table, + TIS)", MAIN_ROWS, by_row, pending, tiers)
+  lines += _table("Ablation (Step 1 and Step 2)", ABLATION_ROWS, by_row, pending, tiers)
+  lines += _table("Step 2 is not random rollback", ROLLBACK_ROWS + ("step2",), by_row,
+                  pending, tiers, extra=("Rollback rate", rate))
+  notes = sorted({f"{LABELS.get(r.row, r.row)}: {r.note}" for r in runs if r.note})
+  notes += [f"{LABELS.get(k, k)}: pending — {v}" for k, v in sorted(pending.items())]
+  notes += [f"{LABELS.get(k, k)}: seeds {v} did not finish in the budget; not included"
+            for k, v in sorted((skipped or {}).items()) if k not in pending]
+  if notes:
+    lines += ["Notes:", ""] + [f"- {n}" for n in notes] + [""]
+  return "\n".join(lines)
+
+
+# --- Figures ---------------------------------------------------------------
+
+
+def _series(workdir: str, name: str) -> tuple[np.ndarray, np.ndarray]:
+  rows = rl.read_jsonl(os.path.join(workdir, "metrics.jsonl"))
+  pts = [(r["step"], r[name]) for r in rows if name in r]
+  return np.array([p[0] for p in pts]), np.array([p[1] for p in pts])
+
+
+def plot_curves(runs: Sequence[RunSummary], names: Sequence[str],
+                path: str, title: str = "") -> Optional[str]:
+  """Sources-style panels over steps, one line per row (mean over seeds,
+  min-max band); returns the path, or None when no row has a run."""
+  import matplotlib  # pylint: disable=g-import-not-at-top
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+
+  names = [n for n in names if any(r.row == n for r in runs)]
+  if not names:
+    return None
+  fig, axes = plt.subplots(2, 4, figsize=(17, 7.5))
+  for ax, (metric, panel) in zip(axes.flat, PANELS):
+    drawn = False
+    for name in names:
+      curves = [_series(r.workdir, metric) for r in runs if r.row == name]
+      curves = [c for c in curves if len(c[0])]
+      if not curves:
+        continue
+      n = min(len(c[0]) for c in curves)
+      xs, ys = curves[0][0][:n], np.stack([c[1][:n] for c in curves])
+      # One colour per row in every panel, whichever rows log the metric.
+      color = f"C{names.index(name)}"
+      ax.plot(xs, ys.mean(0), label=LABELS.get(name, name), color=color,
+              marker="o" if n < 15 else None, markersize=3)
+      drawn = True
+      if len(curves) > 1:
+        ax.fill_between(xs, ys.min(0), ys.max(0), alpha=0.15, color=color)
+    if not drawn:
+      ax.text(0.5, 0.5, "not logged by these rows", ha="center", va="center",
+              transform=ax.transAxes, color="gray")
+    ax.set_title(panel, fontsize=10)
+    ax.set_xlabel("step")
+    ax.grid(alpha=0.3)
+  handles, labels = axes.flat[0].get_legend_handles_labels()
+  axes.flat[-1].axis("off")
+  axes.flat[-1].legend(handles, labels, loc="center", fontsize=11)
+  if title:
+    fig.suptitle(title)
+  fig.tight_layout()
+  os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+  fig.savefig(path, dpi=100)
+  plt.close(fig)
+  return path

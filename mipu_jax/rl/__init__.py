@@ -1,0 +1,61 @@
+"""The host-side RL loop joining the sampler μ and the learner π (issue 4).
+
+  run = build_run(cfg)                       # task, policy, learner, sampler
+  result = train(cfg, workdir)               # the whole job
+  state, metrics = rl_step(run, state, k)    # one step, for custom loops
+  # = collect(run, k) → learner_batch(...) → loop.update(...) (learner step,
+  #   weight sync, optional update gate with sampler rollback)
+
+Hooks: an `UpdateGate` (MIPU Step 2, SPEC.md §5); checkpoints through
+`mipu_jax.checkpoint`, resumed from the latest one in the workdir.
+"""
+
+from mipu_jax.rl.batching import make_batch
+from mipu_jax.rl.batching import pack
+from mipu_jax.rl.evaluation import evaluate
+from mipu_jax.rl.hooks import GateDecision
+from mipu_jax.rl.hooks import UpdateGate
+from mipu_jax.rl.loop import collect
+from mipu_jax.rl.loop import learner_batch
+from mipu_jax.rl.loop import rl_step
+from mipu_jax.rl.loop import RunResult
+from mipu_jax.rl.loop import train
+from mipu_jax.rl.report import plot_run
+from mipu_jax.rl.report import results_table
+from mipu_jax.rl.rollout import dynamic_sampling
+from mipu_jax.rl.rollout import Rollout
+from mipu_jax.rl.rollout import sample_groups
+from mipu_jax.rl.setup import build_run
+from mipu_jax.rl.setup import make_policy
+from mipu_jax.rl.setup import make_sampler
+from mipu_jax.rl.setup import make_task
+from mipu_jax.rl.setup import Run
+from mipu_jax.rl.setup import Task
+from mipu_jax.rl.writer import MetricWriter
+from mipu_jax.rl.writer import read_jsonl
+
+__all__ = [
+    "GateDecision",
+    "MetricWriter",
+    "Rollout",
+    "Run",
+    "RunResult",
+    "Task",
+    "UpdateGate",
+    "build_run",
+    "collect",
+    "dynamic_sampling",
+    "evaluate",
+    "learner_batch",
+    "make_batch",
+    "make_policy",
+    "make_sampler",
+    "make_task",
+    "pack",
+    "plot_run",
+    "read_jsonl",
+    "results_table",
+    "rl_step",
+    "sample_groups",
+    "train",
+]

@@ -1,0 +1,62 @@
+"""Rollout → learner `Batch`: concatenation, alignment, advantages (SPEC.md §0–1).
+
+Row `i` is `prompt_ids[i // G] + response_i`, right-padded to a fixed
+`length` (prompt budget + response budget), so the learner compiles once.
+The response's sampler log-probs and mask move to the response's positions.
+"""
+
+import numpy as np
+
+from mipu_jax import losses
+from mipu_jax.learner import batch as batch_lib
+from mipu_jax.rl.rollout import Rollout
+
+
+def pack(rollout: Rollout, length: int):
+  """Token rows and aligned masks / log-probs.
+
+  Returns:
+    `(tokens_BL, input_mask_BL, loss_mask_BL, lp_mu_BL)` numpy arrays.
+  """
+  g = rollout.group_size
+  b, t = rollout.tokens_RT.shape
+  tokens_BL = np.zeros((b, length), np.int32)
+  input_mask_BL = np.zeros((b, length), np.float32)
+  loss_mask_BL = np.zeros((b, length), np.float32)
+  lp_mu_BL = np.zeros((b, length), np.float32)
+  for i in range(b):
+    prompt = rollout.prompt_ids[i // g]
+    p = len(prompt)
+    if p + t > length:
+      raise ValueError(f"prompt of {p} tokens + response budget {t} exceed the "
+                       f"learner length {length}.")
+    tokens_BL[i, :p] = prompt
+    tokens_BL[i, p:p + t] = rollout.tokens_RT[i]
+    input_mask_BL[i, :p] = 1.0
+    input_mask_BL[i, p:p + t] = rollout.mask_RT[i]
+    loss_mask_BL[i, p:p + t] = rollout.mask_RT[i]
+    lp_mu_BL[i, p:p + t] = rollout.lp_mu_RT[i] * rollout.mask_RT[i]
+  tokens_BL *= input_mask_BL.astype(np.int32)  # pad id 0 after each response
+  return tokens_BL, input_mask_BL, loss_mask_BL, lp_mu_BL
+
+
+def advantages(rollout: Rollout, estimator: str) -> np.ndarray:
+  """Per-response advantages `[N*G]` (SPEC.md §1)."""
+  return np.asarray(losses.compute_advantages(
+      rollout.rewards_R, estimator, group_size=rollout.group_size), np.float32)
+
+
+def make_batch(rollout: Rollout, length: int, estimator: str, *,
+               response_length: float) -> batch_lib.Batch:
+  """A host `Batch` with `lp_old = lp_mu` (the loop replaces it after recompute).
+
+  Args:
+    rollout: the groups to train on.
+    length: learner row length `L`.
+    estimator: advantage estimator name.
+    response_length: the step's mean response length, for the schedule.
+  """
+  tokens_BL, input_mask_BL, loss_mask_BL, lp_mu_BL = pack(rollout, length)
+  return batch_lib.host_batch(tokens_BL, input_mask_BL, loss_mask_BL, lp_mu_BL,
+                              advantages(rollout, estimator),
+                              response_length=response_length)

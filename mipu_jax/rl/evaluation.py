@@ -1,0 +1,37 @@
+"""Periodic evaluation of the inference policy μ on held-out tiers.
+
+pass@1 over k samples: the mean reward of k responses per problem (temperature
+as configured), averaged over the tier's problems; greedy decoding
+(temperature 0) uses k = 1. The sampler is the deployed policy, so this is
+what the sources' tables report.
+"""
+
+from typing import Mapping, Sequence
+
+import numpy as np
+
+from mipu_jax.rl.rollout import sample_groups
+from mipu_jax.tasks import base
+
+
+def evaluate(sampler, tokenizer, reward_fn: base.RewardFn,
+             sets: Mapping[str, Sequence[base.ProblemLike]], *, num_samples: int,
+             temperature: float, max_new_tokens: int, seed: int,
+             add_bos: bool) -> dict[str, float]:
+  """pass@1 per tier, their mean, and the mean response length.
+
+  Returns:
+    `{"eval/<tier>": pass@1, "eval/avg": mean over tiers,
+    "eval/response_length": mean generated tokens}`.
+  """
+  k = 1 if temperature == 0 else num_samples
+  metrics, lengths = {}, []
+  for index, (name, problems) in enumerate(sets.items()):
+    r = sample_groups(sampler, tokenizer, reward_fn, problems, group_size=k,
+                      max_new_tokens=max_new_tokens, temperature=temperature,
+                      seed=seed + index, add_bos=add_bos)
+    metrics[f"eval/{name}"] = float(r.rewards_NG().mean(axis=1).mean())
+    lengths.append(r.lengths_R)
+  metrics["eval/avg"] = float(np.mean([metrics[f"eval/{n}"] for n in sets]))
+  metrics["eval/response_length"] = float(np.concatenate(lengths).mean())
+  return metrics

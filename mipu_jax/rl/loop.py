@@ -1,0 +1,272 @@
+"""The host-side RL loop (issue 4): rollouts → rewards → filter → recompute → update → sync.
+
+One step (`rl_step` = `collect` → `learner_batch` → `update`):
+
+1. prompts → sampler, `G` responses each with `lp_mu` → rewards, repeated
+   until `N` groups with unequal rewards are found (dynamic sampling, §1);
+2. `lp_old` recompute under the synced weights (`on_policy_recompute`; none in
+   `bypass`), reference log-probs when a KL term is on;
+3. advantages → `learner.step` (PPO epochs / mini-batches / micro-batches);
+4. weight sync into the sampler, then the optional update gate (MIPU Step 2),
+   which may roll the learner and the sampler back.
+
+All randomness of step `k` derives from `(seed, k)`, so the data position of a
+run is its step counter. Side effects (logging, progress bar, evaluation,
+checkpoints, plots) live in `train` only.
+"""
+
+import dataclasses
+import json
+import logging
+import os
+import time
+from typing import Optional
+
+import jax
+import numpy as np
+import tqdm
+from flax import nnx
+
+from mipu_jax.config import TrainConfig
+from mipu_jax.learner import LearnerState
+from mipu_jax.rl import batching
+from mipu_jax.rl import evaluation
+from mipu_jax.rl import gates as gates_lib
+from mipu_jax.rl import hooks
+from mipu_jax.rl import report
+from mipu_jax.rl import rollout as rollout_lib
+from mipu_jax.rl import setup
+from mipu_jax.rl import writer as writer_lib
+
+_log = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass
+class RunResult:
+  """What `train` returns.
+
+  Attributes:
+    state: the final learner state.
+    rows: every logged row (`{"step": k, metric: value}`), in order.
+    table: the markdown results table.
+    files: paths written (`metrics`, `table`, `plots`, `config`).
+  """
+  state: LearnerState
+  rows: list[dict[str, float]]
+  table: str
+  files: dict[str, str]
+
+
+def _seed(*parts: int) -> int:
+  """A 32-bit seed from integers (independent streams per step and round)."""
+  return int(np.random.SeedSequence([int(p) for p in parts]).generate_state(1)[0])
+
+
+def rollout_metrics(everything: rollout_lib.Rollout,
+                    batch: rollout_lib.Rollout) -> dict[str, float]:
+  """Reward, accuracy and length over every response sampled this step."""
+  lengths = everything.lengths_R
+  return {
+      "rollout/reward_mean": float(everything.rewards_R.mean()),
+      "rollout/accuracy": float((everything.rewards_R >= 1.0).mean()),
+      "rollout/response_length_mean": float(lengths.mean()),
+      "rollout/response_length_max": float(lengths.max()),
+      "rollout/truncated_fraction": float(everything.truncated_R.mean()),
+      "rollout/batch_reward_mean": float(batch.rewards_R.mean()),
+  }
+
+
+def collect(run: setup.Run, step: int):
+  """Step `step`'s groups: sample, reward, dynamic-sampling filter (SPEC.md §1).
+
+  Returns:
+    `(chosen, everything, stats)` as `rollout.dynamic_sampling`.
+  """
+  cfg, task = run.cfg, run.task
+  data, s = cfg.data, cfg.sampling
+
+  def draw(round_index: int) -> rollout_lib.Rollout:
+    rng = np.random.default_rng([cfg.seed, step, round_index])
+    return rollout_lib.sample_groups(
+        run.sampler, task.tokenizer, task.reward_fn,
+        task.sample(rng, data.prompts_per_step), group_size=data.group_size,
+        max_new_tokens=s.max_new_tokens, temperature=s.temperature,
+        top_k=s.top_k, top_p=s.top_p, seed=_seed(cfg.seed, step, round_index),
+        add_bos=data.add_bos)
+
+  return rollout_lib.dynamic_sampling(
+      draw, data.prompts_per_step, enabled=data.dynamic_sampling,
+      max_rounds=data.max_sampling_rounds)
+
+
+def learner_batch(run: setup.Run, state: LearnerState,
+                  chosen: rollout_lib.Rollout, response_length: float):
+  """The learner batch: packed rows, advantages, `lp_old` (SPEC.md §0–2).
+
+  `lp_old` is recomputed under the synced weights in `on_policy_recompute`
+  mode; `bypass` keeps `lp_old = lp_mu` (no recompute). Reference-model
+  log-probs are added when a KL term is on.
+  """
+  cfg, learner = run.cfg, run.learner
+  batch = batching.make_batch(chosen, run.seq_len, cfg.loss.advantage,
+                              response_length=response_length)
+  if cfg.loss.mode == "on_policy_recompute":
+    batch = batch._replace(lp_old_BL=learner.logprobs(
+        state.params, batch.tokens_BL, batch.input_mask_BL))
+  if run.ref_params is not None:
+    batch = batch._replace(lp_ref_model_BL=learner.logprobs(
+        run.ref_params, batch.tokens_BL, batch.input_mask_BL))
+  return batch
+
+
+def update(run: setup.Run, state: LearnerState, batch, step: int,
+           gate: Optional[hooks.UpdateGate] = None,
+           ) -> tuple[LearnerState, dict[str, float]]:
+  """Learner step → weight sync → optional gate, with sampler rollback."""
+  sampler = run.sampler
+  previous, previous_sampler_params = state, sampler.params
+  candidate, device_metrics = run.learner.step(state, batch)
+  # The next rollout needs the synced weights, so the loop waits for the step
+  # here anyway; fetching its metrics now costs nothing extra.
+  metrics = {k: float(v) for k, v in jax.device_get(device_metrics).items()}
+  sampler.update_weights(candidate.params)
+  if gate is None:
+    return candidate, metrics
+  decision = gate(run, candidate, previous, step)
+  if not decision.accepted:
+    sampler.params = previous_sampler_params
+  metrics.update({k: float(v) for k, v in decision.metrics.items()})
+  return decision.state, metrics
+
+
+def rl_step(run: setup.Run, state: LearnerState, step: int,
+            gate: Optional[hooks.UpdateGate] = None,
+            ) -> tuple[LearnerState, dict[str, float]]:
+  """One RL step (`collect` → `learner_batch` → `update`) and its metrics."""
+  if gate is not None and run.learner.donate:
+    raise ValueError("an update gate needs a learner built with donate=False.")
+  t0 = time.perf_counter()
+  chosen, everything, data_stats = collect(run, step)
+  t1 = time.perf_counter()
+  batch = learner_batch(run, state, chosen, float(everything.lengths_R.mean()))
+  state, metrics = update(run, state, batch, step, gate)
+  t2 = time.perf_counter()
+
+  tokens = float(batch.input_mask_BL.sum())
+  metrics.update(data_stats)
+  metrics.update(rollout_metrics(everything, chosen))
+  metrics.update({
+      "perf/step_seconds": t2 - t0,
+      "perf/rollout_seconds": t1 - t0,
+      "perf/learner_seconds": t2 - t1,  # recompute, update, sync and gate
+      "perf/sync_seconds": run.sampler.last_sync_seconds,
+      "perf/tokens_per_second": tokens / (t2 - t0),
+      "perf/learner_tokens_per_second":
+          tokens * run.cfg.learner.ppo_epochs / (t2 - t1),
+      "perf/rollout_tokens_per_second":
+          float(everything.lengths_R.sum()) / (t1 - t0),
+  })
+  return state, metrics
+
+
+def _evaluate(run: setup.Run, sets) -> dict[str, float]:
+  cfg = run.cfg
+  return evaluation.evaluate(
+      run.sampler, run.task.tokenizer, run.task.reward_fn, sets,
+      num_samples=cfg.eval.num_samples, temperature=cfg.eval.temperature,
+      max_new_tokens=cfg.sampling.max_new_tokens, seed=cfg.eval.seed,
+      add_bos=cfg.data.add_bos)
+
+
+def _restore(ckpt, run: setup.Run, state: LearnerState, rows_path: str,
+             gate: Optional[hooks.UpdateGate] = None):
+  """(state, step, rows) from the latest checkpoint, or the fresh start."""
+  if ckpt is None or ckpt.latest_step() is None:
+    return state, 0, []
+  state, meta = ckpt.restore(target=run.learner.abstract_state())
+  if "mipu_counters" in meta and hasattr(gate, "load_state_dict"):
+    gate.load_state_dict(meta["mipu_counters"])  # MIPU counters (SPEC.md §5)
+  step = int(meta["step"])
+  run.sampler.update_weights(state.params)
+  rows = [r for r in writer_lib.read_jsonl(rows_path) if r["step"] <= step]
+  _log.info("Resumed from the checkpoint of step %d", step)
+  return state, step, rows
+
+
+def train(cfg: TrainConfig, workdir: str, *,
+          gate: Optional[hooks.UpdateGate] = None) -> RunResult:
+  """Runs `cfg.num_steps` RL steps; writes metrics, table, plots, checkpoints.
+
+  Resumes from the latest checkpoint in `workdir/checkpoints` if there is one.
+
+  Args:
+    cfg: a validated run config.
+    workdir: output directory.
+    gate: optional update gate (MIPU Step 2); the learner then keeps (does not
+      donate) the pre-update state.
+
+  Returns:
+    A `RunResult`.
+  """
+  os.makedirs(workdir, exist_ok=True)
+  files = {"config": os.path.join(workdir, "config.json"),
+           "metrics": os.path.join(workdir, "metrics.jsonl"),
+           "table": os.path.join(workdir, "results.md")}
+  with open(files["config"], "w") as f:
+    json.dump(dataclasses.asdict(cfg), f, indent=2, default=str)
+  if gate is None:  # MIPU Step 2 / random rollback from `cfg.mipu` (SPEC.md §5)
+    gate = gates_lib.from_config(cfg)
+  run = setup.build_run(cfg, donate=gate is None)
+  params = nnx.to_pure_dict(nnx.state(run.model, nnx.Param))
+  state = run.learner.init_state(params, cfg.seed)
+  # Sync the sharded learner copy now: the sampler then compiles once, for
+  # the parameter shardings that every later sync produces.
+  run.sampler.update_weights(state.params)
+  ckpt = hooks.open_checkpoints(workdir, cfg.checkpoint)
+  state, start, rows = _restore(ckpt, run, state, files["metrics"], gate)
+  if start:  # Rewrite the log without the rows after the checkpoint.
+    os.replace(files["metrics"], files["metrics"] + ".before_resume")
+  writer = writer_lib.MetricWriter(workdir, tensorboard=cfg.logging.tensorboard)
+  for r in rows:
+    writer.write(int(r["step"]), {k: v for k, v in r.items() if k != "step"})
+  eval_sets = run.task.eval_sets(cfg.eval.seed, cfg.eval.n_per_tier)
+
+  def log(step, metrics):
+    writer.write(step, metrics)
+    rows.append({"step": float(step), **metrics})
+
+  if start == 0:
+    log(0, _evaluate(run, eval_sets))
+  last_eval = [r["eval/avg"] for r in rows if "eval/avg" in r][-1]
+  bar = tqdm.trange(start + 1, cfg.num_steps + 1, desc="rl", unit="step",
+                    initial=start, total=cfg.num_steps,
+                    disable=not cfg.logging.progress_bar)
+  for step in bar:
+    state, metrics = rl_step(run, state, step, gate)
+    if step == cfg.num_steps or (cfg.eval.every and step % cfg.eval.every == 0):
+      metrics.update(_evaluate(run, eval_sets))
+      last_eval = metrics["eval/avg"]
+    log(step, metrics)
+    bar.set_postfix(reward=f"{metrics['rollout/reward_mean']:.3f}",
+                    len=f"{metrics['rollout/response_length_mean']:.1f}",
+                    eval=f"{last_eval:.3f}")
+    if ckpt is not None and hooks.should_save(step, cfg.num_steps, cfg.checkpoint):
+      meta = {"step": step, "data_position": step,
+              "config": dataclasses.asdict(cfg)}
+      if hasattr(gate, "state_dict"):  # MIPU counters (SPEC.md §5)
+        meta["mipu_counters"] = gate.state_dict()
+      # Syncs that stand: the sampler holds the weights of this many updates.
+      meta["sampler_sync_version"] = step - int(
+          meta.get("mipu_counters", {}).get("num_rollbacks", 0))
+      ckpt.save(step, state, meta)
+  writer.close()
+  if ckpt is not None:
+    ckpt.close()
+
+  table = report.results_table(rows, cfg.eval.tiers)
+  with open(files["table"], "w") as f:
+    f.write(table + "\n")
+  if cfg.logging.plots:
+    files["plots"] = report.plot_run(rows, os.path.join(workdir, "plots.png"),
+                                     title=os.path.basename(os.path.abspath(workdir)))
+  return RunResult(state=state, rows=rows, table=table, files=files)

@@ -1,0 +1,150 @@
+"""Rollouts: prompts → sampler (G responses each, with lp_mu) → rewards (SPEC.md §0–1).
+
+Host side. A `Rollout` holds `N` groups of `G` responses, group-major (response
+`i` answers prompt `i // G`), as numpy arrays padded to the response budget
+`T = max_new_tokens`. `dynamic_sampling` implements the SPEC.md §1 filter: it
+drops groups whose rewards are all equal and over-samples prompts, in rounds of
+`N` prompts (one sampler shape, so no recompilation), until the batch is full.
+"""
+
+import dataclasses
+from typing import Callable, Sequence
+
+import numpy as np
+
+from mipu_jax import losses
+from mipu_jax.tasks import base
+
+
+@dataclasses.dataclass(frozen=True)
+class Rollout:
+  """`N` groups of `G` sampled responses with their rewards.
+
+  Attributes:
+    problems: `[N]` the prompts' problems.
+    prompt_ids: `[N]` encoded prompts (BOS included when used).
+    tokens_RT: `[N*G, T]` int32 response ids, padding after each response.
+    lp_mu_RT: `[N*G, T]` sampler log-probs (0 on padding).
+    mask_RT: `[N*G, T]` 1 on generated tokens (EOS included when emitted).
+    lengths_R: `[N*G]` generated tokens per response.
+    truncated_R: `[N*G]` bool, the response hit the length budget.
+    rewards_R: `[N*G]` float32 rewards.
+    group_size: `G`.
+  """
+  problems: tuple[base.ProblemLike, ...]
+  prompt_ids: tuple[tuple[int, ...], ...]
+  tokens_RT: np.ndarray
+  lp_mu_RT: np.ndarray
+  mask_RT: np.ndarray
+  lengths_R: np.ndarray
+  truncated_R: np.ndarray
+  rewards_R: np.ndarray
+  group_size: int
+
+  @property
+  def num_groups(self) -> int:
+    return len(self.problems)
+
+  def rewards_NG(self) -> np.ndarray:
+    return self.rewards_R.reshape(self.num_groups, self.group_size)
+
+  def select(self, groups: Sequence[int]) -> "Rollout":
+    """The rollout of the given groups, in that order."""
+    groups = np.asarray(groups, np.int64)
+    rows = (groups[:, None] * self.group_size
+            + np.arange(self.group_size)[None, :]).reshape(-1)
+    return dataclasses.replace(
+        self, problems=tuple(self.problems[g] for g in groups),
+        prompt_ids=tuple(self.prompt_ids[g] for g in groups),
+        tokens_RT=self.tokens_RT[rows], lp_mu_RT=self.lp_mu_RT[rows],
+        mask_RT=self.mask_RT[rows], lengths_R=self.lengths_R[rows],
+        truncated_R=self.truncated_R[rows], rewards_R=self.rewards_R[rows])
+
+
+def concat(rollouts: Sequence[Rollout]) -> Rollout:
+  """The groups of several rollouts (same `G` and `T`), in order."""
+  first = rollouts[0]
+  cat = lambda name: np.concatenate([getattr(r, name) for r in rollouts])
+  return Rollout(
+      problems=sum((r.problems for r in rollouts), ()),
+      prompt_ids=sum((r.prompt_ids for r in rollouts), ()),
+      tokens_RT=cat("tokens_RT"), lp_mu_RT=cat("lp_mu_RT"),
+      mask_RT=cat("mask_RT"), lengths_R=cat("lengths_R"),
+      truncated_R=cat("truncated_R"), rewards_R=cat("rewards_R"),
+      group_size=first.group_size)
+
+
+def encode_prompt(tokenizer, prompt: str, add_bos: bool) -> tuple[int, ...]:
+  ids = tokenizer.encode(prompt)
+  return tuple(([tokenizer.bos_id] if add_bos else []) + ids)
+
+
+def decode_response(tokenizer, tokens: Sequence[int]) -> str:
+  """Response text, stopping at the first EOS (which `decode` would show)."""
+  tokens = list(tokens)
+  if tokenizer.eos_id in tokens:
+    tokens = tokens[:tokens.index(tokenizer.eos_id)]
+  return tokenizer.decode(tokens)
+
+
+def sample_groups(sampler, tokenizer, reward_fn: base.RewardFn,
+                  problems: Sequence[base.ProblemLike], *, group_size: int,
+                  max_new_tokens: int, temperature: float, top_k: int = 0,
+                  top_p: float = 1.0, seed: int, add_bos: bool) -> Rollout:
+  """Samples `group_size` responses per problem and rewards them."""
+  prompt_ids = tuple(encode_prompt(tokenizer, p.prompt, add_bos) for p in problems)
+  out = sampler.generate([list(p) for p in prompt_ids],
+                         max_new_tokens=max_new_tokens, temperature=temperature,
+                         top_k=top_k or None, top_p=None if top_p >= 1 else top_p,
+                         num_samples=group_size, seed=seed)
+  completions = [decode_response(tokenizer, t) for t in out.tokens]
+  repeated = [problems[i] for i in out.prompt_index]
+  rewards_R = np.asarray(reward_fn(repeated, completions), np.float32)
+  return Rollout(
+      problems=tuple(problems), prompt_ids=prompt_ids,
+      tokens_RT=np.asarray(out.tokens_array, np.int32),
+      lp_mu_RT=np.asarray(out.logprobs_array, np.float32) * out.mask,
+      mask_RT=np.asarray(out.mask, np.float32),
+      lengths_R=np.asarray(out.lengths, np.int32),
+      truncated_R=np.asarray([f == "length" for f in out.finish_reasons]),
+      rewards_R=rewards_R, group_size=group_size)
+
+
+def dynamic_sampling(draw: Callable[[int], Rollout], num_groups: int, *,
+                     enabled: bool, max_rounds: int):
+  """Fills a batch of `num_groups` informative groups (SPEC.md §1).
+
+  Args:
+    draw: `draw(round)` samples and rewards one round of `num_groups` fresh
+      prompts.
+    num_groups: N, groups in the batch.
+    enabled: drop all-equal groups; if False one round is used as is.
+    max_rounds: rounds before giving up; a batch still short is topped up
+      with dropped groups, whose advantage is 0 (they add nothing but shape).
+
+  Returns:
+    `(batch_rollout, all_rollout, stats)`: the `num_groups` groups to train on,
+    every group sampled this step (for reward and length metrics), and
+    `data/*` counters.
+  """
+  rounds, kept, dropped = [], [], []
+  while len(rounds) < (max_rounds if enabled else 1):
+    r = draw(len(rounds))
+    offset = sum(x.num_groups for x in rounds)
+    rounds.append(r)
+    flat = losses.all_equal_groups(r.rewards_NG())
+    kept += [offset + g for g in np.flatnonzero(~flat)]
+    dropped += [offset + g for g in np.flatnonzero(flat)]
+    if not enabled or len(kept) >= num_groups:
+      break
+  everything = concat(rounds)
+  chosen = (kept + dropped)[:num_groups] if enabled else list(range(num_groups))
+  topped_up = max(num_groups - len(kept), 0) if enabled else 0
+  stats = {
+      "data/groups_sampled": float(everything.num_groups),
+      "data/groups_all_equal": float(len(dropped)),
+      "data/groups_dropped": float(len(dropped) - topped_up) if enabled else 0.0,
+      "data/groups_topped_up": float(topped_up),
+      "data/sampling_rounds": float(len(rounds)),
+  }
+  return everything.select(sorted(chosen)), everything, stats

@@ -1,0 +1,127 @@
+"""The config boundary: ConfigDict → validated frozen dataclasses (STYLE.md habit 3)."""
+
+import dataclasses
+import os
+import sys
+
+import pytest
+from absl import flags
+from ml_collections import config_flags
+
+from configs import base as base_config
+from configs import small_cpu
+from mipu_jax import config as config_lib
+
+
+def _cd(**sections):
+  """The default ConfigDict with `section={field: value}` overrides applied."""
+  cd = config_lib.default_config()
+  for section, values in sections.items():
+    node = cd
+    for part in section.split("__"):
+      node = node[part]
+    for k, v in values.items():
+      node[k] = v
+  return cd
+
+
+def test_default_config_round_trips_to_the_dataclass_defaults():
+  assert config_lib.from_config_dict(config_lib.default_config()) == config_lib.TrainConfig()
+
+
+def test_configdict_is_frozen_and_lockable():
+  cd = config_lib.default_config()
+  cd.lock()
+  cd.loss.correction.preset = "seq_tis"  # existing fields stay overridable
+  cd.sampling.weight_quant = "fp8_e4m3"
+  with pytest.raises(AttributeError):
+    cd.loss.not_a_field = 1
+  cfg = config_lib.from_config_dict(cd)
+  assert cfg.loss.correction.is_level == "sequence"
+  assert cfg.sampling.engine_kwargs()["weight_quant"] == "fp8_e4m3"
+  with pytest.raises(dataclasses.FrozenInstanceError):
+    cfg.num_steps = 3
+
+
+def test_correction_preset_with_overrides_and_none_level():
+  cd = _cd(loss__correction={"preset": "mis_miles", "is_upper": 3.0})
+  corr = config_lib.from_config_dict(cd).loss.correction
+  assert (corr.is_upper, corr.rs_level, corr.veto_threshold, corr.self_normalize) == (
+      3.0, "token", 1e-4, True)
+  cd = _cd(loss__correction={"preset": "mis_miles", "is_level": "none"})
+  assert config_lib.from_config_dict(cd).loss.correction.is_level is None
+
+
+@pytest.mark.parametrize("sections, match", [
+    (dict(loss={"mode": "bypass"}), "bypass"),
+    (dict(loss={"mode": "bypass"}, loss__correction={"preset": "seq_tis"}), "bypass"),
+    (dict(loss__correction={"preset": "no_such_preset"}), "unknown correction preset"),
+    (dict(loss__correction={"is_lower": 3.0, "is_upper": 2.0}), "lower"),
+    (dict(loss__correction={"rs_level": "token", "rs_lower": 2.5, "rs_upper": 2.0}), "lower"),
+    (dict(loss={"aggregation": "token_sum"}), "aggregation"),
+    (dict(loss={"advantage": "ppo"}), "advantage"),
+    (dict(data={"prompts_per_step": 3, "group_size": 3}, learner={"num_minibatches": 2}),
+     "does not split"),
+    (dict(sampling={"weight_quant": "int3"}), "int3"),
+    (dict(sampling={"temperature": 0.0}), "temperature"),
+    (dict(optim={"schedule": "length_surge"}, optim__length_surge={"mode": "fixed"}),
+     "decay_period"),
+    (dict(optim={"schedule": "linear"}), "unknown schedule"),
+    (dict(model={"preset": "qwen3_99b"}), "preset"),
+    (dict(model={"init_from": "/no/such/dir"}), "not a directory"),
+    (dict(data={"train_tiers": ("tier9",)}), "tier"),
+    (dict(learner__mesh={"data": -1, "fsdp": -1}), "mesh"),
+])
+def test_impossible_configs_fail_at_config_time(sections, match):
+  with pytest.raises(ValueError, match=match):
+    config_lib.from_config_dict(_cd(**sections))
+
+
+def test_bypass_with_preset_none_is_valid():
+  cfg = config_lib.from_config_dict(
+      _cd(loss={"mode": "bypass"}, loss__correction={"preset": "none"}))
+  assert cfg.loss.mode == "bypass" and not cfg.loss.correction.enabled
+
+
+def test_unknown_field_is_an_error():
+  with pytest.raises(ValueError, match="unknown config field"):
+    config_lib.from_config_dict({"data": {"prompts": 3}})
+
+
+def test_truncated_sampling_warns_that_the_ratio_is_biased():
+  with pytest.warns(UserWarning, match="biased"):
+    config_lib.from_config_dict(_cd(sampling={"top_k": 5}))
+
+
+def test_schedule_kwargs():
+  cfg = config_lib.from_config_dict(_cd(
+      optim={"schedule": "length_surge"},
+      optim__length_surge={"mode": "fixed", "decay_period": 204}))
+  assert cfg.optim.schedule_kwargs(10) == {"mode": "fixed", "decay_period": 204}
+  cfg = config_lib.from_config_dict(_cd(optim={"schedule": "cosine"}))
+  assert cfg.optim.schedule_kwargs(77)["total_steps"] == 77
+
+
+@pytest.mark.parametrize("module", [base_config, small_cpu])
+def test_shipped_configs_validate(module):
+  cd = module.get_config()
+  cfg = config_lib.from_config_dict(cd)
+  assert cfg.data.batch_size % (cfg.learner.num_minibatches * cfg.learner.num_microbatches) == 0
+  # A table row is a small function of the base.
+  cd.loss.correction.preset = "geo_rs"
+  assert config_lib.from_config_dict(cd).loss.correction.rs_level == "geometric"
+
+
+def test_command_line_overrides_reach_nested_and_placeholder_fields(monkeypatch):
+  fv = flags.FlagValues()
+  config_flags.DEFINE_config_file("config", None, "", flag_values=fv, lock_config=True)
+  path = os.path.join(os.path.dirname(__file__), os.pardir, "configs", "small_cpu.py")
+  argv = ["train", f"--config={path}", "--config.loss.correction.preset=mis_miles",
+          "--config.loss.correction.is_upper=3.0", "--config.sampling.weight_quant=fp8_e4m3",
+          "--config.data.train_tiers=('tier1','tier4')", "--config.num_steps=7"]
+  monkeypatch.setattr(sys, "argv", argv)  # config_flags reads overrides from sys.argv
+  fv(argv)
+  cfg = config_lib.from_config_dict(fv.config)
+  assert cfg.loss.correction.is_upper == 3.0 and cfg.loss.correction.veto_threshold == 1e-4
+  assert cfg.sampling.weight_quant == "fp8_e4m3"
+  assert cfg.data.train_tiers == ("tier1", "tier4") and cfg.num_steps == 7

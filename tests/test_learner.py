@@ -1,0 +1,124 @@
+"""The sharded learner step: 1 device == 8 devices, one compilation, on-policy ratio 1."""
+
+import jax
+import numpy as np
+import pytest
+from flax import nnx
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from mipu_jax import config as config_lib
+from mipu_jax import losses
+from mipu_jax.learner import host_batch
+from mipu_jax.learner import Learner
+from mipu_jax.models import get_config
+from mipu_jax.models import make_mesh
+from mipu_jax.models import Qwen3
+
+B, L, V = 16, 23, 20
+
+
+def _config():
+  return config_lib.TrainConfig(
+      data=config_lib.DataConfig(prompts_per_step=4, group_size=4),
+      loss=losses.LossConfig(aggregation="seq_mean_token_mean",
+                             correction=losses.CorrectionConfig.from_preset("mis_miles")),
+      optim=config_lib.OptimConfig(learning_rate=1e-3),
+      learner=config_lib.LearnerConfig(num_minibatches=2, num_microbatches=2),
+      sampling=config_lib.SamplingConfig(max_new_tokens=16))
+
+
+def _model():
+  return Qwen3(get_config("tiny", vocab_size=V), rngs=nnx.Rngs(0))
+
+
+def _host_arrays():
+  rng = np.random.default_rng(0)
+  prompt_B = rng.integers(3, 7, B)
+  resp_B = rng.integers(1, 16, B)
+  pos = np.arange(L)[None, :]
+  input_mask = (pos < (prompt_B + resp_B)[:, None]).astype(np.float32)
+  loss_mask = input_mask * (pos >= prompt_B[:, None])
+  tokens = rng.integers(3, V, (B, L)) * input_mask.astype(np.int64)
+  adv = rng.normal(size=B)
+  return tokens, input_mask, loss_mask, adv
+
+
+def _run(mesh, steps=2):
+  """Two learner steps on a fresh state; returns (params, metrics list, learner)."""
+  cfg, model = _config(), _model()
+  learner = Learner.from_config(cfg, model, mesh)
+  state = learner.init_state(nnx.to_pure_dict(nnx.state(model, nnx.Param)), seed=0)
+  tokens, input_mask, loss_mask, adv = _host_arrays()
+  metrics = []
+  noise = np.random.default_rng(1).normal(0, 0.3, (B, L))
+  for _ in range(steps):
+    lp_old = np.asarray(learner.logprobs(state.params, tokens, input_mask)) * loss_mask
+    batch = host_batch(tokens, input_mask, loss_mask, (lp_old + noise) * loss_mask, adv,
+                       lp_old_BL=lp_old)
+    state, m = learner.step(state, batch)
+    metrics.append(jax.device_get(m))
+  return jax.device_get(state), metrics, learner
+
+
+@pytest.fixture(scope="module")
+def one_device():
+  return _run(make_mesh(1, 1, 1, devices=jax.devices()[:1]))
+
+
+def test_second_call_does_not_recompile(one_device):
+  _, metrics, learner = one_device
+  assert learner.traces == {"step": 1, "logprobs": 1}
+  assert len(metrics) == 2
+
+
+def test_on_policy_ratio_is_one_on_the_first_minibatch(one_device):
+  _, metrics, _ = one_device
+  for m in metrics:
+    assert m["actor/first_update_ratio_min"] == pytest.approx(1.0, abs=1e-5)
+    assert m["actor/first_update_ratio_max"] == pytest.approx(1.0, abs=1e-5)
+    # The second mini-batch sees parameters the first one moved.
+    assert m["actor/ppo_ratio_max"] > 1.0 + 1e-4
+    assert m["actor/num_updates"] == 2
+
+
+def test_metrics_cover_spec_section_4(one_device):
+  _, metrics, _ = one_device
+  names = set(metrics[0])
+  assert set(losses.MISMATCH_METRIC_NAMES) <= names
+  assert set(losses.CORRECTION_METRIC_NAMES) <= names
+  for name in ("actor/loss", "actor/grad_norm", "actor/pg_clipfrac", "actor/entropy",
+               "actor/lr", "schedule/learning_rate"):
+    assert name in names
+  assert metrics[0]["actor/lr"] == pytest.approx(1e-3)
+  assert metrics[0]["rollout_corr/rollout_rs_masked_fraction"] > 0  # noise 0.3 trips RS
+  assert all(np.isfinite(v) for m in metrics for v in m.values())
+
+
+def test_eight_devices_equal_one_device(one_device):
+  params_1, metrics_1, _ = one_device
+  mesh = make_mesh(2, 2, 2)
+  assert mesh.size == 8
+  state_8, metrics_8, learner = _run(mesh)
+  sharding = learner.state_shardings.params["layers"]["gate"]
+  assert isinstance(sharding, NamedSharding) and sharding.spec[1:] == ("fsdp", "tensor")
+  # Within 1% of one Adam step (lr 1e-3): Adam turns last-bit differences of
+  # near-zero gradients (reduction order across shards) into O(lr) ones.
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5),
+               state_8.params, params_1.params)
+  # Adam's second moments of near-zero gradients differ in the last bits.
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-3, atol=1e-7),
+               state_8.opt_state, params_1.opt_state)
+  for m1, m8 in zip(metrics_1, metrics_8):
+    for k in m1:
+      np.testing.assert_allclose(m8[k], m1[k], rtol=1e-4, atol=1e-6, err_msg=k)
+
+
+def test_adam_moments_follow_parameter_shardings():
+  mesh = make_mesh(2, 2, 2)
+  learner = Learner.from_config(_config(), _model(), mesh)
+  sh = learner.state_shardings
+  adam = sh.opt_state[1]
+  assert adam.mu["layers"]["q"] == sh.params["layers"]["q"]
+  assert adam.nu["embed"] == sh.params["embed"]
+  assert adam.count.spec == P() and sh.step.spec == P() and sh.rng.spec == P()

@@ -1,0 +1,107 @@
+"""Kill-and-resume of the full RL loop with MIPU Step 2 (issue 5, SPEC.md §5).
+
+A tiny `rl.train` run with the Step 2 gate, checkpointing every step, is
+SIGKILLed (once right after a save starts, so mid-save, and once at a random
+time), resumed from its latest checkpoint, and must end with parameters,
+optimizer state, MIPU counters and the per-step accept/rollback sequence
+bitwise equal to an uninterrupted run. The harness is
+`tests/test_checkpoint_resume.kill_and_resume`; this file is also its target:
+`python tests/test_rl_resume.py WORKDIR`.
+
+Both runs share a persistent XLA compilation cache so that the restarts do not
+recompile (CPU, 2 cores).
+"""
+
+import json
+import os
+import sys
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import test_checkpoint_resume as harness  # noqa: E402  pylint: disable=g-import-not-at-top
+
+_STEPS = 4
+_FINAL = "final_state.npz"
+
+
+def _config():
+  from mipu_jax import config as config_lib  # pylint: disable=g-import-not-at-top
+  return config_lib.TrainConfig(
+      num_steps=_STEPS,
+      data=config_lib.DataConfig(prompts_per_step=4, group_size=4,
+                                 train_tiers=("tier1",), max_sampling_rounds=1),
+      sampling=config_lib.SamplingConfig(max_new_tokens=16),
+      optim=config_lib.OptimConfig(learning_rate=1e-3),
+      learner=config_lib.LearnerConfig(log_entropy=False),
+      eval=config_lib.EvalConfig(tiers=("tier1",), n_per_tier=4, num_samples=4),
+      logging=config_lib.LoggingConfig(tensorboard=False, plots=False,
+                                       progress_bar=False),
+      checkpoint=config_lib.CheckpointConfig(every=1, keep=2),
+      # c = 0: decisions on both sides of the threshold are plausible.
+      mipu=config_lib.MipuConfig(step2=True, c=0.0, num_probe_prompts=4))
+
+
+def _target_main(workdir: str) -> None:
+  """Trains `_config()` in `workdir` (resuming), then writes the final state."""
+  import jax  # pylint: disable=g-import-not-at-top
+
+  from mipu_jax import checkpoint  # pylint: disable=g-import-not-at-top
+  from mipu_jax import rl  # pylint: disable=g-import-not-at-top
+
+  save = checkpoint.Checkpointer.save
+
+  def save_and_report(self, step, *args, **kwargs):
+    out = save(self, step, *args, **kwargs)
+    print("SAVE_STARTED", step, flush=True)
+    return out
+
+  checkpoint.Checkpointer.save = save_and_report
+  print("LOOP_STARTED", flush=True)
+  result = rl.train(_config(), workdir)
+  leaves = jax.tree_util.tree_leaves_with_path(
+      jax.device_get((result.state.params, result.state.opt_state)))
+  np.savez(os.path.join(workdir, _FINAL),
+           **{jax.tree_util.keystr(p): np.asarray(v) for p, v in leaves})
+  decisions = [r.get("mipu/accepted") for r in result.rows if r["step"] > 0]
+  with open(os.path.join(workdir, "decisions.json"), "w") as f:
+    json.dump(decisions, f)
+
+
+def _final(workdir):
+  with np.load(os.path.join(workdir, _FINAL)) as f:
+    arrays = {k: f[k] for k in f.files}
+  with open(os.path.join(workdir, "decisions.json")) as f:
+    return arrays, json.load(f)
+
+
+def test_rl_loop_killed_anywhere_resumes_bitwise(tmp_path, monkeypatch):
+  monkeypatch.setenv("JAX_COMPILATION_CACHE_DIR", str(tmp_path / "xla_cache"))
+  monkeypatch.setenv("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+  monkeypatch.setenv("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
+  command = lambda d: [sys.executable, os.path.abspath(__file__), d]
+
+  reference_dir = str(tmp_path / "reference")
+  reference = harness.run_attempt(
+      command(reference_dir), None,
+      ckpt_dir=os.path.join(reference_dir, "checkpoints"), timeout_s=600)
+  assert reference.saves_started == _STEPS
+  expected, expected_decisions = _final(reference_dir)
+  assert len(expected_decisions) == _STEPS
+  assert all(d in (0.0, 1.0) for d in expected_decisions)
+
+  workdir = str(tmp_path / "killed")
+  delay = float(np.random.default_rng().uniform(0.0, 0.8 * reference.seconds))
+  attempts = harness.kill_and_resume(
+      command(workdir), [harness.Kill(nth_save=2), harness.Kill(delay_s=delay)],
+      ckpt_dir=os.path.join(workdir, "checkpoints"), timeout_s=600)
+  assert attempts[0].killed, attempts
+  got, decisions = _final(workdir)
+  assert decisions == expected_decisions, (decisions, attempts)
+  assert sorted(got) == sorted(expected)
+  for name, value in expected.items():
+    assert got[name].tobytes() == value.tobytes(), (name, attempts)
+
+
+if __name__ == "__main__":
+  _target_main(sys.argv[1])
