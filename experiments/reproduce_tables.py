@@ -1,14 +1,15 @@
 r"""Reproduces the sources' tables on the small CPU task: every row x several seeds.
 
-    python experiments/reproduce_tables.py --workdir results/small_cpu \
-        --seeds 0,1 --steps 40                               # ~40 min, 2 CPU cores
-    python experiments/reproduce_tables.py --workdir /tmp/t --quick   # ~1 min smoke
+    python experiments/reproduce_tables.py --workdir results/small_cpu --seeds 0,1 \
+        --steps 20 --prompts 8 --init_from results/small_cpu/base_policy   # ~45 min, 2 CPUs
+    python experiments/reproduce_tables.py --workdir /tmp/t --quick         # ~2 min smoke
+    python experiments/reproduce_tables.py --workdir results/small_cpu --report_only
 
 Rows are `configs/table.py:<row>` (FP8 e4m3 weights + FP8 activations in the
 sampler); the logic — runs, Stable criterion, tables, figures — lives in
 `mipu_jax.reproduce`. Writes `table.md`, `summary.json`, `curves_*.png` and
 one directory per run under `runs/`; re-running resumes (finished runs are
-read back).
+read back), and `--report_only` only tabulates the runs that finished.
 """
 
 import os
