@@ -43,6 +43,7 @@ import numpy as np
 
 from mipu_jax import config as config_lib
 from mipu_jax import rl
+from mipu_jax.rl import report
 
 LABELS = {
     "baseline": "Baseline", "tis": "TIS", "mis": "MIS", "lr_decay": "LR-decay",
@@ -375,10 +376,4 @@ def plot_curves(runs: Sequence[RunSummary], names: Sequence[str],
   handles, labels = axes.flat[0].get_legend_handles_labels()
   axes.flat[-1].axis("off")
   axes.flat[-1].legend(handles, labels, loc="center", fontsize=11)
-  if title:
-    fig.suptitle(title)
-  fig.tight_layout()
-  os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-  fig.savefig(path, dpi=100)
-  plt.close(fig)
-  return path
+  return report.save_figure(fig, path, title)

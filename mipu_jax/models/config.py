@@ -10,7 +10,7 @@ from typing import Any
 
 import jax.numpy as jnp
 
-_DTYPES = {
+DTYPE_NAMES = {
     "float32": jnp.float32,
     "fp32": jnp.float32,
     "bfloat16": jnp.bfloat16,
@@ -23,9 +23,9 @@ _DTYPES = {
 def as_dtype(dtype: Any) -> jnp.dtype:
   """Accepts a dtype or one of 'float32'/'fp32'/'bfloat16'/'bf16'/'float16'/'fp16'."""
   if isinstance(dtype, str):
-    if dtype not in _DTYPES:
-      raise ValueError(f"Unknown dtype {dtype!r}; expected one of {sorted(_DTYPES)}.")
-    return jnp.dtype(_DTYPES[dtype])
+    if dtype not in DTYPE_NAMES:
+      raise ValueError(f"Unknown dtype {dtype!r}; expected one of {sorted(DTYPE_NAMES)}.")
+    return jnp.dtype(DTYPE_NAMES[dtype])
   return jnp.dtype(dtype)
 
 

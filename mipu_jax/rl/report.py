@@ -59,6 +59,17 @@ def results_table(rows: Sequence[Mapping[str, float]],
   return "\n".join(lines)
 
 
+def save_figure(fig, path: str, title: str = "") -> str:
+  """Titles, lays out, writes (creating the directory) and closes `fig`; returns `path`."""
+  if title:
+    fig.suptitle(title)
+  fig.tight_layout()
+  os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+  fig.savefig(path, dpi=100)
+  plt.close(fig)
+  return path
+
+
 def plot_run(rows: Sequence[Mapping[str, float]], path: str,
              title: str = "") -> str:
   """Six panels over steps, saved as a PNG at `path`; returns the path."""
@@ -69,10 +80,4 @@ def plot_run(rows: Sequence[Mapping[str, float]], path: str,
     ax.set_title(label, fontsize=10)
     ax.set_xlabel("step")
     ax.grid(alpha=0.3)
-  if title:
-    fig.suptitle(title)
-  fig.tight_layout()
-  os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-  fig.savefig(path, dpi=100)
-  plt.close(fig)
-  return path
+  return save_figure(fig, path, title)

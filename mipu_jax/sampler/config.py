@@ -11,13 +11,12 @@ from typing import Any, Optional
 
 import jax.numpy as jnp
 
-from mipu_jax.models.config import as_dtype
+from mipu_jax.models.config import DTYPE_NAMES, as_dtype
 from mipu_jax.sampler import quant
 
+# The compute dtypes' names plus the cache-only low-precision ones.
 _KV_DTYPES = {
-    "float32": jnp.float32, "fp32": jnp.float32,
-    "bfloat16": jnp.bfloat16, "bf16": jnp.bfloat16,
-    "float16": jnp.float16, "fp16": jnp.float16,
+    **DTYPE_NAMES,
     "fp8": jnp.float8_e4m3fn, "fp8_e4m3": jnp.float8_e4m3fn, "fp8_e5m2": jnp.float8_e5m2,
     "int8": jnp.int8,
 }
