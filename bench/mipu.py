@@ -20,19 +20,16 @@ Every figure is the fastest of `--repeats` after a warm-up (shared machine).
 """
 
 import argparse
-import os
-import sys
 import time
 
 import jax
 from flax import nnx
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from mipu_jax import config as config_lib  # noqa: E402
-from mipu_jax.rl import gates  # noqa: E402
-from mipu_jax.rl import loop  # noqa: E402
-from mipu_jax.rl import setup  # noqa: E402
+from mipu_jax import config as config_lib
+from mipu_jax.rl import gates
+from mipu_jax.rl import loop
+from mipu_jax.rl import setup
 
 
 def main():

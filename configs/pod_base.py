@@ -28,6 +28,7 @@ runs separately on the trained checkpoint.
 """
 
 from configs import base
+from configs import common
 from configs import rows
 
 ROWS_PER_PROMPT = 16
@@ -43,18 +44,15 @@ def get_config(preset: str, arg=None, *, decay_period: int | None = None):
     decay_period: the LR-decay row's fixed `T_decay` when the source gives one
       (None: the `auto` surge detection of SPEC.md §6).
   """
-  row, opts = rows.parse_arg(arg, "mipu")
-  unknown = set(opts) - {"chips", "ckpt", "seed", "steps", "p"}
-  if unknown:
-    raise ValueError(f"unknown option(s) {sorted(unknown)} in {arg!r}; known: "
-                     "chips=N, ckpt=DIR, seed=N, steps=N, p=P.")
-  chips = int(opts.get("chips") or 16)
+  arg = common.parse_arg(arg, row="mipu", chips=16, ckpt="", seed=0,
+                         steps=500, p=float)
+  chips = arg.chips
   config = base.get_config()
-  config.seed = int(opts.get("seed") or 0)
-  config.num_steps = int(opts.get("steps") or 500)
+  config.seed = arg.seed
+  config.num_steps = arg.steps
 
   config.model.preset = preset
-  config.model.init_from = opts.get("ckpt", "")
+  config.model.init_from = arg.ckpt
   config.model.dtype = "bfloat16"
   config.model.remat = True
 
@@ -98,8 +96,6 @@ def get_config(preset: str, arg=None, *, decay_period: int | None = None):
   config.checkpoint.enabled = True
   config.checkpoint.every = 20
   config.checkpoint.keep = 3
-  if "mipu" in config:
-    config.mipu.num_probe_prompts = 8
-    config.mipu.seed = config.seed
-  p = float(opts["p"]) if opts.get("p") else None
-  return rows.apply(config, row, p=p)
+  config.mipu.num_probe_prompts = 8
+  config.mipu.seed = config.seed
+  return rows.apply(config, arg.row, p=arg.p)

@@ -28,16 +28,14 @@ does not reproduce at this scale.
 """
 
 from configs import base
+from configs import common
 from configs import rows
 
 
 def get_config(arg=None):
   """The small-CPU-task ConfigDict of table row `arg` (see module docstring)."""
-  row, opts = rows.parse_arg(arg, "baseline")
-  unknown = set(opts) - {"seed", "steps", "prompts", "p", "quick"}
-  if unknown:
-    raise ValueError(f"unknown option(s) {sorted(unknown)} in {arg!r}; known: "
-                     "seed=N, steps=N, prompts=N, p=P, quick.")
+  arg = common.parse_arg(arg, row="baseline", seed=0, steps=int, prompts=int,
+                         p=float, quick=False)
   config = base.get_config()
   config.sampling.weight_quant = "fp8_e4m3"
   config.sampling.act_quant = "fp8"
@@ -51,9 +49,8 @@ def get_config(arg=None):
   config.logging.tensorboard = False
   config.logging.plots = False
   config.logging.progress_bar = False
-  if "mipu" in config:
-    config.mipu.num_probe_prompts = 8
-  if "quick" in opts:
+  config.mipu.num_probe_prompts = 8
+  if arg.quick:
     config.num_steps = 2
     config.data.train_tiers = ("tier1",)
     config.data.prompts_per_step = 4
@@ -66,15 +63,11 @@ def get_config(arg=None):
     config.eval.n_per_tier = 4
     config.eval.num_samples = 4
     config.learner.log_entropy = False
-    if "mipu" in config:
-      config.mipu.num_probe_prompts = 4
-  if opts.get("steps"):
-    config.num_steps = int(opts["steps"])
-  if opts.get("prompts"):
-    config.data.prompts_per_step = int(opts["prompts"])
-  if opts.get("seed"):
-    config.seed = int(opts["seed"])
-    if "mipu" in config:  # probe prompts and rollback coins follow the seed too
-      config.mipu.seed = config.seed
-  p = float(opts["p"]) if opts.get("p") else None
-  return rows.apply(config, row, p=p)
+    config.mipu.num_probe_prompts = 4
+  if arg.steps:
+    config.num_steps = arg.steps
+  if arg.prompts:
+    config.data.prompts_per_step = arg.prompts
+  config.seed = arg.seed
+  config.mipu.seed = arg.seed  # probe prompts and rollback coins follow the seed
+  return rows.apply(config, arg.row, p=arg.p)

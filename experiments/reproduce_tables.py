@@ -13,17 +13,14 @@ read back), and `--report_only` only tabulates the runs that finished.
 """
 
 import os
-import sys
 
-# The configs live beside this directory, not in the installed package.
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from absl import app  # noqa: E402
-from absl import flags  # noqa: E402
+from absl import app
+from absl import flags
 
-from configs import rows as rows_lib  # noqa: E402
-from configs import table  # noqa: E402
-from mipu_jax import reproduce  # noqa: E402
+from configs import rows as rows_lib
+from configs import table
+from mipu_jax import reproduce
 
 _WORKDIR = flags.DEFINE_string("workdir", None, "Output directory.")
 _ROWS = flags.DEFINE_list("rows", list(rows_lib.ROWS), "Table rows to run.")
@@ -33,8 +30,6 @@ _PROMPTS = flags.DEFINE_integer("prompts", None, "Prompts per step (default: the
 _REPORT_ONLY = flags.DEFINE_bool("report_only", False,
                                  "Train nothing: tabulate the runs that finished.")
 _QUICK = flags.DEFINE_bool("quick", False, "Smoke budget: 2 steps, 1 seed, tiny batches.")
-_MARGIN = flags.DEFINE_float("margin", reproduce.DEFAULT_MARGIN,
-                             "Stable: final Avg within this of the run's peak.")
 _INIT_FROM = flags.DEFINE_string(
     "init_from", None, "Base policy checkpoint directory (default: the config's).")
 _CACHE = flags.DEFINE_string("jax_cache", None,
@@ -67,7 +62,7 @@ def main(argv):
     reproduce.enable_compilation_cache(cache)
   seeds = [int(s) for s in _SEEDS.value][:1 if _QUICK.value else None]
   result = reproduce.run_table(make_config, _ROWS.value, seeds, _WORKDIR.value,
-                               margin=_MARGIN.value, train=not _REPORT_ONLY.value)
+                               train=not _REPORT_ONLY.value)
   print(result.markdown)
   print("\n".join(f"{k}: {v}" for k, v in result.files.items()))
 

@@ -7,20 +7,13 @@ Parses flags, validates the config (`mipu_jax.config.from_config_dict`) and
 calls `mipu_jax.rl.train`; the logic lives in the library.
 """
 
-import os
-import sys
+from absl import app
+from absl import flags
+from absl import logging
+from ml_collections import config_flags
 
-# The configs import each other as `configs.*`, which lives beside this
-# directory, not in the installed package.
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from absl import app  # noqa: E402
-from absl import flags  # noqa: E402
-from absl import logging  # noqa: E402
-from ml_collections import config_flags  # noqa: E402
-
-from mipu_jax import config as config_lib  # noqa: E402
-from mipu_jax import rl  # noqa: E402
+from mipu_jax import config as config_lib
+from mipu_jax import rl
 
 _CONFIG = config_flags.DEFINE_config_file(
     "config", None, "Experiment config file (a get_config() module).",

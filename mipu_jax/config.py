@@ -318,6 +318,9 @@ class MipuConfig:
     step2: gate every candidate update on `T̂_post ≥ -c` (rollback otherwise).
     c: acceptance margin. The source shows c ∈ {0, ±1e-4} but does not
       publish the value it used; 1e-4 is our default.
+    c_noise_multiple: when set (k > 0), the margin is k × the standard error
+      of `T̂_post` measured on the same probe (`mipu.margin`) and `c` is
+      unused: at small scale the probe's noise is far above any fixed c.
     probe: "fresh" (G responses for each of `num_probe_prompts` held-out probe
       prompts) or "next_batch" (the next training batch's prompts and seeds).
     num_probe_prompts: N_probe of the "fresh" probe.
@@ -327,6 +330,7 @@ class MipuConfig:
   """
   step2: bool = False
   c: float = 1e-4
+  c_noise_multiple: float | None = None
   probe: str = "fresh"
   num_probe_prompts: int = 8
   random_rollback_p: float = 0.0
@@ -336,8 +340,8 @@ class MipuConfig:
     if self.probe not in MIPU_PROBES:
       raise ValueError(f"unknown mipu.probe {self.probe!r}; choose one of "
                        f"{MIPU_PROBES}.")
-    if not 0.0 <= self.random_rollback_p < 1.0:
-      raise ValueError(f"need 0 <= mipu.random_rollback_p < 1, got "
+    if not 0.0 <= self.random_rollback_p <= 1.0:
+      raise ValueError(f"need 0 <= mipu.random_rollback_p <= 1, got "
                        f"{self.random_rollback_p}.")
     if self.step2 and self.random_rollback_p > 0:
       raise ValueError("mipu.step2 and mipu.random_rollback_p > 0 are mutually "
@@ -345,6 +349,13 @@ class MipuConfig:
     if self.num_probe_prompts < 1:
       raise ValueError(f"mipu.num_probe_prompts must be >= 1, got "
                        f"{self.num_probe_prompts}.")
+    if self.c_noise_multiple is not None:
+      if not self.c_noise_multiple > 0:
+        raise ValueError(f"mipu.c_noise_multiple must be > 0 (or None), got "
+                         f"{self.c_noise_multiple}.")
+      if self.probe == "fresh" and self.num_probe_prompts < 2:
+        raise ValueError("mipu.c_noise_multiple needs num_probe_prompts >= 2: "
+                         "the standard error is taken over probe groups.")
 
   @property
   def gated(self) -> bool:

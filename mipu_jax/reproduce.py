@@ -20,10 +20,20 @@ Scores are the loop's periodic evaluation of the inference policy μ: pass@1
 averaged over k samples on the five held-out tiers (`eval/<tier>`,
 `eval/avg`), the stand-ins of MATH / AIME / Olympiad / Minerva / AMC23.
 
-**Stable** (the sources' last column, whose criterion they do not publish):
-a run is stable when its final evaluation Avg is within `margin` (default 5
-points of pass@1) of the best Avg it reached at any evaluation, step 0
-included, and no metric went non-finite. A row is stable when every seed is.
+**Stable** (the sources' last column, whose criterion they do not publish),
+fixed before any run: a run is stable when each of its last two evaluations
+reaches its peak evaluation minus `STABLE_SES` (2) standard errors of that
+peak evaluation (`eval/avg_se`: the sampling noise of pass@1 over the eval
+problems, `mipu_jax.rl.evaluation`), and no metric went non-finite. A run
+that peaks early and then falls back by more than its eval noise is not
+stable. A row is stable when every seed is.
+
+Like with like. Every row of a table must hold every setting equal except the
+one it is about (the correction preset, the LR schedule, the MIPU switches):
+`run_table` checks the rows' validated configs against each other
+(`check_like_with_like`) before training anything, and a finished run is read
+back only if its saved `config.json` equals the config the row asks for now
+(`_run_one` refuses otherwise: delete the run directory or fix the config).
 
 Outputs in `workdir`: `table.md` (the MIPU main table, its ablation, and the
 random-rollback comparison, in the sources' layout: tiers, Avg., Stable),
@@ -45,11 +55,17 @@ from mipu_jax import config as config_lib
 from mipu_jax import rl
 from mipu_jax.rl import report
 
+# The one table of row names and their labels in the sources' tables
+# (`configs/rows.py` builds one config per row).
 LABELS = {
     "baseline": "Baseline", "tis": "TIS", "mis": "MIS", "lr_decay": "LR-decay",
     "mipu": "Ours (MIPU)", "step1": "+ Step 1", "step2": "+ Step 2",
     "random_rollback": "Random rollback",
 }
+# What a row may change relative to the others (dotted config paths): the
+# settings the tables compare. Everything else must be equal across rows.
+ROW_FIELDS = ("loss.correction", "optim.schedule", "optim.length_surge",
+              "mipu.step2", "mipu.random_rollback_p")
 # The sources' tables: MIPU's main table (plus TIS), its ablation, and the
 # "Step 2 is not random rollback" comparison.
 MAIN_ROWS = ("baseline", "tis", "mis", "lr_decay", "mipu")
@@ -64,7 +80,7 @@ PANELS = (
     ("actor/lr", "learning rate"),
     ("mipu/rollback_rate", "rollback rate"),
 )
-DEFAULT_MARGIN = 0.05
+STABLE_SES = 2.0
 
 MakeConfig = Callable[[str, int, Optional[float]], Any]
 
@@ -78,8 +94,10 @@ class RunSummary:
     seed: run seed.
     workdir: the run's directory (or the one it shares with a twin row).
     final: `{tier: pass@1, "avg": ...}` at the last evaluation.
+    final_se: standard error of the last evaluation's Avg.
     peak_avg: best eval Avg over all evaluations (step 0 included).
     peak_step: step of `peak_avg`.
+    peak_se: standard error of the peak evaluation's Avg.
     stable: the criterion in the module docstring.
     rollback_rate: the run's final `mipu/rollback_rate` (0 without MIPU).
     seconds: wall time of the run.
@@ -89,8 +107,10 @@ class RunSummary:
   seed: int
   workdir: str
   final: Mapping[str, float]
+  final_se: float
   peak_avg: float
   peak_step: int
+  peak_se: float
   stable: bool
   rollback_rate: float
   seconds: float
@@ -107,20 +127,75 @@ class TableResult:
 
 
 def summarize(rows: Sequence[Mapping[str, float]], tiers: Sequence[str], *,
-              margin: float = DEFAULT_MARGIN) -> dict[str, Any]:
-  """Final / peak eval and the Stable flag of one run's logged rows."""
+              num_ses: float = STABLE_SES) -> dict[str, Any]:
+  """Final / peak eval and the Stable flag of one run's logged rows.
+
+  Stable: each of the last two evaluations after step 0's is ≥ peak −
+  `num_ses` × the peak evaluation's standard error, and every logged value is
+  finite.
+  """
   evals = [r for r in rows if "eval/avg" in r]
   if not evals:
     raise ValueError("the run has no evaluation rows (eval/avg).")
+  if any("eval/avg_se" not in r for r in evals):
+    raise ValueError("the run's evaluations carry no eval/avg_se (a run from "
+                     "before standard errors were logged): re-run it.")
   last = evals[-1]
   peak = max(evals, key=lambda r: r["eval/avg"])
+  floor = peak["eval/avg"] - num_ses * peak["eval/avg_se"]
   finite = all(math.isfinite(v) for r in rows for v in r.values())
+  tail = evals[1:][-2:] or evals[-1:]  # the last two after step 0's
+  held = all(r["eval/avg"] >= floor for r in tail)
   rate = [r["mipu/rollback_rate"] for r in rows if "mipu/rollback_rate" in r]
   return dict(
       final={**{t: last[f"eval/{t}"] for t in tiers}, "avg": last["eval/avg"]},
+      final_se=float(last["eval/avg_se"]),
       peak_avg=peak["eval/avg"], peak_step=int(peak["step"]),
-      stable=bool(finite and last["eval/avg"] >= peak["eval/avg"] - margin),
+      peak_se=float(peak["eval/avg_se"]),
+      stable=bool(finite and held),
       rollback_rate=float(rate[-1]) if rate else 0.0)
+
+
+def _flat(cfg: config_lib.TrainConfig) -> dict[str, Any]:
+  """`{"loss.correction.is_level": ..., ...}`: the config as its saved JSON."""
+  return _flat_json(json.loads(json.dumps(dataclasses.asdict(cfg), default=str)))
+
+
+def _flat_json(d: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+  out = {}
+  for k, v in d.items():
+    key = f"{prefix}.{k}" if prefix else k
+    out.update(_flat_json(v, key) if isinstance(v, Mapping) else {key: v})
+  return out
+
+
+def config_diff(a: config_lib.TrainConfig | Mapping[str, Any],
+                b: config_lib.TrainConfig | Mapping[str, Any]) -> dict[str, tuple]:
+  """`{path: (a's value, b's value)}` for every config leaf that differs."""
+  fa = a if isinstance(a, Mapping) else _flat(a)
+  fb = b if isinstance(b, Mapping) else _flat(b)
+  return {k: (fa.get(k), fb.get(k)) for k in sorted(set(fa) | set(fb))
+          if fa.get(k) != fb.get(k)}
+
+
+def check_like_with_like(configs: Mapping[str, config_lib.TrainConfig]) -> None:
+  """Raises unless the rows differ only in their `ROW_FIELDS`.
+
+  Args:
+    configs: row name -> validated config, all of one seed.
+
+  Raises:
+    ValueError: naming the rows and the settings that differ.
+  """
+  names = list(configs)
+  for name in names[1:]:
+    diff = {k: v for k, v in config_diff(configs[names[0]], configs[name]).items()
+            if not k.startswith(ROW_FIELDS)}
+    if diff:
+      raise ValueError(
+          f"rows {names[0]!r} and {name!r} differ in more than the compared "
+          f"setting: {diff}. A table compares like with like; make every other "
+          "setting equal.")
 
 
 def enable_compilation_cache(path: str) -> None:
@@ -144,14 +219,24 @@ def _as_train_config(cfg) -> config_lib.TrainConfig:
 
 
 def _run_one(cfg: config_lib.TrainConfig, row: str, seed: int, workdir: str,
-             margin: float, log: Callable[[str], None],
+             log: Callable[[str], None],
              train: bool = True) -> Optional[RunSummary]:
   """Trains one run (or reads back a finished one) and summarises it.
 
   Returns None for an unfinished run when `train` is False.
+
+  Raises:
+    ValueError: a finished run whose saved config differs from `cfg`.
   """
   done = os.path.join(workdir, "summary.json")
   if os.path.exists(done):
+    with open(os.path.join(workdir, "config.json")) as f:
+      saved = json.load(f)
+    diff = config_diff(_flat(cfg), _flat_json(saved))
+    if diff:
+      raise ValueError(
+          f"{workdir} holds a finished run of another config (differences, "
+          f"(wanted, saved): {diff}); delete it or restore the config.")
     with open(done) as f:
       data = json.load(f)
     log(f"[reproduce] {row} seed {seed}: finished before, read back")
@@ -166,12 +251,12 @@ def _run_one(cfg: config_lib.TrainConfig, row: str, seed: int, workdir: str,
   result = rl.train(cfg, workdir)
   seconds = time.perf_counter() - start
   s = RunSummary(row=row, seed=seed, workdir=workdir, seconds=seconds,
-                 **summarize(result.rows, cfg.eval.tiers, margin=margin))
+                 **summarize(result.rows, cfg.eval.tiers))
   with open(done, "w") as f:
     json.dump(dataclasses.asdict(s), f, indent=2)
   log(f"[reproduce] {row} seed {seed}: Avg {s.final['avg']:.3f} (peak "
-      f"{s.peak_avg:.3f} @ {s.peak_step}), stable={s.stable}, rollback "
-      f"{s.rollback_rate:.2f}, {seconds:.0f} s")
+      f"{s.peak_avg:.3f} ± {s.peak_se:.3f} @ {s.peak_step}), stable={s.stable}, "
+      f"rollback {s.rollback_rate:.2f}, {seconds:.0f} s")
   return s
 
 
@@ -186,7 +271,6 @@ def _order(rows: Sequence[str]) -> list[str]:
 
 def run_table(make_config: MakeConfig, rows: Sequence[str],
               seeds: Sequence[int], workdir: str, *,
-              margin: float = DEFAULT_MARGIN,
               log: Callable[[str], None] = print,
               train: bool = True) -> TableResult:
   """Runs `rows` x `seeds`, writes the tables and figures into `workdir`.
@@ -197,7 +281,6 @@ def run_table(make_config: MakeConfig, rows: Sequence[str],
     rows: table rows (`configs/rows.py` names).
     seeds: seeds; the outer loop, so the first seed's table is complete first.
     workdir: output directory.
-    margin: the Stable criterion's margin, in pass@1 (0.05 = 5 points).
     log: progress sink.
     train: False to only tabulate runs that finished before (a budget cut
       short: unfinished runs are left out and their seeds listed in the
@@ -205,25 +288,30 @@ def run_table(make_config: MakeConfig, rows: Sequence[str],
 
   Returns:
     A `TableResult`.
+
+  Raises:
+    ValueError: rows that differ in more than their compared setting
+      (`check_like_with_like`), or a finished run of another config.
   """
   os.makedirs(workdir, exist_ok=True)
-  runs, pending, skipped, tiers = [], {}, {}, None
+  runs, skipped, tiers = [], {}, None
   for seed in seeds:
     seen: dict[config_lib.TrainConfig, RunSummary] = {}
+    built: dict[str, config_lib.TrainConfig] = {}
     for row in _order(rows):
       p = None
       if row == "random_rollback":
         mipu = [r for r in runs if r.row == "mipu" and r.seed == seed]
-        p = mipu[0].rollback_rate if mipu else None
-      try:
-        if p == 0.0:  # MIPU rejected nothing: random rollback is Step 1.
-          cfg = _as_train_config(make_config("step1", seed, None))
-        else:
-          cfg = _as_train_config(make_config(row, seed, p))
-      except (ValueError, AttributeError, KeyError) as e:
-        pending[row] = str(e)
-        log(f"[reproduce] {row} seed {seed}: pending ({e})")
-        continue
+        if not mipu:
+          raise ValueError("the random_rollback row needs the mipu row (its p "
+                           "is MIPU's measured rejection rate): add it to rows.")
+        p = mipu[0].rollback_rate
+      if p == 0.0:  # MIPU rejected nothing: random rollback is Step 1.
+        cfg = _as_train_config(make_config("step1", seed, None))
+      else:
+        cfg = _as_train_config(make_config(row, seed, p))
+      built[row] = cfg
+      check_like_with_like(built)
       tiers = cfg.eval.tiers
       if cfg in seen:
         twin = seen[cfg]
@@ -232,7 +320,7 @@ def run_table(make_config: MakeConfig, rows: Sequence[str],
         log(f"[reproduce] {row} seed {seed}: identical config to {twin.row}, reused")
         continue
       s = _run_one(cfg, row, seed, os.path.join(workdir, "runs", f"{row}_s{seed}"),
-                   margin, log, train)
+                   log, train)
       if s is None:
         skipped.setdefault(row, []).append(seed)
         continue
@@ -240,18 +328,17 @@ def run_table(make_config: MakeConfig, rows: Sequence[str],
         s = dataclasses.replace(s, note=f"p = {p:.3f} (MIPU's rejection rate)")
       seen[cfg] = s
       runs.append(s)
-  for row, missing in skipped.items():
-    if not any(r.row == row for r in runs):
-      pending[row] = f"not run (seeds {missing} did not finish in the budget)"
-  markdown = tables_markdown(runs, pending, tiers or (), margin=margin,
-                             skipped=skipped)
+  pending = {row: f"not run (seeds {missing} did not finish in the budget)"
+             for row, missing in skipped.items()
+             if not any(r.row == row for r in runs)}
+  markdown = tables_markdown(runs, pending, tiers or (), skipped=skipped)
   files = {"table": os.path.join(workdir, "table.md"),
            "summary": os.path.join(workdir, "summary.json")}
   with open(files["table"], "w") as f:
     f.write(markdown)
   with open(files["summary"], "w") as f:
     json.dump({"runs": [dataclasses.asdict(r) for r in runs], "pending": pending,
-               "margin": margin, "seeds": list(seeds)}, f, indent=2)
+               "stable_ses": STABLE_SES, "seeds": list(seeds)}, f, indent=2)
   for name, group in (("main", MAIN_ROWS), ("ablation", ABLATION_ROWS + ("random_rollback",))):
     seeds_run = sorted({r.seed for r in runs})
     path = plot_curves(runs, [r for r in group if r in rows],
@@ -266,13 +353,14 @@ def run_table(make_config: MakeConfig, rows: Sequence[str],
 
 
 def _row_cells(runs: Sequence[RunSummary], tiers: Sequence[str]) -> list[str]:
-  """Per-tier means, Avg mean ± sd, peak Avg, Stable, in percent."""
+  """Per-tier means, Avg mean ± sd over seeds, eval SE, peak Avg, Stable (%)."""
   def mean(key):
     return 100 * float(np.mean([r.final[key] for r in runs]))
   cells = [f"{mean(t):.2f}" for t in tiers]
   avgs = 100 * np.array([r.final["avg"] for r in runs])
   sd = f" ± {avgs.std(ddof=1):.2f}" if len(runs) > 1 else ""
   cells.append(f"{avgs.mean():.2f}{sd}")
+  cells.append(f"{100 * np.mean([r.final_se for r in runs]):.2f}")
   cells.append(f"{100 * np.mean([r.peak_avg for r in runs]):.2f}")
   n_stable = sum(r.stable for r in runs)
   mark = "✔" if n_stable == len(runs) else "✘"
@@ -282,7 +370,7 @@ def _row_cells(runs: Sequence[RunSummary], tiers: Sequence[str]) -> list[str]:
 
 def _table(title: str, names: Sequence[str], by_row: Mapping[str, list],
            pending: Mapping[str, str], tiers: Sequence[str], extra=None) -> list[str]:
-  head = ["Method", *tiers, "Avg.", "Peak Avg.", "Stable"]
+  head = ["Method", *tiers, "Avg.", "Eval SE", "Peak Avg.", "Stable"]
   if extra:
     head.append(extra[0])
   lines = [f"### {title}", "", "| " + " | ".join(head) + " |",
@@ -291,7 +379,7 @@ def _table(title: str, names: Sequence[str], by_row: Mapping[str, list],
     if name in by_row:
       cells = _row_cells(by_row[name], tiers)
     elif name in pending:
-      cells = ["—"] * (len(tiers) + 2) + ["pending"]
+      cells = ["—"] * (len(tiers) + 3) + ["pending"]
     else:
       continue
     if extra:
@@ -301,7 +389,7 @@ def _table(title: str, names: Sequence[str], by_row: Mapping[str, list],
 
 
 def tables_markdown(runs: Sequence[RunSummary], pending: Mapping[str, str],
-                    tiers: Sequence[str], *, margin: float = DEFAULT_MARGIN,
+                    tiers: Sequence[str], *,
                     skipped: Optional[Mapping[str, list]] = None) -> str:
   """The three tables (main, ablation, random rollback) as markdown."""
   by_row: dict[str, list[RunSummary]] = {}
@@ -314,9 +402,11 @@ def tables_markdown(runs: Sequence[RunSummary], pending: Mapping[str, str],
 
   lines = [
       f"Pass@1 (%) at the last evaluation, mean over seeds {seeds} "
-      f"(Avg.: mean ± sd). Peak Avg.: best evaluation of the run (mean over "
-      f"seeds). Stable: final Avg. within {100 * margin:.0f} points of the "
-      "run's peak for every seed (✘ (k/n): k of n seeds stable).", ""]
+      f"(Avg.: mean ± sd over seeds). Eval SE: standard error of one "
+      f"evaluation's Avg. (sampling noise over the eval problems, mean over "
+      f"seeds). Peak Avg.: best evaluation of the run (mean over seeds). "
+      f"Stable: the last two evaluations within {STABLE_SES:g} eval SEs of the "
+      "run's peak, for every seed (✘ (k/n): k of n seeds stable).", ""]
   lines += _table("Main results (MIPU table, + TIS)", MAIN_ROWS, by_row, pending, tiers)
   lines += _table("Ablation (Step 1 and Step 2)", ABLATION_ROWS, by_row, pending, tiers)
   lines += _table("Step 2 is not random rollback", ROLLBACK_ROWS + ("step2",), by_row,

@@ -37,3 +37,21 @@ def test_notebook_runs_in_quick_mode(tmp_path):
   assert proc.returncode == 0, proc.stderr[-3000:]
   assert "JAX" in proc.stdout and "| TIS |" in open(tmp_path / "work" / "table.md").read()
   assert os.path.getsize(tmp_path / "work" / "curves_main.png") > 10_000
+
+
+def test_setup_cell_outside_a_checkout_asks_for_the_source(tmp_path):
+  """On a clean runtime (no checkout around) with `MIPU_JAX_SOURCE` unset, the
+  first cell stops with a message naming the value to set."""
+  setup = _code_cells(NOTEBOOK)[0]
+  assert 'MIPU_JAX_SOURCE = ""' in setup
+  script = tmp_path / "setup_cell.py"
+  script.write_text(setup)
+  proc = subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True,
+                        text=True, timeout=120, env=dict(os.environ, JAX_PLATFORMS="cpu"))
+  assert proc.returncode != 0
+  assert "Set MIPU_JAX_SOURCE" in proc.stderr
+  # A path that is not a checkout is refused too.
+  script.write_text(setup.replace('MIPU_JAX_SOURCE = ""', f'MIPU_JAX_SOURCE = "{tmp_path}"'))
+  proc = subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True,
+                        text=True, timeout=120, env=dict(os.environ, JAX_PLATFORMS="cpu"))
+  assert proc.returncode != 0 and "is not a mipu_jax checkout" in proc.stderr

@@ -182,6 +182,16 @@ def test_pass_at_1():
     ev.pass_at_1(np.ones((0, 4)))
 
 
+def test_pass_at_1_standard_error_is_over_problems():
+  correct = np.array([[1, 1, 0, 0], [1, 1, 1, 1], [0, 0, 0, 0]], dtype=bool)
+  # Per-problem means 0.5, 1, 0: sample sd 0.5, over sqrt(3) problems.
+  assert ev.pass_at_1_se(correct) == pytest.approx(0.5 / np.sqrt(3))
+  assert ev.pass_at_1_se([[1.0, 0.0]]) == 0.0  # one problem: no spread
+  assert ev.pass_at_1_se(np.ones((5, 3))) == 0.0
+  with pytest.raises(ValueError, match="num_problems, k"):
+    ev.pass_at_1_se(np.ones(4))
+
+
 def _touch(path: pathlib.Path) -> pathlib.Path:
   path.write_text("")
   return path

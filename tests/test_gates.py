@@ -7,6 +7,7 @@ import pytest
 from flax import nnx
 
 from mipu_jax import config as config_lib
+from mipu_jax import schedules
 from mipu_jax.learner import LearnerState
 from mipu_jax.rl import gates
 from mipu_jax.rl import loop
@@ -29,7 +30,9 @@ def tiny_config(**mipu) -> config_lib.TrainConfig:
       data=config_lib.DataConfig(prompts_per_step=4, group_size=4,
                                  train_tiers=("tier1",), max_sampling_rounds=1),
       sampling=config_lib.SamplingConfig(max_new_tokens=16),
-      optim=config_lib.OptimConfig(learning_rate=1e-3),
+      optim=config_lib.OptimConfig(
+          learning_rate=1e-3, schedule="length_surge",
+          length_surge=config_lib.LengthSurgeConfig(mode="auto")),
       learner=config_lib.LearnerConfig(log_entropy=False),
       mipu=config_lib.MipuConfig(**mipu))
 
@@ -61,7 +64,14 @@ def test_forced_reject_restores_params_opt_state_and_sampler_bitwise(run_and_sta
   assert metrics["mipu/rollback_rate"] == 1.0
   assert np.isfinite(metrics["mipu/gap_post"])
   assert 0.0 <= metrics["mipu/probe_reward"] <= 1.0
-  assert _bytes((new.params, new.opt_state)) == before
+  # Parameters and Adam moments return bitwise; the LR schedule's state
+  # advances with the rejected step (docs/method.md §6).
+  old_schedule = schedules.find_schedule_state(state.opt_state)
+  new_schedule = schedules.find_schedule_state(new.opt_state)
+  assert int(new_schedule.count) == int(old_schedule.count) + 1
+  assert float(new_schedule.length_ema) > 0.0
+  restored = schedules.replace_schedule_state(new.opt_state, old_schedule)
+  assert _bytes((new.params, restored)) == before
   assert _bytes(run.sampler.params) == sampler_before
   # The update counter and the RNG advance anyway.
   assert int(new.step) == int(state.step) + 1
@@ -89,7 +99,20 @@ def test_gap_post_decides_with_the_default_margin(run_and_state):
   """c = 1e-4: the decision is `T̂_post ≥ -c`; an fp32 sampler makes ρ ≈ 1."""
   run, state = run_and_state
   new, metrics, _, _ = _gated_step(run, state, c=1e-4)
+  assert metrics["mipu/c"] == pytest.approx(1e-4)
   assert metrics["mipu/accepted"] == float(metrics["mipu/gap_post"] >= -1e-4)
+
+
+def test_noise_scaled_margin_is_k_standard_errors(run_and_state):
+  run, state = run_and_state
+  gate = gates.MipuGate(config_lib.MipuConfig(
+      step2=True, c_noise_multiple=2.0, num_probe_prompts=4))
+  run.sampler.update_weights(state.params)
+  _, metrics = loop.rl_step(run, state, 1, gate)
+  assert metrics["mipu/gap_post_se"] >= 0.0
+  assert metrics["mipu/c"] == pytest.approx(2.0 * metrics["mipu/gap_post_se"])
+  assert metrics["mipu/accepted"] == float(
+      metrics["mipu/gap_post"] >= -metrics["mipu/c"])
 
 
 def test_next_batch_probe_uses_the_next_steps_prompts(run_and_state):
@@ -153,7 +176,9 @@ def test_mipu_config_validation_and_gate_choice():
   assert isinstance(gates.from_config(config_lib.from_config_dict(d)),
                     gates.RandomRollbackGate)
   assert gates.from_config(config_lib.TrainConfig()) is None
-  for bad in (dict(random_rollback_p=1.0), dict(random_rollback_p=-0.1),
-              dict(probe="nope"), dict(num_probe_prompts=0)):
+  for bad in (dict(random_rollback_p=1.5), dict(random_rollback_p=-0.1),
+              dict(probe="nope"), dict(num_probe_prompts=0),
+              dict(c_noise_multiple=0.0),
+              dict(c_noise_multiple=2.0, num_probe_prompts=1)):
     with pytest.raises(ValueError):
       config_lib.MipuConfig(**bad)

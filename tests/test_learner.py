@@ -9,6 +9,7 @@ from jax.sharding import PartitionSpec as P
 
 from mipu_jax import config as config_lib
 from mipu_jax import losses
+from mipu_jax import schedules
 from mipu_jax.learner import host_batch
 from mipu_jax.learner import Learner
 from mipu_jax.models import get_config
@@ -122,3 +123,13 @@ def test_adam_moments_follow_parameter_shardings():
   assert adam.mu["layers"]["q"] == sh.params["layers"]["q"]
   assert adam.nu["embed"] == sh.params["embed"]
   assert adam.count.spec == P() and sh.step.spec == P() and sh.rng.spec == P()
+
+
+def test_schedule_counts_rl_steps_and_adam_counts_updates(one_device):
+  """Two RL steps of two mini-batches: the LR schedule saw 2 steps (docs/method.md
+  §6), Adam's bias correction 4 updates."""
+  state, metrics, _ = one_device
+  assert int(schedules.find_schedule_state(state.opt_state).count) == 2
+  assert int(state.opt_state[1].count) == 4
+  assert int(state.step) == 2
+  assert all(m["actor/num_updates"] == 2 for m in metrics)

@@ -5,6 +5,7 @@ import math
 from hypothesis import given
 from hypothesis import settings
 from hypothesis import strategies as st
+import chex
 import jax
 import jax.numpy as jnp
 import ml_dtypes
@@ -14,7 +15,7 @@ import pytest
 
 from mipu_jax import mipu
 from mipu_jax import schedules
-from mipu_jax.mipu.gap import _grpo_advantages
+from mipu_jax.learner import LearnerState
 
 NAN_PAD = float("nan")
 
@@ -42,8 +43,8 @@ def test_gap_post_hand_computation():
   for fn in (mipu.gap_post, jax.jit(mipu.gap_post, static_argnums=4)):
     t_post, metrics = fn(*map(jnp.asarray, args), 2)
     np.testing.assert_allclose(float(t_post), expected, rtol=1e-5)
-    assert set(metrics) == {"mipu/gap_post", "mipu/probe_reward",
-                            "mipu/probe_rho_mean"}
+    assert set(metrics) == {"mipu/gap_post", "mipu/gap_post_se",
+                            "mipu/probe_reward", "mipu/probe_rho_mean"}
     assert float(metrics["mipu/gap_post"]) == float(t_post)
     assert float(metrics["mipu/probe_reward"]) == 0.5
     np.testing.assert_allclose(float(metrics["mipu/probe_rho_mean"]),
@@ -58,13 +59,38 @@ def test_gap_post_is_not_differentiated():
   np.testing.assert_array_equal(grad, 0.0)
 
 
-def test_grpo_advantages():
-  adv = _grpo_advantages(jnp.array([1.0, 2.0, 3.0, 5.0, 5.0, 5.0]), 3)
-  std = math.sqrt(2 / 3)
-  np.testing.assert_allclose(adv, [-1 / (std + 1e-6), 0, 1 / (std + 1e-6),
-                                   0, 0, 0], rtol=1e-6)
-  with pytest.raises(ValueError):
-    _grpo_advantages(jnp.zeros([5]), 2)
+def test_gap_post_standard_error_is_over_groups():
+  """SE = sample sd of the per-group gaps / sqrt(#groups), by hand."""
+  (lp_new, lp_mu, mask, rewards), expected, rho = hand_case()
+  a = 0.5 / (0.5 + 1e-6)
+  gaps = [-(rho[0] * a - rho[1] * a) / 2, -(-rho[2] * a + rho[3] * a) / 2]
+  assert math.isclose(sum(gaps) / 2, expected, rel_tol=1e-6)
+  se = abs(gaps[0] - gaps[1]) / math.sqrt(2) / math.sqrt(2)  # sd of 2 values
+  _, metrics = mipu.gap_post(*map(jnp.asarray, (lp_new, lp_mu, mask, rewards)), 2)
+  np.testing.assert_allclose(float(metrics["mipu/gap_post_se"]), se, rtol=1e-5)
+  # One group: no spread to measure, SE 0.
+  _, one = mipu.gap_post(*map(jnp.asarray, (lp_new, lp_mu, mask, rewards)), 4)
+  assert float(one["mipu/gap_post_se"]) == 0.0
+  with pytest.raises(ValueError, match="multiple of group_size"):
+    mipu.gap_post(*map(jnp.asarray, (lp_new, lp_mu, mask, rewards)), 3)
+
+
+@pytest.mark.parametrize("c,se,k,expected", [
+    (1e-4, None, None, 1e-4),   # fixed margin
+    (1e-4, 0.02, 2.0, 0.04),    # noise-scaled: k · SE, c unused
+    (0.0, 0.0, 1.5, 0.0),
+])
+def test_margin(c, se, k, expected):
+  np.testing.assert_allclose(float(mipu.margin(c, se, k)), expected, rtol=1e-6)
+  # With a noise-scaled margin, a gap one SE below zero passes at k = 2.
+  if k and se:
+    assert bool(mipu.accept(-se, mipu.margin(c, se, k)))
+    assert not bool(mipu.accept(-3 * se, mipu.margin(c, se, k)))
+
+
+def test_margin_needs_the_standard_error():
+  with pytest.raises(ValueError, match="gap_se"):
+    mipu.margin(1e-4, None, 2.0)
 
 
 def test_gap_post_degenerate_inputs_are_finite():
@@ -211,3 +237,38 @@ def test_counters():
   metrics = mipu.counter_metrics(counters, jnp.asarray(False))
   assert float(metrics["mipu/accepted"]) == 0.0
   np.testing.assert_allclose(float(metrics["mipu/rollback_rate"]), 0.4)
+
+
+def _learner_states(tx):
+  """A state before and after one update under `tx` (the schedule moves)."""
+  params = {"w": jnp.arange(6.0, dtype=jnp.float32).reshape(2, 3)}
+  prev = LearnerState(params, tx.init(params), jnp.int32(4), jax.random.key(4))
+  updates, opt_state = tx.update(jax.tree.map(jnp.ones_like, params),
+                                 prev.opt_state, params, response_length=40.0)
+  cand = LearnerState(optax.apply_updates(params, updates), opt_state,
+                      jnp.int32(5), jax.random.key(5))
+  return prev, cand
+
+
+@pytest.mark.parametrize("traced", [False, True])
+def test_resolve_update_rolls_back_moments_but_not_the_schedule(traced):
+  """docs/method.md §5–6: params and Adam moments return bitwise; the step,
+  the RNG and the schedule state (count, length EMA, rate) advance."""
+  tx = optax.chain(optax.scale_by_adam(), schedules.length_surge(1e-3),
+                   optax.scale(-1.0))
+  prev, cand = _learner_states(tx)
+  decision = jnp.asarray(False) if traced else False
+  out = mipu.resolve_update(decision, cand, prev)
+  chex.assert_trees_all_equal(out.params, prev.params)
+  adam = lambda s: s[0]
+  chex.assert_trees_all_equal(adam(out.opt_state), adam(prev.opt_state))
+  chex.assert_trees_all_equal(schedules.find_schedule_state(out.opt_state),
+                              schedules.find_schedule_state(cand.opt_state))
+  assert int(schedules.find_schedule_state(out.opt_state).count) == 1
+  assert int(out.step) == 5
+  np.testing.assert_array_equal(jax.random.key_data(out.rng),
+                                jax.random.key_data(cand.rng))
+  if not traced:  # a host decision costs no copy
+    assert out.params is prev.params
+  accepted = mipu.resolve_update(jnp.asarray(True) if traced else True, cand, prev)
+  chex.assert_trees_all_equal(accepted, cand)

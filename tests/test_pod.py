@@ -12,27 +12,24 @@ XLA:CPU's buffer assignment, an estimate of what a TPU compile assigns, and
 is quoted in `docs/pods.md`.
 """
 
-import os
-import sys
 
 import jax
 import numpy as np
 import pytest
 from flax import nnx
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from configs import pod_qwen3_1p7b  # noqa: E402
-from configs import pod_qwen3_4b  # noqa: E402
-from mipu_jax import config as config_lib  # noqa: E402
-from mipu_jax import models  # noqa: E402
-from mipu_jax.learner import Learner  # noqa: E402
-from mipu_jax.learner import make_optimizer  # noqa: E402
-from mipu_jax.learner import mesh_from_config  # noqa: E402
-from mipu_jax.learner import step_spec  # noqa: E402
-from mipu_jax.models import sharding  # noqa: E402
-from mipu_jax.sampler import Engine  # noqa: E402
-from mipu_jax.sampler import SamplerConfig  # noqa: E402
+from configs import pod_qwen3_1p7b
+from configs import pod_qwen3_4b
+from mipu_jax import config as config_lib
+from mipu_jax import models
+from mipu_jax.learner import Learner
+from mipu_jax.learner import make_optimizer
+from mipu_jax.learner import mesh_from_config
+from mipu_jax.learner import step_spec
+from mipu_jax.models import sharding
+from mipu_jax.sampler import Engine
+from mipu_jax.sampler import SamplerConfig
 
 GIB = 2**30
 PROMPT_LEN = 1024  # math prompts; the learner row is prompt + response budget

@@ -2,22 +2,20 @@
 
 import dataclasses
 import os
-import sys
 
 import numpy as np
 import pytest
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from configs import pod_qwen3_1p7b  # noqa: E402
-from configs import pod_qwen3_4b  # noqa: E402
-from configs import rows  # noqa: E402
-from configs import table  # noqa: E402
-from mipu_jax import config as config_lib  # noqa: E402
-from mipu_jax import losses  # noqa: E402
-from mipu_jax import reproduce  # noqa: E402
+from configs import pod_qwen3_1p7b
+from configs import pod_qwen3_4b
+from configs import rows
+from configs import common
+from configs import table
+from mipu_jax import config as config_lib
+from mipu_jax import losses
+from mipu_jax import reproduce
 
-HAS_MIPU = "mipu" in config_lib.default_config()
 TIERS = ("tier1", "tier2", "tier3", "tier4", "tier5")
 
 
@@ -27,20 +25,17 @@ def _build(module, arg):
 
 @pytest.mark.parametrize("module", [table, pod_qwen3_1p7b, pod_qwen3_4b])
 @pytest.mark.parametrize("row", rows.ROWS)
-def test_every_row_is_a_valid_config_or_waits_for_mipu(module, row):
-  if row in rows.NEEDS_MIPU and not HAS_MIPU:
-    with pytest.raises(ValueError, match="config.mipu"):
-      module.get_config(row)
-    return
-  cfg = _build(module, row)
+def test_every_row_is_a_valid_config(module, row):
+  arg = f"{row},p=0.3" if row == "random_rollback" else row
+  cfg = _build(module, arg)
   corr = {"baseline": "none", "tis": "token_tis", "mis": "mis_miles", "lr_decay": "none",
           "mipu": "mipu_step1", "step1": "mipu_step1", "step2": "none",
           "random_rollback": "mipu_step1"}[row]
   assert cfg.loss.correction == losses.CorrectionConfig.from_preset(corr)
   assert cfg.optim.schedule == ("length_surge" if row == "lr_decay" else "constant")
-  if HAS_MIPU:
-    assert cfg.mipu.step2 == (row in ("mipu", "step2"))
-    assert (cfg.mipu.random_rollback_p > 0) == (row == "random_rollback")
+  assert cfg.mipu.step2 == (row in ("mipu", "step2"))
+  assert cfg.mipu.random_rollback_p == (0.3 if row == "random_rollback" else 0.0)
+  assert tuple(rows.ROWS) == tuple(reproduce.LABELS)  # one table of labels
 
 
 def test_small_task_rows_share_the_high_mismatch_base():
@@ -49,9 +44,7 @@ def test_small_task_rows_share_the_high_mismatch_base():
   for row in ("tis", "mis", "lr_decay", "step1"):
     other = _build(table, f"{row},seed=3")
     assert other.seed == 3
-    same = dict(loss=base.loss, optim=base.optim, seed=0)
-    if HAS_MIPU:
-      same["mipu"] = base.mipu  # its seed follows the run's
+    same = dict(loss=base.loss, optim=base.optim, seed=0, mipu=base.mipu)
     assert dataclasses.replace(other, **same) == base
   # Step 1 is token TIS (SPEC.md §5): the two rows are one computation.
   assert _build(table, "tis") == _build(table, "step1")
@@ -76,56 +69,97 @@ def test_pod_configs_carry_the_sources_hyperparameters():
 def test_bad_row_arguments_fail_clearly():
   with pytest.raises(ValueError, match="unknown option"):
     table.get_config("baseline,lr=3")
+  with pytest.raises(ValueError, match="not a int"):
+    table.get_config("baseline,seed=x")
   with pytest.raises(ValueError, match="only for the random_rollback"):
     table.get_config("tis,p=0.3")
+  with pytest.raises(ValueError, match="rejection rate MIPU measured"):
+    table.get_config("random_rollback")
   with pytest.raises(ValueError, match="does not divide"):
     pod_qwen3_4b.get_config("tis,chips=48")
   with pytest.raises(ValueError, match="unknown table row"):
     rows.apply(table.get_config(), "ours")
-  assert rows.parse_arg("seed=2,quick", "mipu") == ("mipu", {"seed": "2", "quick": ""})
 
 
-def _rows(avgs, rollback=None):
+def test_parse_arg_types_defaults_and_flags():
+  arg = common.parse_arg("mipu,seed=2,quick,p=0.25", row="baseline", seed=0,
+                         steps=20, p=float, quick=False, name="x")
+  assert (arg.row, arg.seed, arg.steps, arg.p, arg.quick, arg.name) == (
+      "mipu", 2, 20, 0.25, True, "x")
+  assert common.parse_arg(None, row="baseline", p=float).p is None
+  assert common.parse_arg("quick=no", quick=True).quick is False
+  with pytest.raises(ValueError, match="unknown option 'other'"):
+    common.parse_arg("mipu,other", row="baseline")
+  with pytest.raises(ValueError, match="not a bool"):
+    common.parse_arg("quick=maybe", quick=False)
+  with pytest.raises(AttributeError):
+    arg.unknown = 1  # locked: a typo in a config file fails too
+
+
+def _rows(avgs, se=0.01, rollback=None):
   out = []
   for step, a in enumerate(avgs):
-    r = {"step": float(step), "eval/avg": a, **{f"eval/{t}": a for t in TIERS}}
+    r = {"step": float(step), "eval/avg": a, "eval/avg_se": se,
+         **{f"eval/{t}": a for t in TIERS}}
     if rollback is not None:
       r["mipu/rollback_rate"] = rollback
     out.append(r)
   return out
 
 
-def test_stable_is_final_within_margin_of_peak():
-  s = reproduce.summarize(_rows([0.3, 0.5, 0.46]), TIERS, margin=0.05)
+def test_stable_is_last_two_evals_within_two_standard_errors_of_peak():
+  # Peak 0.50 ± 0.01: the floor is 0.48; both of the last two evals count.
+  s = reproduce.summarize(_rows([0.3, 0.5, 0.49, 0.48]), TIERS)
   assert s["stable"] and s["peak_avg"] == 0.5 and s["peak_step"] == 1
-  s = reproduce.summarize(_rows([0.3, 0.5, 0.44], rollback=0.25), TIERS, margin=0.05)
-  assert not s["stable"] and s["rollback_rate"] == 0.25
-  assert s["final"]["avg"] == 0.44 and s["final"]["tier3"] == 0.44
+  assert s["peak_se"] == 0.01 and s["final_se"] == 0.01
+  s = reproduce.summarize(_rows([0.3, 0.5, 0.47, 0.49], rollback=0.25), TIERS)
+  assert not s["stable"] and s["rollback_rate"] == 0.25  # a dip in the last two
+  assert s["final"]["avg"] == 0.49 and s["final"]["tier3"] == 0.49
+  # A noisier evaluation tolerates a larger fall; step 0 never counts.
+  assert reproduce.summarize(_rows([0.3, 0.5, 0.44], se=0.04), TIERS)["stable"]
+  assert reproduce.summarize(_rows([0.6, 0.2]), TIERS)["stable"] is False
+  assert reproduce.summarize(_rows([0.2, 0.6]), TIERS)["stable"]
   nan = _rows([0.3, 0.3])
   nan[-1]["actor/grad_norm"] = float("nan")
   assert not reproduce.summarize(nan, TIERS)["stable"]
+  with pytest.raises(ValueError, match="avg_se"):
+    reproduce.summarize([{"step": 0.0, "eval/avg": 0.3}], TIERS)
+
+
+def test_rows_must_differ_only_in_the_compared_setting():
+  base = _build(table, "baseline")
+  reproduce.check_like_with_like({
+      "baseline": base, "mis": _build(table, "mis"), "lr_decay": _build(table, "lr_decay"),
+      "mipu": _build(table, "mipu"), "random_rollback": _build(table, "random_rollback,p=0.2")})
+  other = dataclasses.replace(base, learner=dataclasses.replace(base.learner,
+                                                                num_minibatches=1))
+  with pytest.raises(ValueError, match="learner.num_minibatches"):
+    reproduce.check_like_with_like({"baseline": base, "mipu": other})
+  assert reproduce.config_diff(base, other) == {"learner.num_minibatches": (2, 1)}
 
 
 def test_tables_have_the_sources_layout():
   def run(row, seed, avg, stable, rate=0.0):
     return reproduce.RunSummary(row=row, seed=seed, workdir="", final={
-        **{t: avg for t in TIERS}, "avg": avg}, peak_avg=avg + 0.01, peak_step=3,
-        stable=stable, rollback_rate=rate, seconds=1.0)
+        **{t: avg for t in TIERS}, "avg": avg}, final_se=0.02, peak_avg=avg + 0.01,
+        peak_step=3, peak_se=0.02, stable=stable, rollback_rate=rate, seconds=1.0)
   runs = [run("baseline", 0, 0.40, False), run("baseline", 1, 0.50, True),
           run("mipu", 0, 0.6, True, 0.2), run("mipu", 1, 0.6, True, 0.3)]
-  md = reproduce.tables_markdown(runs, {"step2": "needs config.mipu"}, TIERS)
-  assert "| Method | tier1 | tier2 | tier3 | tier4 | tier5 | Avg. | Peak Avg. | Stable |" in md
+  md = reproduce.tables_markdown(runs, {"step2": "not run"}, TIERS)
+  assert ("| Method | tier1 | tier2 | tier3 | tier4 | tier5 | Avg. | Eval SE | "
+          "Peak Avg. | Stable |") in md
   sd = np.std([40, 50], ddof=1)
-  assert f"| Baseline | {' | '.join(['45.00'] * 5)} | 45.00 ± {sd:.2f} |" in md
-  assert "| ✘ (1/2) |" in md and "| 60.00 ± 0.00 | 61.00 | ✔ | 25.0% |" in md
-  assert "| + Step 2 | — |" in md and "pending — needs config.mipu" in md
+  assert f"| Baseline | {' | '.join(['45.00'] * 5)} | 45.00 ± {sd:.2f} | 2.00 |" in md
+  assert "| ✘ (1/2) |" in md and "| 60.00 ± 0.00 | 2.00 | 61.00 | ✔ | 25.0% |" in md
+  assert "| + Step 2 | — |" in md and "pending — not run" in md
   assert reproduce._order(["random_rollback", "baseline", "mipu"]) == [
       "mipu", "random_rollback", "baseline"]
 
 
 def test_quick_mode_end_to_end(tmp_path):
-  """`reproduce_tables.py --quick`'s path: a real run, a reused twin, pending rows."""
-  want = ("tis", "step1", "mipu")
+  """`reproduce_tables.py --quick`'s path: real runs, a reused twin, the
+  measured p handed to random rollback, the config check on read-back."""
+  want = ("tis", "step1", "mipu", "random_rollback")
 
   def make_config(row, seed, p):
     return table.get_config(f"{row},seed={seed},quick" + (f",p={p}" if p else ""))
@@ -135,7 +169,9 @@ def test_quick_mode_end_to_end(tmp_path):
   assert by_row["step1"].note == "same run as tis"
   assert by_row["step1"].final == by_row["tis"].final
   assert set(by_row["tis"].final) == set(TIERS) | {"avg"}
-  assert ("mipu" in by_row) == HAS_MIPU and ("mipu" in result.pending) != HAS_MIPU
+  rate = by_row["mipu"].rollback_rate
+  if rate > 0:
+    assert by_row["random_rollback"].note.startswith(f"p = {rate:.3f}")
   md = open(result.files["table"]).read()
   assert "| TIS |" in md and "| + Step 1 |" in md and "Ours (MIPU)" in md
   assert os.path.getsize(result.files["curves_main"]) > 10_000
@@ -145,3 +181,13 @@ def test_quick_mode_end_to_end(tmp_path):
                               log=lambda _: None, train=False)
   assert again.runs[0].seconds == by_row["tis"].seconds
   assert "did not finish" in again.pending["baseline"]
+
+  # ... but only if the row still asks for the config the run was made with.
+  def changed(row, seed, p):
+    config = make_config(row, seed, p)
+    config.optim.learning_rate = 3e-4
+    return config
+
+  with pytest.raises(ValueError, match="optim.learning_rate"):
+    reproduce.run_table(changed, ("tis",), [0], str(tmp_path), log=lambda _: None,
+                        train=False)

@@ -217,3 +217,32 @@ def test_make_schedule_and_metrics():
   assert int(metrics["schedule/surge_step"]) == -1
   with pytest.raises(ValueError, match="one schedule state"):
     schedules.find_schedule_state((state, state))
+
+
+@pytest.mark.parametrize("name,kwargs", [
+    ("length_surge", dict(mode="fixed", decay_period=3)),
+    ("length_surge", dict(mode="auto", min_steps=2, surge_window=1)),
+    ("cosine", dict(total_steps=6, warmup=2)),
+    ("constant", {}),
+])
+@pytest.mark.parametrize("updates_per_step", [1, 3])
+def test_schedules_count_rl_steps_not_updates(name, kwargs, updates_per_step):
+  """docs/method.md §6: with several updates per RL step, the rate and the
+  schedule state change only on a step's first update (`new_step=True`); the
+  others reuse the rate in force, so the per-step rates do not depend on the
+  number of updates."""
+  tx = schedules.make_schedule(name, LR0, **kwargs)
+  lengths = np.array([10.0, 10.0, 30.0, 30.0, 30.0, 30.0, 30.0])
+  per_step, _ = run_schedule(tx, lengths)  # one update per step
+  params = jnp.zeros([2], jnp.float32)
+  state = tx.init(params)
+  update = jax.jit(tx.update)
+  for step, length in enumerate(lengths):
+    for u in range(updates_per_step):
+      scaled, state = update(jnp.ones([2]), state, params,
+                             response_length=length, new_step=jnp.asarray(u == 0))
+      np.testing.assert_array_equal(scaled, per_step[step])
+    assert int(state.count) == step + 1
+  if name == "length_surge" and kwargs["mode"] == "auto":
+    assert int(state.surge_step) == 3  # the length tripled at step 3
+    assert float(per_step[-1]) < LR0  # and the rate decayed after it

@@ -11,6 +11,7 @@ from mipu_jax.eval.grading import grade
 from mipu_jax.eval.grading import is_equivalent
 from mipu_jax.eval.grading import normalize_answer
 from mipu_jax.eval.grading import pass_at_1
+from mipu_jax.eval.grading import pass_at_1_se
 
 __all__ = [
     "BENCHMARKS",
@@ -24,4 +25,5 @@ __all__ = [
     "load_benchmark",
     "normalize_answer",
     "pass_at_1",
+    "pass_at_1_se",
 ]

@@ -108,6 +108,22 @@ def pass_at_1(correct: np.ndarray | Sequence[Sequence[float]]) -> float:
   return float(c_PxK.mean(axis=1).mean())
 
 
+def pass_at_1_se(correct: np.ndarray | Sequence[Sequence[float]]) -> float:
+  """Standard error of `pass_at_1`: the sampling noise over the problems.
+
+  The problems are the independent units: `sd_p(c̄_p) / sqrt(P)` with `c̄_p`
+  the fraction of problem p's k samples that are correct (sample sd; 0 for a
+  single problem). Two evaluations of the same policy on the same problems
+  differ by about this much.
+  """
+  c_PxK = np.asarray(correct, dtype=np.float64)
+  pass_at_1(c_PxK)  # validates the shape
+  per_problem_P = c_PxK.mean(axis=1)
+  if per_problem_P.size < 2:
+    return 0.0
+  return float(per_problem_P.std(ddof=1) / np.sqrt(per_problem_P.size))
+
+
 def _box_content(text: str, start: int) -> str | None:
   """The argument of a box command whose name ends at `start`."""
   i = start

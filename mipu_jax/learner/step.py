@@ -8,7 +8,8 @@ its inputs; `Learner` jits it once with shardings and donation. Structure:
    `num_minibatches` mini-batches of `num_microbatches` micro-batches;
 3. one `lax.scan` over the `epochs × minibatches` optimizer updates, each a
    `lax.scan` accumulating micro-batch gradients (`objective` makes the sum
-   exact), then one optimizer update with the step's mean response length.
+   exact), then one optimizer update with the step's mean response length
+   (the LR schedule advances once per RL step, on its first update).
 """
 
 import dataclasses
@@ -121,8 +122,9 @@ def learner_step(state: LearnerState, batch: Batch, *, graphdef: nnx.GraphDef,
 
   grad_fn = jax.grad(loss_fn, has_aux=True)
 
-  def update(carry, order_CR):
+  def update(carry, xs):
     params, opt_state = carry
+    order_CR, index = xs
     mb = {k: rows(v[order_CR]) for k, v in rows_data.items()}
     flat = lambda x: x.reshape((-1,) + x.shape[2:])
     coef_BL = objective.token_coefficients(
@@ -136,13 +138,17 @@ def learner_step(state: LearnerState, batch: Batch, *, graphdef: nnx.GraphDef,
     zeros = jax.tree.map(jnp.zeros_like, params)
     grads, sums = jax.lax.scan(micro, zeros, mb)
     grad_norm = optax.tree.norm(grads)
+    # The LR schedule counts RL steps: only the step's first update advances
+    # it; the others use the rate in force (docs/method.md §6).
     updates, opt_state = optimizer.update(
-        grads, opt_state, params, response_length=batch.response_length)
+        grads, opt_state, params, response_length=batch.response_length,
+        new_step=index == 0)
     params = optax.apply_updates(params, updates)
     return (params, opt_state), (_reduce_micro(sums), grad_norm)
 
   (params, opt_state), (per_update, grad_norm_U) = jax.lax.scan(
-      update, (state.params, state.opt_state), order_UCR)
+      update, (state.params, state.opt_state),
+      (order_UCR, jnp.arange(spec.num_updates)))
 
   metrics = _update_metrics(per_update)
   if not spec.with_entropy:

@@ -10,6 +10,7 @@ from mipu_jax.losses.advantages import compute_advantages
 from mipu_jax.losses.advantages import drgrpo_advantages
 from mipu_jax.losses.advantages import grpo_advantages
 from mipu_jax.losses.advantages import rloo_advantages
+from mipu_jax.losses._masked import clamp_log_ratio
 from mipu_jax.losses.aggregation import aggregate
 from mipu_jax.losses.aggregation import AGGREGATIONS
 from mipu_jax.losses.config import CORRECTION_PRESETS
@@ -42,6 +43,7 @@ __all__ = [
     "MODES",
     "aggregate",
     "all_equal_groups",
+    "clamp_log_ratio",
     "compute_advantages",
     "correction_weights",
     "drgrpo_advantages",

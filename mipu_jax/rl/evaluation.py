@@ -10,6 +10,7 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
+from mipu_jax.eval import grading
 from mipu_jax.rl.rollout import sample_groups
 from mipu_jax.tasks import base
 
@@ -18,20 +19,24 @@ def evaluate(sampler, tokenizer, reward_fn: base.RewardFn,
              sets: Mapping[str, Sequence[base.ProblemLike]], *, num_samples: int,
              temperature: float, max_new_tokens: int, seed: int,
              add_bos: bool) -> dict[str, float]:
-  """pass@1 per tier, their mean, and the mean response length.
+  """pass@1 per set, their mean, its standard error, the mean response length.
 
   Returns:
-    `{"eval/<tier>": pass@1, "eval/avg": mean over tiers,
-    "eval/response_length": mean generated tokens}`.
+    `{"eval/<set>": pass@1, "eval/avg": mean over sets, "eval/avg_se": the
+    standard error of that mean (the sets' `pass_at_1_se`, independent:
+    sqrt(Σ se²) / #sets), "eval/response_length": mean generated tokens}`.
   """
   k = 1 if temperature == 0 else num_samples
-  metrics, lengths = {}, []
+  metrics, ses, lengths = {}, [], []
   for index, (name, problems) in enumerate(sets.items()):
     r = sample_groups(sampler, tokenizer, reward_fn, problems, group_size=k,
                       max_new_tokens=max_new_tokens, temperature=temperature,
                       seed=seed + index, add_bos=add_bos)
-    metrics[f"eval/{name}"] = float(r.rewards_NG().mean(axis=1).mean())
+    correct_PK = r.rewards_NG()  # mean reward over k samples: pass@1
+    metrics[f"eval/{name}"] = grading.pass_at_1(correct_PK)
+    ses.append(grading.pass_at_1_se(correct_PK))
     lengths.append(r.lengths_R)
   metrics["eval/avg"] = float(np.mean([metrics[f"eval/{n}"] for n in sets]))
+  metrics["eval/avg_se"] = float(np.sqrt(np.sum(np.square(ses))) / len(ses))
   metrics["eval/response_length"] = float(np.concatenate(lengths).mean())
   return metrics

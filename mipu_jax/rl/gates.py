@@ -1,13 +1,14 @@
-"""Update gates of the RL loop: MIPU Step 2 and the random-rollback baseline (SPEC.md §5).
+"""Update gates of the RL loop: MIPU Step 2 and the random-rollback baseline (docs/method.md §5).
 
-Both implement `hooks.UpdateGate`. The loop has already synced the candidate
-θ_{k+1} into the sampler (μ_{k+1}) when it calls the gate; on rejection it puts
-the sampler's pre-update weights back itself. A gate's rollback returns the
-`previous` state's parameter and optimizer-state trees themselves (schedule
-state included), so they are bitwise the pre-update ones; the update counter
-`step` and the shuffling RNG come from the candidate, i.e. they advance, as
-does the loop's data position (its step index). SPEC.md §5: "the step counter
-and data position still advance".
+Both implement `hooks.UpdateGate`; the formulas (gap, margin, decision,
+rollback, counters) are `mipu_jax.mipu`'s, the gates only gather the probe.
+The loop has already synced the candidate θ_{k+1} into the sampler (μ_{k+1})
+when it calls the gate; on rejection it puts the sampler's pre-update weights
+back itself. A rollback (`mipu.resolve_update`) returns the `previous`
+state's parameter and optimizer-moment trees themselves, so they are bitwise
+the pre-update ones; the update counter `step`, the shuffling RNG and the
+learning-rate schedule's state come from the candidate, i.e. they advance, as
+does the loop's data position (its step index) (docs/method.md §5–6).
 
 All gate randomness (probe prompts, probe samples, random-rollback coins)
 derives from `(mipu.seed, step)`, so a resumed run decides exactly as an
@@ -16,7 +17,7 @@ checkpoints through `state_dict` / `load_state_dict`.
 
 Probes:
 
-- `fresh` (default, SPEC.md §5): `G = data.group_size` responses for each of
+- `fresh` (default, docs/method.md §5): `G = data.group_size` responses for each of
   `num_probe_prompts` prompts of the task's held-out "probe" split.
 - `next_batch`: the prompts and sampling seed of the first dynamic-sampling
   round of the next training step (`loop.collect(run, step + 1)` draws exactly
@@ -33,7 +34,6 @@ import time
 from typing import Any, Mapping, Optional
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from mipu_jax import mipu
@@ -42,62 +42,46 @@ from mipu_jax.learner import LearnerState
 from mipu_jax.rl import batching
 from mipu_jax.rl import hooks
 from mipu_jax.rl import rollout as rollout_lib
+from mipu_jax.rl import seeds
 
 # Stream tags keeping the gate's randomness apart from the loop's.
 _PROBE_STREAM = 0x6d697075  # "mipu"
 _COIN_STREAM = 0x636f696e  # "coin"
 
 
-def _seed(*parts: int) -> int:
-  """A 32-bit seed from integers (as `loop._seed`; copied to avoid a cycle)."""
-  return int(np.random.SeedSequence([int(p) for p in parts]).generate_state(1)[0])
-
-
 class _CountingGate:
-  """Counters, their checkpoint form, and the rollback itself.
+  """The decision's bookkeeping, all through `mipu_jax.mipu`.
 
-  The counters are `mipu.MipuCounters` semantics kept as host ints (one
-  decision per RL step; no device dispatch needed).
+  Counters are `mipu.MipuCounters` (`update_counters`, `counter_metrics`),
+  checkpointed as JSON by the loop (`state_dict` / `load_state_dict`, the
+  `hooks.UpdateGate` protocol); the state to continue from is
+  `mipu.resolve_update`'s.
   """
 
   def __init__(self):
-    self._counts = {k: 0 for k in mipu.MipuCounters._fields}
-
-  @property
-  def counters(self) -> mipu.MipuCounters:
-    return mipu.MipuCounters(**{k: jnp.asarray(v, jnp.int32)
-                                for k, v in self._counts.items()})
+    self.counters = mipu.init_counters()
 
   def state_dict(self) -> dict[str, int]:
     """JSON form of the `MipuCounters` (checkpoint metadata)."""
-    return dict(self._counts)
+    return {k: int(v) for k, v in self.counters._asdict().items()}
 
   def load_state_dict(self, d: Mapping[str, int]) -> None:
-    self._counts = {k: int(d[k]) for k in mipu.MipuCounters._fields}
+    self.counters = mipu.MipuCounters(
+        **{k: np.int32(d[k]) for k in mipu.MipuCounters._fields})
 
   def _decide(self, accepted: bool, candidate: LearnerState,
               previous: LearnerState, metrics: dict[str, float],
               ) -> hooks.GateDecision:
-    """Counts the decision and returns the state to continue from (SPEC.md §5).
-
-    On rejection: `previous`'s params and opt_state (the very trees, hence
-    bitwise), the candidate's `step` and `rng` (they advance).
-    """
-    c = self._counts
-    c["num_candidates"] += 1
-    c["num_accepted"] += int(accepted)
-    c["num_rollbacks"] += 1 - int(accepted)
-    metrics["mipu/accepted"] = float(accepted)
-    metrics["mipu/rollback_rate"] = c["num_rollbacks"] / c["num_candidates"]
-    if accepted:
-      return hooks.GateDecision(candidate, True, metrics)
-    state = candidate._replace(params=previous.params,
-                               opt_state=previous.opt_state)
-    return hooks.GateDecision(state, False, metrics)
+    """Counts the decision; returns the state to continue from (docs/method.md §5)."""
+    self.counters = mipu.update_counters(self.counters, accepted)
+    metrics.update({k: float(v) for k, v in
+                    mipu.counter_metrics(self.counters, accepted).items()})
+    state = mipu.resolve_update(accepted, candidate, previous)
+    return hooks.GateDecision(state, accepted, metrics)
 
 
 class MipuGate(_CountingGate):
-  """MIPU Step 2: accept iff `T̂_post ≥ -c` on probes from μ_{k+1} (SPEC.md §5).
+  """MIPU Step 2: accept iff `T̂_post ≥ -c` on probes from μ_{k+1} (docs/method.md §5).
 
   Args:
     cfg: the `mipu` section.
@@ -114,11 +98,11 @@ class MipuGate(_CountingGate):
     if self.cfg.probe == "next_batch":
       rng = np.random.default_rng([self.run_seed, step + 1, 0])
       problems = run.task.sample(rng, data.prompts_per_step)
-      seed = _seed(self.run_seed, step + 1, 0)
+      seed = seeds.seed(self.run_seed, step + 1, 0)
     else:
       rng = np.random.default_rng([self.cfg.seed, _PROBE_STREAM, step])
       problems = run.task.sample(rng, self.cfg.num_probe_prompts, split="probe")
-      seed = _seed(self.cfg.seed, _PROBE_STREAM, step)
+      seed = seeds.seed(self.cfg.seed, _PROBE_STREAM, step)
     return rollout_lib.sample_groups(
         run.sampler, run.task.tokenizer, run.task.reward_fn, problems,
         group_size=data.group_size, max_new_tokens=s.max_new_tokens,
@@ -127,7 +111,7 @@ class MipuGate(_CountingGate):
 
   def gap(self, run: Any, params: Any, probe: rollout_lib.Rollout,
           ) -> tuple[float, dict[str, float]]:
-    """`T̂_post` of `probe` under the learner's `params` (SPEC.md §5)."""
+    """`T̂_post` of `probe` under the learner's `params` (docs/method.md §5)."""
     tokens_BL, input_mask_BL, loss_mask_BL, lp_mu_BL = batching.pack(
         probe, run.seq_len)
     b = tokens_BL.shape[0]
@@ -136,9 +120,8 @@ class MipuGate(_CountingGate):
     lp_new_BL = run.learner.logprobs(params, np.pad(tokens_BL, pad),
                                      np.pad(input_mask_BL, pad))
     lp_new_BL = np.asarray(jax.device_get(lp_new_BL))[:b]
-    t_post, metrics = mipu.gap_post(
-        jnp.asarray(lp_new_BL), jnp.asarray(lp_mu_BL), jnp.asarray(loss_mask_BL),
-        jnp.asarray(probe.rewards_R), probe.group_size)
+    t_post, metrics = mipu.gap_post(lp_new_BL, lp_mu_BL, loss_mask_BL,
+                                    probe.rewards_R, probe.group_size)
     return float(t_post), {k: float(v) for k, v in metrics.items()}
 
   def __call__(self, run: Any, candidate: LearnerState, previous: LearnerState,
@@ -147,8 +130,11 @@ class MipuGate(_CountingGate):
     probe = self.probe(run, step)
     t1 = time.perf_counter()
     t_post, metrics = self.gap(run, candidate.params, probe)
-    accepted = bool(mipu.accept(t_post, self.cfg.c))
+    c = mipu.margin(self.cfg.c, metrics["mipu/gap_post_se"],
+                    self.cfg.c_noise_multiple)
+    accepted = bool(mipu.accept(t_post, c))
     metrics.update({
+        "mipu/c": float(c),
         "mipu/probe_response_length": float(probe.lengths_R.mean()),
         "perf/gate_probe_seconds": t1 - t0,
         "perf/gate_seconds": time.perf_counter() - t0,
@@ -157,26 +143,28 @@ class MipuGate(_CountingGate):
 
 
 class RandomRollbackGate(_CountingGate):
-  """Rejects each update i.i.d. with probability `p` (SPEC.md §5 baseline).
+  """Rejects each update i.i.d. with probability `p` (docs/method.md §5 baseline).
 
-  The coin of step `k` is a uniform draw of `numpy` seeded by
-  `(seed, "coin", k)`, so it does not depend on the history and a resumed run
-  flips the same coins. (Host-side rather than `mipu.random_accept`: one
-  decision per step does not merit a device dispatch, and the test measuring
-  the rate over thousands of decisions stays fast.)
+  The coin of step `k` is `mipu.random_accept` with the key
+  `fold_in(key(seed ^ "coin"), k)`: it does not depend on the history, so a
+  resumed run flips the same coins.
   """
 
   def __init__(self, p: float, seed: int = 0):
     super().__init__()
-    if not 0.0 <= p < 1.0:
-      raise ValueError(f"need 0 <= p < 1, got {p}.")
+    if not 0.0 <= p <= 1.0:
+      raise ValueError(f"need 0 <= p <= 1, got {p}.")
     self.p, self.seed = float(p), int(seed)
+    self._key = jax.random.key(seeds.seed(self.seed, _COIN_STREAM))
 
   def __call__(self, run: Any, candidate: LearnerState, previous: LearnerState,
                step: int) -> hooks.GateDecision:
     del run
-    u = np.random.default_rng([self.seed, _COIN_STREAM, int(step)]).random()
-    return self._decide(bool(u >= self.p), candidate, previous, {})
+    accepted = bool(_coin(jax.random.fold_in(self._key, int(step)), self.p))
+    return self._decide(accepted, candidate, previous, {})
+
+
+_coin = jax.jit(mipu.random_accept)
 
 
 def _row_multiple(run: Any, b: int) -> int:
@@ -189,7 +177,7 @@ def _row_multiple(run: Any, b: int) -> int:
 
 
 def from_config(cfg: TrainConfig) -> Optional[hooks.UpdateGate]:
-  """The run's gate: `MipuGate`, `RandomRollbackGate`, or None (SPEC.md §5)."""
+  """The run's gate: `MipuGate`, `RandomRollbackGate`, or None (docs/method.md §5)."""
   m = cfg.mipu
   if m.step2:
     return MipuGate(m, seed=cfg.seed)

@@ -1,12 +1,13 @@
 """The loop's two extension points: the update gate and checkpoints.
 
-**Update gate** (MIPU Step 2, SPEC.md §5). After the learner step the loop
+**Update gate** (MIPU Step 2, docs/method.md §5). After the learner step the loop
 syncs the candidate parameters into the sampler and calls
 `gate(run, candidate, previous, step)`. The gate may probe the sampler (which
 now holds μ_{k+1}) and returns a `GateDecision`; on rejection the loop puts
 the sampler's pre-update weights back (bitwise: the saved tree itself), and
-keeps whatever state the gate returned (normally `previous`, or a
-`mipu_jax.mipu.select_tree` of the two). With a gate the learner does not
+keeps whatever state the gate returned (`mipu_jax.mipu.resolve_update`:
+the previous parameters and optimizer moments, the candidate's counters and
+schedule state). With a gate the learner does not
 donate its input state, so `previous` is still alive.
 
 **Checkpoints** go through `mipu_jax.checkpoint` (orbax): the learner state
@@ -40,10 +41,21 @@ class GateDecision(NamedTuple):
 
 
 class UpdateGate(Protocol):
-  """Accepts or rolls back a candidate update (SPEC.md §5)."""
+  """Accepts or rolls back a candidate update (docs/method.md §5).
+
+  A gate's state (e.g. its decision counters) is checkpointed with the run:
+  `state_dict()` returns it as JSON-serialisable data and `load_state_dict`
+  puts it back on resume, so a resumed run decides as an uninterrupted one.
+  """
 
   def __call__(self, run: Any, candidate: LearnerState, previous: LearnerState,
                step: int) -> GateDecision:
+    ...
+
+  def state_dict(self) -> Mapping[str, Any]:
+    ...
+
+  def load_state_dict(self, state: Mapping[str, Any]) -> None:
     ...
 
 

@@ -35,6 +35,7 @@ from mipu_jax.rl import gates as gates_lib
 from mipu_jax.rl import hooks
 from mipu_jax.rl import report
 from mipu_jax.rl import rollout as rollout_lib
+from mipu_jax.rl import seeds
 from mipu_jax.rl import setup
 from mipu_jax.rl import writer as writer_lib
 
@@ -55,11 +56,6 @@ class RunResult:
   rows: list[dict[str, float]]
   table: str
   files: dict[str, str]
-
-
-def _seed(*parts: int) -> int:
-  """A 32-bit seed from integers (independent streams per step and round)."""
-  return int(np.random.SeedSequence([int(p) for p in parts]).generate_state(1)[0])
 
 
 def rollout_metrics(everything: rollout_lib.Rollout,
@@ -91,7 +87,7 @@ def collect(run: setup.Run, step: int):
         run.sampler, task.tokenizer, task.reward_fn,
         task.sample(rng, data.prompts_per_step), group_size=data.group_size,
         max_new_tokens=s.max_new_tokens, temperature=s.temperature,
-        top_k=s.top_k, top_p=s.top_p, seed=_seed(cfg.seed, step, round_index),
+        top_k=s.top_k, top_p=s.top_p, seed=seeds.seed(cfg.seed, step, round_index),
         add_bos=data.add_bos)
 
   return rollout_lib.dynamic_sampling(
@@ -184,8 +180,8 @@ def _restore(ckpt, run: setup.Run, state: LearnerState, rows_path: str,
   if ckpt is None or ckpt.latest_step() is None:
     return state, 0, []
   state, meta = ckpt.restore(target=run.learner.abstract_state())
-  if "mipu_counters" in meta and hasattr(gate, "load_state_dict"):
-    gate.load_state_dict(meta["mipu_counters"])  # MIPU counters (SPEC.md §5)
+  if gate is not None:
+    gate.load_state_dict(meta["gate_state"])  # MIPU counters (docs/method.md §5)
   step = int(meta["step"])
   run.sampler.update_weights(state.params)
   rows = [r for r in writer_lib.read_jsonl(rows_path) if r["step"] <= step]
@@ -253,11 +249,12 @@ def train(cfg: TrainConfig, workdir: str, *,
     if ckpt is not None and hooks.should_save(step, cfg.num_steps, cfg.checkpoint):
       meta = {"step": step, "data_position": step,
               "config": dataclasses.asdict(cfg)}
-      if hasattr(gate, "state_dict"):  # MIPU counters (SPEC.md §5)
-        meta["mipu_counters"] = gate.state_dict()
+      rollbacks = 0
+      if gate is not None:  # MIPU counters (docs/method.md §5)
+        meta["gate_state"] = gate.state_dict()
+        rollbacks = int(meta["gate_state"].get("num_rollbacks", 0))
       # Syncs that stand: the sampler holds the weights of this many updates.
-      meta["sampler_sync_version"] = step - int(
-          meta.get("mipu_counters", {}).get("num_rollbacks", 0))
+      meta["sampler_sync_version"] = step - rollbacks
       ckpt.save(step, state, meta)
   writer.close()
   if ckpt is not None:

@@ -2,8 +2,8 @@
 
 They are the same kind of transformation as `length_surge`: they multiply the
 incoming updates by the current rate, keep it in their state (logged and
-checkpointed), count steps from 1, and accept (and ignore) the
-``response_length=`` extra argument, so a config can swap schedules without
+checkpointed), count RL steps from 1 (``new_step=``, see `_scale`), and accept
+(and ignore) the ``response_length=`` extra argument, so a config can swap schedules without
 touching the training step.
 """
 
@@ -13,6 +13,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from mipu_jax.schedules._scale import hold_unless_new_step
 from mipu_jax.schedules._scale import scale_updates
 
 
@@ -20,7 +21,7 @@ class ScheduleState(NamedTuple):
   """State of `constant` and `cosine`.
 
   Attributes:
-    count: int32, updates applied so far; the next update is step ``count + 1``.
+    count: int32, RL steps so far; the next step is ``count + 1``.
     learning_rate: float32, the rate used by the last update (the step-1 rate
       before any).
   """
@@ -37,12 +38,13 @@ def _from_rate_fn(rate_fn) -> optax.GradientTransformationExtraArgs:
                          learning_rate=rate_fn(jnp.ones([], jnp.int32)))
 
   def update_fn(updates, state, params=None, *, response_length=None,
-                **extra_args):
+                new_step=True, **extra_args):
     del params, response_length, extra_args
     step = state.count + 1
     lr = rate_fn(step)
-    return scale_updates(updates, lr), ScheduleState(count=step,
-                                                     learning_rate=lr)
+    advanced = (scale_updates(updates, lr),
+                ScheduleState(count=step, learning_rate=lr))
+    return hold_unless_new_step(new_step, advanced, updates, state)
 
   return optax.GradientTransformationExtraArgs(init_fn, update_fn)
 

@@ -49,18 +49,42 @@ def find_schedule_state(opt_state: Any) -> LengthSurgeState | ScheduleState:
   Raises:
     ValueError: if there is no schedule state or more than one.
   """
-  found = [
-      x for x in jax.tree.leaves(
-          opt_state, is_leaf=lambda x: isinstance(x, _STATE_TYPES))
-      if isinstance(x, _STATE_TYPES)
-  ]
+  found = [x for x in jax.tree.leaves(opt_state, is_leaf=_is_schedule_state)
+           if _is_schedule_state(x)]
   if len(found) != 1:
     raise ValueError(f"expected one schedule state, found {len(found)}")
   return found[0]
 
 
+def _is_schedule_state(x: Any) -> bool:
+  return isinstance(x, _STATE_TYPES)
+
+
+def has_schedule_state(opt_state: Any) -> bool:
+  """Whether ``opt_state`` holds a schedule state (see `find_schedule_state`)."""
+  return any(_is_schedule_state(x)
+             for x in jax.tree.leaves(opt_state, is_leaf=_is_schedule_state))
+
+
+def replace_schedule_state(opt_state: Any, schedule_state: Any) -> Any:
+  """``opt_state`` with its (single) schedule state replaced by ``schedule_state``.
+
+  A MIPU / random rollback restores the optimizer's moments but keeps the
+  schedule state of the rejected step (docs/method.md §5–6).
+
+  Raises:
+    ValueError: as `find_schedule_state`, or a replacement of another type.
+  """
+  old = find_schedule_state(opt_state)
+  if type(schedule_state) is not type(old):
+    raise ValueError(f"schedule state type {type(schedule_state).__name__} "
+                     f"does not match {type(old).__name__}")
+  return jax.tree.map(lambda x: schedule_state if _is_schedule_state(x) else x,
+                      opt_state, is_leaf=_is_schedule_state)
+
+
 def current_learning_rate(opt_state: Any) -> jax.Array:
-  """The rate the schedule in ``opt_state`` used for its last update."""
+  """The rate in force: the one the schedule used for its last RL step."""
   return find_schedule_state(opt_state).learning_rate
 
 

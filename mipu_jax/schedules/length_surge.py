@@ -5,10 +5,14 @@ Algorithm 1). The rate stays at ``η_0`` until decay starts, then at every step
 ``t`` with ``t mod T_decay == 0`` it becomes ``max(η / 2, η_∞)``, with the floor
 ``η_∞ = min_ratio · η_0``.
 
-Steps are counted from 1, as in Algorithm 1: the first call to ``update`` is
-step ``t = 1``, and the rate of step ``t`` is computed *before* it scales that
+Steps are RL steps (one batch of rollouts, however many optimizer updates it
+makes: ``new_step=``), counted from 1 as in Algorithm 1: the first RL step is
+``t = 1``, and the rate of step ``t`` is computed *before* it scales that
 step's updates (Algorithm 1 sets ``η_t`` and then "updates model parameters
-using ``η_t``"). So the first halved update is step ``T_decay`` itself.
+using ``η_t``"). So the first halved step is ``T_decay`` itself. On a MIPU or
+random rollback the learner keeps this state from the rejected candidate
+(``mipu.resolve_update``): the sampler did produce that step's lengths, so a
+surge seen on a rejected step is a surge (docs/method.md §6).
 
 Modes:
 
@@ -41,6 +45,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from mipu_jax.schedules._scale import hold_unless_new_step
 from mipu_jax.schedules._scale import scale_updates
 
 _MODES = ("auto", "fixed")
@@ -51,7 +56,7 @@ class LengthSurgeState(NamedTuple):
   """State of `length_surge` (SPEC.md §6); all leaves are scalars but one.
 
   Attributes:
-    count: int32, updates applied so far; the next update is step ``count + 1``.
+    count: int32, RL steps so far; the next step is ``count + 1``.
     length_ema: float32, EMA of the mean response length (first step: its
       length).
     length_history_W: float32 ``[surge_window]`` ring buffer; slot
@@ -116,9 +121,11 @@ def length_surge(
 ) -> optax.GradientTransformationExtraArgs:
   """Scales updates by the length-surge learning rate (SPEC.md §6).
 
-  ``update(updates, state, params=None, *, response_length=None)`` takes the
-  step's mean response length (a scalar) as an extra argument; ``optax.chain``
-  forwards it, so ``optax.chain(optax.scale_by_adam(), length_surge(lr),
+  ``update(updates, state, params=None, *, response_length=None,
+  new_step=True)`` takes the step's mean response length (a scalar) as an extra
+  argument, and whether this update starts a new RL step (the schedule counts
+  RL steps, docs/method.md §6; later updates of a step reuse its rate);
+  ``optax.chain`` forwards both, so ``optax.chain(optax.scale_by_adam(), length_surge(lr),
   optax.scale(-1.0))`` is Adam under this schedule.
 
   Args:
@@ -155,7 +162,7 @@ def length_surge(
     )
 
   def update_fn(updates, state, params=None, *, response_length=None,
-                **extra_args):
+                new_step=True, **extra_args):
     del params, extra_args
     if response_length is None and mode == "auto":
       raise ValueError(
@@ -198,6 +205,7 @@ def length_surge(
         decay_period=period,
         learning_rate=lr,
     )
-    return scale_updates(updates, lr), new_state
+    return hold_unless_new_step(new_step, (scale_updates(updates, lr), new_state),
+                                updates, state)
 
   return optax.GradientTransformationExtraArgs(init_fn, update_fn)
