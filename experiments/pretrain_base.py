@@ -7,7 +7,7 @@ Supervised next-token training of a small Qwen3 on the arithmetic task's SFT
 mix, then a sampled evaluation per held-out tier (accuracy of direct versus
 step-by-step answers), written with the checkpoint into `--output_dir`
 (config.json, model.safetensors, tokenizer_meta.json, eval.json, README.md).
-The logic lives in `mipu_jax/pretrain.py`.
+The logic lives in `mipu_jax/pretrain/`.
 """
 
 import dataclasses

@@ -33,7 +33,7 @@ one it is about (the correction preset, the LR schedule, the MIPU switches):
 `run_table` checks the rows' validated configs against each other
 (`check_like_with_like`) before training anything, and a finished run is read
 back only if its saved `config.json` equals the config the row asks for now
-(`_run_one` refuses otherwise: delete the run directory or fix the config).
+(`run_one` refuses otherwise: delete the run directory or fix the config).
 
 Outputs in `workdir`: `table.md` (the MIPU main table, its ablation, and the
 random-rollback comparison, in the sources' layout: tiers, Avg., Stable),
@@ -218,7 +218,7 @@ def _as_train_config(cfg) -> config_lib.TrainConfig:
   return config_lib.from_config_dict(cfg)
 
 
-def _run_one(cfg: config_lib.TrainConfig, row: str, seed: int, workdir: str,
+def run_one(cfg: config_lib.TrainConfig, row: str, seed: int, workdir: str,
              log: Callable[[str], None],
              train: bool = True) -> Optional[RunSummary]:
   """Trains one run (or reads back a finished one) and summarises it.
@@ -319,7 +319,7 @@ def run_table(make_config: MakeConfig, rows: Sequence[str],
                                         note=f"same run as {twin.row}"))
         log(f"[reproduce] {row} seed {seed}: identical config to {twin.row}, reused")
         continue
-      s = _run_one(cfg, row, seed, os.path.join(workdir, "runs", f"{row}_s{seed}"),
+      s = run_one(cfg, row, seed, os.path.join(workdir, "runs", f"{row}_s{seed}"),
                    log, train)
       if s is None:
         skipped.setdefault(row, []).append(seed)

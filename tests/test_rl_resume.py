@@ -5,7 +5,7 @@ SIGKILLed (once right after a save starts, so mid-save, and once at a random
 time), resumed from its latest checkpoint, and must end with parameters,
 optimizer state, MIPU counters and the per-step accept/rollback sequence
 bitwise equal to an uninterrupted run. The harness is
-`tests/test_checkpoint_resume.kill_and_resume`; this file is also its target:
+`mipu_jax.testing.kill_resume`; this file is also its target:
 `python tests/test_rl_resume.py WORKDIR`.
 
 Both runs share a persistent XLA compilation cache so that the restarts do not
@@ -18,8 +18,7 @@ import sys
 
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import test_checkpoint_resume as harness  # noqa: E402  pylint: disable=g-import-not-at-top
+from mipu_jax.testing import kill_resume as harness
 
 _STEPS = 4
 _FINAL = "final_state.npz"

@@ -1,0 +1,88 @@
+r"""One cell of the mismatch study on the small CPU task: a sampler precision x a setting.
+
+    python experiments/train.py --config configs/mismatch.py:precision=int4_all,lr=1e-3 \
+        --workdir /tmp/cell
+    python experiments/mismatch_sweep.py --workdir results/mismatch_sweep   # the grid
+
+Options (`configs/common.parse_arg`): `precision` (a key of `PRECISIONS`),
+`lr` (learning rate), `temperature` (sampling and evaluation), `steps`,
+`seed`, `correction` (a preset; `none` is the uncorrected baseline the study
+is about), `tiers` (training tiers as digits, e.g. `123`), `max_new`
+(response budget), `quick` (a smoke budget). Everything else is
+`configs/base.py`: the shipped base policy, GRPO, 16 prompts x 8 responses
+per step, two optimizer updates per step, AdamW, fp32 learner.
+
+Hardware: 2 CPU cores. Time: about 1 s per step on idle cores plus
+evaluations (every 25 steps: 32 problems x 4 samples per tier); a 200-step
+cell is 5-10 minutes. Result: `results/mismatch_sweep/README.md`.
+"""
+
+from configs import base
+from configs import common
+
+# Sampler precision modes (`mipu_jax.sampler.Sampler` keyword arguments), from
+# no mismatch to the most the sampler can make.
+PRECISIONS = {
+    "fp32": {},
+    "bf16": dict(dtype="bfloat16"),
+    "fp8": dict(weight_quant="fp8_e4m3", act_quant="fp8"),  # the sources' FP8 rollout
+    "fp8_e5m2": dict(weight_quant="fp8_e5m2", act_quant="fp8_e5m2"),
+    "int8": dict(weight_quant="int8", act_quant="int8"),
+    "int4": dict(weight_quant="int4"),
+    # int4 weights, FP8 activations, FP8 KV cache and a quantized LM head.
+    "int4_all": dict(weight_quant="int4", act_quant="fp8", kv_cache_dtype="fp8",
+                     quant_lm_head=True),
+}
+
+
+def get_config(arg=None):
+  """The ConfigDict of one study cell (see module docstring)."""
+  arg = common.parse_arg(arg, precision="fp8", lr=1e-4, temperature=1.0,
+                         steps=200, seed=0, correction="none", tiers="123",
+                         max_new=64, quick=False)
+  if arg.precision not in PRECISIONS:
+    raise ValueError(f"unknown precision {arg.precision!r}; choose one of "
+                     f"{sorted(PRECISIONS)}.")
+  config = base.get_config()
+  config.seed = arg.seed
+  config.mipu.seed = arg.seed
+  config.num_steps = arg.steps
+  config.optim.learning_rate = arg.lr
+  config.sampling.temperature = arg.temperature
+  config.eval.temperature = arg.temperature
+  config.sampling.max_new_tokens = arg.max_new
+  config.data.train_tiers = tuple(f"tier{t}" for t in arg.tiers)
+  config.loss.correction.preset = arg.correction
+  for name, value in PRECISIONS[arg.precision].items():
+    config.sampling[name] = value
+  config.eval.every = 25
+  config.eval.n_per_tier = 32
+  config.eval.num_samples = 4
+  config.checkpoint.enabled = False
+  config.logging.tensorboard = False
+  config.logging.plots = False
+  config.logging.progress_bar = False
+  if arg.quick:
+    config.num_steps = 2
+    config.data.prompts_per_step = 4
+    config.data.group_size = 4
+    config.data.max_sampling_rounds = 2
+    config.sampling.max_new_tokens = 24
+    config.eval.every = 0
+    config.eval.n_per_tier = 4
+    config.learner.log_entropy = False
+  return config
+
+
+# The study's grid (`experiments/mismatch_sweep.py`): name -> argument. The
+# same setting at each precision, fp32 being the no-mismatch control.
+GRID = {
+    **{f"{p}_lr1e-3": f"precision={p},lr=1e-3" for p in ("fp32", "int4_all")},
+    **{f"{p}_lr3e-3": f"precision={p},lr=3e-3" for p in ("fp32", "int4_all")},
+    **{f"{p}_lr1e-3_t1.5": f"precision={p},lr=1e-3,temperature=1.5"
+       for p in ("fp32", "int4_all")},
+    **{f"{p}_lr1e-3_tiers45": f"precision={p},lr=1e-3,tiers=45"
+       for p in ("fp32", "int4_all")},
+    **{f"{p}_lr1e-3": f"precision={p},lr=1e-3" for p in ("fp8", "int4")},
+    **{f"{p}_lr1e-4": f"precision={p},lr=1e-4" for p in ("fp32", "fp8", "int4_all")},
+}

@@ -1,0 +1,204 @@
+"""The mismatch study: where does training–inference mismatch hurt the small task?
+
+Each cell is one config (`configs/mismatch.py:<arg>`): a sampler precision
+and a setting (learning rate, temperature, tiers, response budget, seed).
+`run_sweep` trains every cell through the RL loop (`mipu_jax.reproduce.
+run_one`: resumable, a finished cell is read back only if its saved config
+equals the cell's), then writes `grid.md`, `summary.json` and `sweep.png`.
+
+Per cell it reports what the sources watch: final and peak eval Avg., the
+Stable flag of the tables (`reproduce.summarize`), the collapse step, and the
+mismatch over training (`rollout_corr/k3_kl`, mean over the first and the last
+quarter of the steps, to see whether it grows), with the policy entropy.
+
+**Collapse** (fixed before the runs): the first evaluation at which eval Avg.
+is more than `COLLAPSE_DROP` (15 points of pass@1, several times the
+evaluation's standard error here) below the best evaluation so far; None if
+that never happens.
+"""
+
+import dataclasses
+import json
+import os
+from typing import Any, Callable, Mapping, Optional, Sequence
+
+import numpy as np
+
+from mipu_jax import config as config_lib
+from mipu_jax import reproduce
+from mipu_jax import rl
+from mipu_jax.rl import report
+
+COLLAPSE_DROP = 0.15
+
+
+@dataclasses.dataclass(frozen=True)
+class CellResult:
+  """One trained cell, reduced to the study's numbers.
+
+  Attributes:
+    name: the cell's name.
+    arg: its `configs/mismatch.py` argument.
+    final_avg: last evaluation's Avg.
+    peak_avg: best evaluation's Avg. (step 0 included).
+    peak_step: its step.
+    eval_se: standard error of the last evaluation's Avg.
+    stable: the tables' Stable criterion (`reproduce.summarize`).
+    collapse_step: see module docstring.
+    k3_first: mean `rollout_corr/k3_kl` over the first quarter of the steps.
+    k3_last: the same over the last quarter.
+    entropy_first: mean `actor/entropy` over the first quarter.
+    entropy_last: the same over the last quarter.
+    seconds: wall time of the run.
+  """
+  name: str
+  arg: str
+  final_avg: float
+  peak_avg: float
+  peak_step: int
+  eval_se: float
+  stable: bool
+  collapse_step: Optional[int]
+  k3_first: float
+  k3_last: float
+  entropy_first: float
+  entropy_last: float
+  seconds: float
+
+
+def collapse_step(rows: Sequence[Mapping[str, float]],
+                  drop: float = COLLAPSE_DROP) -> Optional[int]:
+  """The first eval step more than `drop` below the best eval so far, or None."""
+  best = -np.inf
+  for r in rows:
+    if "eval/avg" not in r:
+      continue
+    if r["eval/avg"] < best - drop:
+      return int(r["step"])
+    best = max(best, r["eval/avg"])
+  return None
+
+
+def _quarter_means(rows, name: str) -> tuple[float, float]:
+  values = [r[name] for r in rows if name in r]
+  if not values:
+    return float("nan"), float("nan")
+  q = max(len(values) // 4, 1)
+  return float(np.mean(values[:q])), float(np.mean(values[-q:]))
+
+
+def summarize_cell(name: str, arg: str, rows: Sequence[Mapping[str, float]],
+                   tiers: Sequence[str], seconds: float) -> CellResult:
+  """A `CellResult` from a run's logged rows."""
+  s = reproduce.summarize(rows, tiers)
+  k3 = _quarter_means(rows, "rollout_corr/k3_kl")
+  ent = _quarter_means(rows, "actor/entropy")
+  return CellResult(name=name, arg=arg, final_avg=s["final"]["avg"],
+                    peak_avg=s["peak_avg"], peak_step=s["peak_step"],
+                    eval_se=s["final_se"], stable=s["stable"],
+                    collapse_step=collapse_step(rows), k3_first=k3[0],
+                    k3_last=k3[1], entropy_first=ent[0], entropy_last=ent[1],
+                    seconds=seconds)
+
+
+def run_sweep(make_config: Callable[[str], Any], cells: Mapping[str, str],
+              workdir: str, *, log: Callable[[str], None] = print,
+              train: bool = True) -> list[CellResult]:
+  """Trains (or reads back) every cell; writes grid.md, summary.json, sweep.png.
+
+  Args:
+    make_config: `arg -> ConfigDict` (`configs/mismatch.get_config`).
+    cells: cell name -> its config argument, in the order to run them.
+    workdir: output directory; cell `name` trains in `workdir/runs/<name>/`.
+    log: progress sink.
+    train: False to only read back the cells that finished.
+
+  Returns:
+    The finished cells' results, in `cells` order.
+  """
+  os.makedirs(workdir, exist_ok=True)
+  results = []
+  for name, arg in cells.items():
+    cfg = config_lib.from_config_dict(make_config(arg))
+    run_dir = os.path.join(workdir, "runs", name)
+    summary = reproduce.run_one(cfg, name, cfg.seed, run_dir, log, train)
+    if summary is None:
+      log(f"[sweep] {name}: not finished, left out")
+      continue
+    rows = rl.read_jsonl(os.path.join(run_dir, "metrics.jsonl"))
+    results.append(summarize_cell(name, arg, rows, cfg.eval.tiers,
+                                  summary.seconds))
+  with open(os.path.join(workdir, "grid.md"), "w") as f:
+    f.write(grid_markdown(results) + "\n")
+  with open(os.path.join(workdir, "summary.json"), "w") as f:
+    json.dump({"cells": [dataclasses.asdict(r) for r in results],
+               "collapse_drop": COLLAPSE_DROP}, f, indent=2)
+  if results:
+    plot_sweep(results, workdir, os.path.join(workdir, "sweep.png"))
+  return results
+
+
+def grid_markdown(results: Sequence[CellResult]) -> str:
+  """The grid as a markdown table (pass@1 in %)."""
+  lines = ["| cell | config | final Avg. ± SE | peak Avg. (step) | Stable | "
+           "collapse step | k3_kl first → last quarter | entropy first → last | "
+           "minutes |", "|---" * 9 + "|"]
+  for r in results:
+    lines.append(
+        f"| {r.name} | `{r.arg}` | {100 * r.final_avg:.1f} ± {100 * r.eval_se:.1f} | "
+        f"{100 * r.peak_avg:.1f} ({r.peak_step}) | {'✔' if r.stable else '✘'} | "
+        f"{'—' if r.collapse_step is None else r.collapse_step} | "
+        f"{r.k3_first:.2e} → {r.k3_last:.2e} | "
+        f"{r.entropy_first:.3f} → {r.entropy_last:.3f} | {r.seconds / 60:.1f} |")
+  return "\n".join(lines)
+
+
+def plot_sweep(results: Sequence[CellResult], workdir: str, path: str) -> str:
+  """One figure: final and peak eval, collapse step, k3_kl per cell, and the
+  eval and k3_kl curves of every cell."""
+  import matplotlib  # pylint: disable=g-import-not-at-top
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+
+  names = [r.name for r in results]
+  x = np.arange(len(results))
+  fig, axes = plt.subplots(2, 3, figsize=(18, 9))
+  ax = axes[0, 0]
+  ax.bar(x - 0.2, [100 * r.peak_avg for r in results], 0.4, label="peak")
+  ax.bar(x + 0.2, [100 * r.final_avg for r in results], 0.4,
+         yerr=[200 * r.eval_se for r in results], label="final (±2 SE)")
+  ax.set_title("eval pass@1 Avg. (%)")
+  ax.legend(fontsize=8)
+  ax = axes[0, 1]
+  steps = [np.nan if r.collapse_step is None else r.collapse_step for r in results]
+  ax.bar(x, np.nan_to_num(steps, nan=0.0), color="C3")
+  for i, s in enumerate(steps):
+    if np.isnan(s):
+      ax.text(i, 0, "none", ha="center", va="bottom", fontsize=8, rotation=90)
+  ax.set_title(f"collapse step (eval > {100 * COLLAPSE_DROP:.0f} pts below its best)")
+  ax = axes[0, 2]
+  ax.bar(x - 0.2, [r.k3_first for r in results], 0.4, label="first quarter")
+  ax.bar(x + 0.2, [r.k3_last for r in results], 0.4, label="last quarter")
+  ax.set_yscale("symlog", linthresh=1e-5)
+  ax.set_title("mean rollout_corr/k3_kl")
+  ax.legend(fontsize=8)
+  for ax in axes[0]:
+    ax.set_xticks(x, names, rotation=60, ha="right", fontsize=7)
+    ax.grid(alpha=0.3, axis="y")
+  for ax, (metric, title) in zip(axes[1], (
+      ("eval/avg", "eval pass@1 Avg. over steps"),
+      ("rollout_corr/k3_kl", "k3_kl over steps"),
+      ("rollout/response_length_mean", "response length over steps"))):
+    for i, r in enumerate(results):
+      rows = rl.read_jsonl(os.path.join(workdir, "runs", r.name, "metrics.jsonl"))
+      pts = [(row["step"], row[metric]) for row in rows if metric in row]
+      if pts:
+        xs, ys = zip(*pts)
+        ax.plot(xs, ys, label=r.name, color=f"C{i % 10}",
+                linestyle="-" if i < 10 else "--")
+    ax.set_title(title, fontsize=10)
+    ax.set_xlabel("step")
+    ax.grid(alpha=0.3)
+  axes[1, 1].set_yscale("symlog", linthresh=1e-5)
+  axes[1, 0].legend(fontsize=6, ncol=2)
+  return report.save_figure(fig, path, "mismatch study on the small task")
