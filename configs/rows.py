@@ -7,6 +7,7 @@ MIPU Step 2 switches), so every row shares the rest of its base.
 
 | row | source label | what changes (docs/method.md section) |
 | --- | --- | --- |
+| `control` | No mismatch | the baseline with an fp32 sampler (not in the sources' tables) |
 | `baseline` | Baseline | no mismatch correction (preset `none`, §3) |
 | `tis` | TIS | token TIS, U = 2 (preset `token_tis`, §3) |
 | `mis` | MIS | the Miles default (preset `mis_miles`, §3) |
@@ -38,6 +39,18 @@ from ml_collections import config_dict
 from mipu_jax.reproduce import LABELS
 
 ROWS = tuple(LABELS)
+
+
+def control(config):
+  """The no-mismatch control: the baseline with an fp32 sampler (μ = π up to
+  kernel order), every other setting as the base's."""
+  config = baseline(config)
+  config.sampling.dtype = "float32"
+  config.sampling.weight_quant = None
+  config.sampling.act_quant = None
+  config.sampling.kv_cache_dtype = None
+  config.sampling.quant_lm_head = False
+  return config
 
 
 def baseline(config):
@@ -114,7 +127,7 @@ def random_rollback(config, p: float | None = None):
 
 
 _FUNCTIONS: dict[str, Callable[..., config_dict.ConfigDict]] = {
-    "baseline": baseline, "tis": tis, "mis": mis, "lr_decay": lr_decay,
+    "control": control, "baseline": baseline, "tis": tis, "mis": mis, "lr_decay": lr_decay,
     "mipu": mipu, "step1": step1, "step2": step2,
     "random_rollback": random_rollback,
 }

@@ -58,19 +58,33 @@ from mipu_jax.rl import report
 # The one table of row names and their labels in the sources' tables
 # (`configs/rows.py` builds one config per row).
 LABELS = {
-    "baseline": "Baseline", "tis": "TIS", "mis": "MIS", "lr_decay": "LR-decay",
+    "control": "No mismatch (fp32 sampler)", "baseline": "Baseline", "tis": "TIS", "mis": "MIS", "lr_decay": "LR-decay",
     "mipu": "Ours (MIPU)", "step1": "+ Step 1", "step2": "+ Step 2",
     "random_rollback": "Random rollback",
 }
 # What a row may change relative to the others (dotted config paths): the
-# settings the tables compare. Everything else must be equal across rows.
+# settings the tables compare. Everything else must be equal across rows; the
+# no-mismatch control also changes the sampler's precision.
 ROW_FIELDS = ("loss.correction", "optim.schedule", "optim.length_surge",
               "mipu.step2", "mipu.random_rollback_p")
+PRECISION_FIELDS = ("sampling.dtype", "sampling.weight_quant", "sampling.act_quant",
+                    "sampling.kv_cache_dtype", "sampling.quant_lm_head")
+_ROW_EXTRA_FIELDS = {"control": PRECISION_FIELDS}
 # The sources' tables: MIPU's main table (plus TIS), its ablation, and the
 # "Step 2 is not random rollback" comparison.
 MAIN_ROWS = ("baseline", "tis", "mis", "lr_decay", "mipu")
 ABLATION_ROWS = ("baseline", "step1", "step2", "mipu")
-ROLLBACK_ROWS = ("mipu", "random_rollback")
+ROLLBACK_ROWS = ("mipu", "random_rollback", "step2")
+# The main job's side-by-side comparison (`experiments/compare.py`).
+COMPARE_ROWS = ("control", "baseline", "tis", "mipu")
+# (file key, title, rows) of each table; each gets `curves_<key>.png`.
+SOURCE_TABLES = (
+    ("main", "Main results (MIPU table, + TIS)", MAIN_ROWS),
+    ("ablation", "Ablation (Step 1 and Step 2)", ABLATION_ROWS),
+    ("rollback", "Step 2 is not random rollback", ROLLBACK_ROWS),
+)
+COMPARE_TABLES = (
+    ("compare", "Side by side under a high-mismatch sampler", COMPARE_ROWS),)
 PANELS = (
     ("rollout/reward_mean", "training reward"),
     ("eval/avg", "eval pass@1 (Avg of 5 tiers)"),
@@ -100,6 +114,7 @@ class RunSummary:
     peak_se: standard error of the peak evaluation's Avg.
     stable: the criterion in the module docstring.
     rollback_rate: the run's final `mipu/rollback_rate` (0 without MIPU).
+    k3_kl: mean `rollout_corr/k3_kl` over the last quarter of the steps.
     seconds: wall time of the run.
     note: e.g. "same run as tis" for a deduplicated row.
   """
@@ -113,6 +128,7 @@ class RunSummary:
   peak_se: float
   stable: bool
   rollback_rate: float
+  k3_kl: float
   seconds: float
   note: str = ""
 
@@ -147,13 +163,15 @@ def summarize(rows: Sequence[Mapping[str, float]], tiers: Sequence[str], *,
   tail = evals[1:][-2:] or evals[-1:]  # the last two after step 0's
   held = all(r["eval/avg"] >= floor for r in tail)
   rate = [r["mipu/rollback_rate"] for r in rows if "mipu/rollback_rate" in r]
+  k3 = [r["rollout_corr/k3_kl"] for r in rows if "rollout_corr/k3_kl" in r]
   return dict(
       final={**{t: last[f"eval/{t}"] for t in tiers}, "avg": last["eval/avg"]},
       final_se=float(last["eval/avg_se"]),
       peak_avg=peak["eval/avg"], peak_step=int(peak["step"]),
       peak_se=float(peak["eval/avg_se"]),
       stable=bool(finite and held),
-      rollback_rate=float(rate[-1]) if rate else 0.0)
+      rollback_rate=float(rate[-1]) if rate else 0.0,
+      k3_kl=float(np.mean(k3[-max(len(k3) // 4, 1):])) if k3 else 0.0)
 
 
 def _flat(cfg: config_lib.TrainConfig) -> dict[str, Any]:
@@ -179,7 +197,10 @@ def config_diff(a: config_lib.TrainConfig | Mapping[str, Any],
 
 
 def check_like_with_like(configs: Mapping[str, config_lib.TrainConfig]) -> None:
-  """Raises unless the rows differ only in their `ROW_FIELDS`.
+  """Raises unless every two rows differ only in what their rows compare.
+
+  Two rows may differ in `ROW_FIELDS`, and in the sampler precision when one
+  of them is the no-mismatch `control`.
 
   Args:
     configs: row name -> validated config, all of one seed.
@@ -188,14 +209,17 @@ def check_like_with_like(configs: Mapping[str, config_lib.TrainConfig]) -> None:
     ValueError: naming the rows and the settings that differ.
   """
   names = list(configs)
-  for name in names[1:]:
-    diff = {k: v for k, v in config_diff(configs[names[0]], configs[name]).items()
-            if not k.startswith(ROW_FIELDS)}
-    if diff:
-      raise ValueError(
-          f"rows {names[0]!r} and {name!r} differ in more than the compared "
-          f"setting: {diff}. A table compares like with like; make every other "
-          "setting equal.")
+  for i, a in enumerate(names):
+    for b in names[i + 1:]:
+      allowed = (ROW_FIELDS + _ROW_EXTRA_FIELDS.get(a, ())
+                 + _ROW_EXTRA_FIELDS.get(b, ()))
+      diff = {k: v for k, v in config_diff(configs[a], configs[b]).items()
+              if not k.startswith(allowed)}
+      if diff:
+        raise ValueError(
+            f"rows {a!r} and {b!r} differ in more than the compared setting: "
+            f"{diff}. A table compares like with like; make every other setting "
+            "equal.")
 
 
 def enable_compilation_cache(path: str) -> None:
@@ -271,6 +295,7 @@ def _order(rows: Sequence[str]) -> list[str]:
 
 def run_table(make_config: MakeConfig, rows: Sequence[str],
               seeds: Sequence[int], workdir: str, *,
+              tables: Sequence[tuple[str, str, Sequence[str]]] = SOURCE_TABLES,
               log: Callable[[str], None] = print,
               train: bool = True) -> TableResult:
   """Runs `rows` x `seeds`, writes the tables and figures into `workdir`.
@@ -281,6 +306,9 @@ def run_table(make_config: MakeConfig, rows: Sequence[str],
     rows: table rows (`configs/rows.py` names).
     seeds: seeds; the outer loop, so the first seed's table is complete first.
     workdir: output directory.
+    tables: `(key, title, rows)` of the tables to write (`SOURCE_TABLES`, the
+      sources' three; `COMPARE_TABLES`, the main job's), each with its figure
+      `curves_<key>.png`.
     log: progress sink.
     train: False to only tabulate runs that finished before (a budget cut
       short: unfinished runs are left out and their seeds listed in the
@@ -331,7 +359,8 @@ def run_table(make_config: MakeConfig, rows: Sequence[str],
   pending = {row: f"not run (seeds {missing} did not finish in the budget)"
              for row, missing in skipped.items()
              if not any(r.row == row for r in runs)}
-  markdown = tables_markdown(runs, pending, tiers or (), skipped=skipped)
+  markdown = tables_markdown(runs, pending, tiers or (), tables=tables,
+                             skipped=skipped)
   files = {"table": os.path.join(workdir, "table.md"),
            "summary": os.path.join(workdir, "summary.json")}
   with open(files["table"], "w") as f:
@@ -339,13 +368,13 @@ def run_table(make_config: MakeConfig, rows: Sequence[str],
   with open(files["summary"], "w") as f:
     json.dump({"runs": [dataclasses.asdict(r) for r in runs], "pending": pending,
                "stable_ses": STABLE_SES, "seeds": list(seeds)}, f, indent=2)
-  for name, group in (("main", MAIN_ROWS), ("ablation", ABLATION_ROWS + ("random_rollback",))):
-    seeds_run = sorted({r.seed for r in runs})
+  seeds_run = sorted({r.seed for r in runs})
+  for key, title, group in tables:
     path = plot_curves(runs, [r for r in group if r in rows],
-                       os.path.join(workdir, f"curves_{name}.png"),
-                       title=f"{name} rows: mean over seeds {seeds_run} (band: min-max)")
+                       os.path.join(workdir, f"curves_{key}.png"),
+                       title=f"{title}: mean over seeds {seeds_run} (band: min-max)")
     if path:
-      files[f"curves_{name}"] = path
+      files[f"curves_{key}"] = path
   return TableResult(runs=runs, pending=pending, markdown=markdown, files=files)
 
 
@@ -369,48 +398,45 @@ def _row_cells(runs: Sequence[RunSummary], tiers: Sequence[str]) -> list[str]:
 
 
 def _table(title: str, names: Sequence[str], by_row: Mapping[str, list],
-           pending: Mapping[str, str], tiers: Sequence[str], extra=None) -> list[str]:
-  head = ["Method", *tiers, "Avg.", "Eval SE", "Peak Avg.", "Stable"]
-  if extra:
-    head.append(extra[0])
+           pending: Mapping[str, str], tiers: Sequence[str]) -> list[str]:
+  head = ["Method", *tiers, "Avg.", "Eval SE", "Peak Avg.", "Stable", "k3_kl",
+          "Rollback rate"]
   lines = [f"### {title}", "", "| " + " | ".join(head) + " |",
            "|" + "---|" * len(head)]
   for name in names:
-    if name in by_row:
-      cells = _row_cells(by_row[name], tiers)
+    rs = by_row.get(name)
+    if rs:
+      cells = _row_cells(rs, tiers)
+      cells.append(f"{np.mean([r.k3_kl for r in rs]):.2e}")
+      cells.append(f"{100 * np.mean([r.rollback_rate for r in rs]):.1f}%")
     elif name in pending:
-      cells = ["—"] * (len(tiers) + 3) + ["pending"]
+      cells = ["—"] * (len(tiers) + 3) + ["pending", "—", "—"]
     else:
       continue
-    if extra:
-      cells.append(extra[1](by_row.get(name, [])))
     lines.append(f"| {LABELS.get(name, name)} | " + " | ".join(cells) + " |")
   return lines + [""]
 
 
 def tables_markdown(runs: Sequence[RunSummary], pending: Mapping[str, str],
                     tiers: Sequence[str], *,
+                    tables: Sequence[tuple[str, str, Sequence[str]]] = SOURCE_TABLES,
                     skipped: Optional[Mapping[str, list]] = None) -> str:
-  """The three tables (main, ablation, random rollback) as markdown."""
+  """The tables (default: the sources' main, ablation, random rollback) as markdown."""
   by_row: dict[str, list[RunSummary]] = {}
   for r in runs:
     by_row.setdefault(r.row, []).append(r)
   seeds = sorted({r.seed for r in runs})
-
-  def rate(rs):
-    return f"{100 * np.mean([r.rollback_rate for r in rs]):.1f}%" if rs else "—"
-
   lines = [
       f"Pass@1 (%) at the last evaluation, mean over seeds {seeds} "
       f"(Avg.: mean ± sd over seeds). Eval SE: standard error of one "
       f"evaluation's Avg. (sampling noise over the eval problems, mean over "
       f"seeds). Peak Avg.: best evaluation of the run (mean over seeds). "
       f"Stable: the last two evaluations within {STABLE_SES:g} eval SEs of the "
-      "run's peak, for every seed (✘ (k/n): k of n seeds stable).", ""]
-  lines += _table("Main results (MIPU table, + TIS)", MAIN_ROWS, by_row, pending, tiers)
-  lines += _table("Ablation (Step 1 and Step 2)", ABLATION_ROWS, by_row, pending, tiers)
-  lines += _table("Step 2 is not random rollback", ROLLBACK_ROWS + ("step2",), by_row,
-                  pending, tiers, extra=("Rollback rate", rate))
+      "run's peak, for every seed (✘ (k/n): k of n seeds stable). k3_kl: the "
+      "mismatch over the last quarter of the steps. Rollback rate: MIPU Step 2 "
+      "or random rollback.", ""]
+  for _, title, names in tables:
+    lines += _table(title, names, by_row, pending, tiers)
   notes = sorted({f"{LABELS.get(r.row, r.row)}: {r.note}" for r in runs if r.note})
   notes += [f"{LABELS.get(k, k)}: pending — {v}" for k, v in sorted(pending.items())]
   notes += [f"{LABELS.get(k, k)}: seeds {v} did not finish in the budget; not included"

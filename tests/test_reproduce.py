@@ -2,6 +2,8 @@
 
 import dataclasses
 import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -16,6 +18,7 @@ from mipu_jax import config as config_lib
 from mipu_jax import losses
 from mipu_jax import reproduce
 
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TIERS = ("tier1", "tier2", "tier3", "tier4", "tier5")
 
 
@@ -28,13 +31,14 @@ def _build(module, arg):
 def test_every_row_is_a_valid_config(module, row):
   arg = f"{row},p=0.3" if row == "random_rollback" else row
   cfg = _build(module, arg)
-  corr = {"baseline": "none", "tis": "token_tis", "mis": "mis_miles", "lr_decay": "none",
+  corr = {"control": "none", "baseline": "none", "tis": "token_tis", "mis": "mis_miles", "lr_decay": "none",
           "mipu": "mipu_step1", "step1": "mipu_step1", "step2": "none",
           "random_rollback": "mipu_step1"}[row]
   assert cfg.loss.correction == losses.CorrectionConfig.from_preset(corr)
   assert cfg.optim.schedule == ("length_surge" if row == "lr_decay" else "constant")
   assert cfg.mipu.step2 == (row in ("mipu", "step2"))
   assert cfg.mipu.random_rollback_p == (0.3 if row == "random_rollback" else 0.0)
+  assert (cfg.sampling.weight_quant is None) == (row == "control")
   assert tuple(rows.ROWS) == tuple(reproduce.LABELS)  # one table of labels
 
 
@@ -111,6 +115,7 @@ def test_stable_is_last_two_evals_within_two_standard_errors_of_peak():
   # Peak 0.50 ± 0.01: the floor is 0.48; both of the last two evals count.
   s = reproduce.summarize(_rows([0.3, 0.5, 0.49, 0.48]), TIERS)
   assert s["stable"] and s["peak_avg"] == 0.5 and s["peak_step"] == 1
+  assert s["k3_kl"] == 0.0  # not logged by these rows
   assert s["peak_se"] == 0.01 and s["final_se"] == 0.01
   s = reproduce.summarize(_rows([0.3, 0.5, 0.47, 0.49], rollback=0.25), TIERS)
   assert not s["stable"] and s["rollback_rate"] == 0.25  # a dip in the last two
@@ -129,65 +134,85 @@ def test_stable_is_last_two_evals_within_two_standard_errors_of_peak():
 def test_rows_must_differ_only_in_the_compared_setting():
   base = _build(table, "baseline")
   reproduce.check_like_with_like({
-      "baseline": base, "mis": _build(table, "mis"), "lr_decay": _build(table, "lr_decay"),
+      "control": _build(table, "control"), "baseline": base, "mis": _build(table, "mis"), "lr_decay": _build(table, "lr_decay"),
       "mipu": _build(table, "mipu"), "random_rollback": _build(table, "random_rollback,p=0.2")})
   other = dataclasses.replace(base, learner=dataclasses.replace(base.learner,
                                                                 num_minibatches=1))
   with pytest.raises(ValueError, match="learner.num_minibatches"):
     reproduce.check_like_with_like({"baseline": base, "mipu": other})
   assert reproduce.config_diff(base, other) == {"learner.num_minibatches": (2, 1)}
+  # Only the control may change the sampler's precision.
+  fp32 = dataclasses.replace(base, sampling=_build(table, "control").sampling)
+  with pytest.raises(ValueError, match="sampling.weight_quant"):
+    reproduce.check_like_with_like({"baseline": base, "tis": fp32})
 
 
 def test_tables_have_the_sources_layout():
   def run(row, seed, avg, stable, rate=0.0):
     return reproduce.RunSummary(row=row, seed=seed, workdir="", final={
         **{t: avg for t in TIERS}, "avg": avg}, final_se=0.02, peak_avg=avg + 0.01,
-        peak_step=3, peak_se=0.02, stable=stable, rollback_rate=rate, seconds=1.0)
+        peak_step=3, peak_se=0.02, stable=stable, rollback_rate=rate, k3_kl=1e-3,
+        seconds=1.0)
   runs = [run("baseline", 0, 0.40, False), run("baseline", 1, 0.50, True),
           run("mipu", 0, 0.6, True, 0.2), run("mipu", 1, 0.6, True, 0.3)]
   md = reproduce.tables_markdown(runs, {"step2": "not run"}, TIERS)
   assert ("| Method | tier1 | tier2 | tier3 | tier4 | tier5 | Avg. | Eval SE | "
-          "Peak Avg. | Stable |") in md
+          "Peak Avg. | Stable | k3_kl | Rollback rate |") in md
   sd = np.std([40, 50], ddof=1)
   assert f"| Baseline | {' | '.join(['45.00'] * 5)} | 45.00 ± {sd:.2f} | 2.00 |" in md
-  assert "| ✘ (1/2) |" in md and "| 60.00 ± 0.00 | 2.00 | 61.00 | ✔ | 25.0% |" in md
+  assert "| ✘ (1/2) |" in md
+  assert "| 60.00 ± 0.00 | 2.00 | 61.00 | ✔ | 1.00e-03 | 25.0% |" in md
   assert "| + Step 2 | — |" in md and "pending — not run" in md
   assert reproduce._order(["random_rollback", "baseline", "mipu"]) == [
       "mipu", "random_rollback", "baseline"]
 
 
-def test_quick_mode_end_to_end(tmp_path):
-  """`reproduce_tables.py --quick`'s path: real runs, a reused twin, the
-  measured p handed to random rollback, the config check on read-back."""
-  want = ("tis", "step1", "mipu", "random_rollback")
+def test_main_job_quick_then_the_tables_reuse_its_runs(tmp_path):
+  """The README's main command in quick mode (a real run per row), then the
+  sources' tables on the same workdir: finished runs are read back (their
+  configs checked), twins reused, random rollback handed MIPU's measured p."""
+  workdir = tmp_path / "main"
+  proc = subprocess.run(
+      [sys.executable, os.path.join(ROOT, "experiments", "compare.py"),
+       f"--workdir={workdir}", "--quick"],
+      capture_output=True, text=True, timeout=600,
+      env=dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS=""))
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  md = (workdir / "table.md").read_text()
+  assert "### Side by side under a high-mismatch sampler" in md
+  for label in ("No mismatch (fp32 sampler)", "Baseline", "TIS", "Ours (MIPU)"):
+    assert f"| {label} |" in md
+  assert "Main results" not in md
+  assert os.path.getsize(workdir / "curves_compare.png") > 10_000
+  assert "rl:" in proc.stderr  # the per-run progress bars
 
   def make_config(row, seed, p):
-    return table.get_config(f"{row},seed={seed},quick" + (f",p={p}" if p else ""))
+    config = table.get_config(f"{row},seed={seed},quick" + (f",p={p}" if p else ""))
+    config.logging.progress_bar = True  # as compare.py
+    return config
 
-  result = reproduce.run_table(make_config, want, [0], str(tmp_path), log=lambda _: None)
+  logs = []
+  result = reproduce.run_table(make_config, ("tis", "step1", "mipu", "random_rollback"),
+                               [0], str(workdir), log=logs.append)
+  assert sum("read back" in line for line in logs) == 2  # tis and mipu
   by_row = {r.row: r for r in result.runs}
   assert by_row["step1"].note == "same run as tis"
-  assert by_row["step1"].final == by_row["tis"].final
   assert set(by_row["tis"].final) == set(TIERS) | {"avg"}
   rate = by_row["mipu"].rollback_rate
   if rate > 0:
     assert by_row["random_rollback"].note.startswith(f"p = {rate:.3f}")
-  md = open(result.files["table"]).read()
-  assert "| TIS |" in md and "| + Step 1 |" in md and "Ours (MIPU)" in md
-  assert os.path.getsize(result.files["curves_main"]) > 10_000
-  assert os.path.exists(tmp_path / "runs" / "tis_s0" / "summary.json")
-  # A second call reads the finished run back instead of training again.
-  again = reproduce.run_table(make_config, ("tis", "baseline"), [0], str(tmp_path),
-                              log=lambda _: None, train=False)
-  assert again.runs[0].seconds == by_row["tis"].seconds
-  assert "did not finish" in again.pending["baseline"]
+  assert {"curves_main", "curves_ablation", "curves_rollback"} <= set(result.files)
 
-  # ... but only if the row still asks for the config the run was made with.
+  # A finished run is read back only if the row still asks for its config.
   def changed(row, seed, p):
     config = make_config(row, seed, p)
     config.optim.learning_rate = 3e-4
     return config
 
   with pytest.raises(ValueError, match="optim.learning_rate"):
-    reproduce.run_table(changed, ("tis",), [0], str(tmp_path), log=lambda _: None,
+    reproduce.run_table(changed, ("tis",), [0], str(workdir), log=lambda _: None,
                         train=False)
+  again = reproduce.run_table(make_config, ("tis", "mis"), [0], str(workdir),
+                              log=lambda _: None, train=False)
+  assert again.runs[0].seconds == by_row["tis"].seconds
+  assert "did not finish" in again.pending["mis"]

@@ -1,0 +1,53 @@
+"""The mismatch study's reductions: collapse step, per-cell summary, grid table, cells."""
+
+import pytest
+
+from configs import mismatch
+from mipu_jax import config as config_lib
+from mipu_jax import mismatch_sweep
+
+TIERS = ("tier1", "tier2")
+
+
+def _rows(evals, k3=(), entropy=()):
+  rows = []
+  for step, (avg, kl, ent) in enumerate(zip(evals, k3 or [0.0] * len(evals),
+                                            entropy or [0.1] * len(evals))):
+    row = {"step": float(step), "rollout_corr/k3_kl": kl, "actor/entropy": ent}
+    if avg is not None:
+      row.update({"eval/avg": avg, "eval/avg_se": 0.02,
+                  **{f"eval/{t}": avg for t in TIERS}})
+    rows.append(row)
+  return rows
+
+
+def test_collapse_is_a_fall_of_more_than_15_points_below_the_best_so_far():
+  assert mismatch_sweep.collapse_step(_rows([0.2, 0.6, 0.5, 0.44])) == 3
+  assert mismatch_sweep.collapse_step(_rows([0.2, 0.6, 0.46, 0.7])) is None
+  assert mismatch_sweep.collapse_step(_rows([0.6, None, 0.3])) == 2
+  assert mismatch_sweep.collapse_step(_rows([0.6, 0.4]), drop=0.25) is None
+
+
+def test_cell_summary_reports_mismatch_growth_and_stability():
+  rows = _rows([0.2, 0.5, 0.52, 0.3], k3=[1e-3, 1e-3, 4e-3, 8e-3],
+               entropy=[0.5, 0.4, 0.3, 0.2])
+  r = mismatch_sweep.summarize_cell("c", "precision=fp8", rows, TIERS, 60.0)
+  assert (r.final_avg, r.peak_avg, r.peak_step, r.collapse_step) == (0.3, 0.52, 2, 3)
+  assert not r.stable and r.eval_se == 0.02
+  assert (r.k3_first, r.k3_last) == (1e-3, 8e-3)  # first and last quarter (1 step)
+  assert (r.entropy_first, r.entropy_last) == (0.5, 0.2)
+  md = mismatch_sweep.grid_markdown([r])
+  assert "| c | `precision=fp8` | 30.0 ± 2.0 | 52.0 (2) | ✘ | 3 | 1.00e-03 → 8.00e-03 |" in md
+
+
+def test_every_grid_cell_is_a_valid_config_that_differs_only_in_its_axes():
+  base = config_lib.from_config_dict(mismatch.get_config("precision=fp32"))
+  for name, arg in mismatch.GRID.items():
+    cfg = config_lib.from_config_dict(mismatch.get_config(arg))
+    assert cfg.loss.correction.is_level is None, name  # the uncorrected baseline
+    assert cfg.learner == base.learner and cfg.data.group_size == base.data.group_size
+  q = config_lib.from_config_dict(mismatch.get_config("precision=int4_all"))
+  assert (q.sampling.weight_quant, q.sampling.act_quant, q.sampling.kv_cache_dtype,
+          q.sampling.quant_lm_head) == ("int4", "fp8", "fp8", True)
+  with pytest.raises(ValueError, match="unknown precision"):
+    mismatch.get_config("precision=int3")
