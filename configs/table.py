@@ -50,6 +50,9 @@ def get_config(arg=None):
   config.logging.plots = False
   config.logging.progress_bar = False
   config.mipu.num_probe_prompts = 8
+  # Step 2 rejects a candidate when its post-update gap is 2 standard errors
+  # below zero: at this scale the probe's noise is far above the source's c.
+  config.mipu.c_noise_multiple = 2.0
   if arg.quick:
     config.num_steps = 2
     config.data.train_tiers = ("tier1",)

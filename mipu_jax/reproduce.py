@@ -35,11 +35,14 @@ one it is about (the correction preset, the LR schedule, the MIPU switches):
 back only if its saved `config.json` equals the config the row asks for now
 (`run_one` refuses otherwise: delete the run directory or fix the config).
 
-Outputs in `workdir`: `table.md` (the MIPU main table, its ablation, and the
-random-rollback comparison, in the sources' layout: tiers, Avg., Stable),
-`summary.json`, and `curves_main.png` / `curves_ablation.png` (reward, eval
-accuracy, `k3_kl`, response length, gradient norm, learning rate, rollback
-rate over steps; mean over seeds, min-max band).
+Outputs in `workdir`: `table.md` (the tables asked for: by default the MIPU
+main table, its ablation, and the random-rollback comparison, in the sources'
+layout: tiers, Avg., Stable, plus the eval SE, `k3_kl` and the rollback rate),
+`summary.json`, `curves_<table>.png` (reward, eval accuracy, `k3_kl`,
+response length, gradient norm, learning rate, rollback rate over steps; mean
+over seeds, min-max band) and, when a row ran MIPU Step 2, `gap_post.png`
+(the distribution of `T̂_post` and of `T̂_post / SE`, with the rejection
+rate).
 """
 
 import dataclasses
@@ -262,9 +265,13 @@ def run_one(cfg: config_lib.TrainConfig, row: str, seed: int, workdir: str,
           f"{workdir} holds a finished run of another config (differences, "
           f"(wanted, saved): {diff}); delete it or restore the config.")
     with open(done) as f:
-      data = json.load(f)
+      seconds = float(json.load(f)["seconds"])
     log(f"[reproduce] {row} seed {seed}: finished before, read back")
-    return RunSummary(**{**data, "row": row})
+    # Summarised again from its metrics, so a summary always follows the
+    # current criterion.
+    rows = rl.read_jsonl(os.path.join(workdir, "metrics.jsonl"))
+    return RunSummary(row=row, seed=seed, workdir=workdir, seconds=seconds,
+                      **summarize(rows, cfg.eval.tiers))
   if not train:
     return None
   log(f"[reproduce] {row} seed {seed}: training {cfg.num_steps} steps -> {workdir}")
@@ -375,6 +382,9 @@ def run_table(make_config: MakeConfig, rows: Sequence[str],
                        title=f"{title}: mean over seeds {seeds_run} (band: min-max)")
     if path:
       files[f"curves_{key}"] = path
+  path = plot_gap(runs, os.path.join(workdir, "gap_post.png"))
+  if path:
+    files["gap_post"] = path
   return TableResult(runs=runs, pending=pending, markdown=markdown, files=files)
 
 
@@ -493,3 +503,41 @@ def plot_curves(runs: Sequence[RunSummary], names: Sequence[str],
   axes.flat[-1].axis("off")
   axes.flat[-1].legend(handles, labels, loc="center", fontsize=11)
   return report.save_figure(fig, path, title)
+
+
+def plot_gap(runs: Sequence[RunSummary], path: str) -> Optional[str]:
+  """MIPU Step 2's statistic: the distribution of `T̂_post` and of `T̂_post / SE`
+  per MIPU-gated row (all seeds pooled), with its margin and rejection rate.
+
+  Returns the path, or None when no run logged `mipu/gap_post`.
+  """
+  import matplotlib  # pylint: disable=g-import-not-at-top
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+
+  by_row: dict[str, list[dict[str, float]]] = {}
+  for r in runs:
+    if r.note.startswith("same run"):
+      continue
+    rows = [x for x in rl.read_jsonl(os.path.join(r.workdir, "metrics.jsonl"))
+            if "mipu/gap_post" in x]
+    if rows:
+      by_row.setdefault(r.row, []).extend(rows)
+  if not by_row:
+    return None
+  fig, axes = plt.subplots(1, 2, figsize=(12, 4))
+  for i, (name, rows) in enumerate(by_row.items()):
+    gap = np.array([x["mipu/gap_post"] for x in rows])
+    se = np.array([x.get("mipu/gap_post_se", np.nan) for x in rows])
+    c = np.array([x.get("mipu/c", np.nan) for x in rows])
+    rejected = 1.0 - np.mean([x["mipu/accepted"] for x in rows])
+    label = (f"{LABELS.get(name, name)}: {len(rows)} decisions, "
+             f"{100 * rejected:.0f}% rejected, median c {np.nanmedian(c):.1e}")
+    axes[0].hist(gap, bins=30, alpha=0.5, color=f"C{i}", label=label)
+    axes[1].hist(gap / np.where(se > 0, se, np.nan), bins=30, alpha=0.5, color=f"C{i}")
+  axes[0].axvline(0.0, color="k", lw=0.8)
+  axes[0].set_title("T̂_post (accept iff T̂_post ≥ -c)", fontsize=10)
+  axes[0].legend(fontsize=8)
+  axes[1].axvline(0.0, color="k", lw=0.8)
+  axes[1].set_title("T̂_post / SE(T̂_post) (SE over probe groups)", fontsize=10)
+  return report.save_figure(fig, path, "MIPU Step 2: the post-update gap on the probes")

@@ -1,11 +1,25 @@
-"""Test-wide setup: 8 fake CPU devices (before JAX initialises) and strict rank promotion."""
+"""Test-wide setup: 8 fake CPU devices (before JAX initialises), strict rank promotion,
+and one persistent XLA compilation cache per test session.
+
+The cache directory is shared by the xdist workers of a session and by the
+subprocesses tests start (through the environment), so a program that several
+tests compile (the tiny learner step, the sampler's decode loop) is compiled
+once per session; it starts empty for every session, so a session's time does
+not depend on earlier ones.
+"""
 import os
+import tempfile
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 _flags = os.environ.get("XLA_FLAGS", "")
 if "xla_force_host_platform_device_count" not in _flags:
   os.environ["XLA_FLAGS"] = (_flags + " --xla_force_host_platform_device_count=8").strip()
+_session = os.environ.get("PYTEST_XDIST_TESTRUNUID") or f"pid{os.getpid()}"
+os.environ.setdefault("JAX_COMPILATION_CACHE_DIR",
+                      os.path.join(tempfile.gettempdir(), f"mipu_jax_xla_cache_{_session}"))
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.2")
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
 
-import jax  # noqa: E402  (must follow the XLA_FLAGS above)
+import jax  # noqa: E402  (must follow the environment above)
 
 jax.config.update("jax_numpy_rank_promotion", "raise")

@@ -201,7 +201,8 @@ def test_main_job_quick_then_the_tables_reuse_its_runs(tmp_path):
   rate = by_row["mipu"].rollback_rate
   if rate > 0:
     assert by_row["random_rollback"].note.startswith(f"p = {rate:.3f}")
-  assert {"curves_main", "curves_ablation", "curves_rollback"} <= set(result.files)
+  assert {"curves_main", "curves_ablation", "curves_rollback",
+          "gap_post"} <= set(result.files)
 
   # A finished run is read back only if the row still asks for its config.
   def changed(row, seed, p):
