@@ -48,3 +48,36 @@ def get_config():
   config.eval.num_samples = 4
   config.eval.temperature = 1.0
   return config
+
+
+def batch_run(config, *, eval_every: int):
+  """Settings of a run that is one of many (a table row, a study cell): periodic
+  evaluation on 32 problems x 4 samples per tier; no checkpoints, TensorBoard,
+  per-run plots or progress bar (the caller reports)."""
+  config.eval.every = eval_every
+  config.eval.n_per_tier = 32
+  config.eval.num_samples = 4
+  config.checkpoint.enabled = False
+  config.logging.tensorboard = False
+  config.logging.plots = False
+  config.logging.progress_bar = False
+  return config
+
+
+def quick(config):
+  """A smoke budget (tests, Colab): 2 steps of 4 prompts x 4 responses on tier 1,
+  24-token responses, no periodic evaluation. The final evaluation has 4
+  problems x 4 samples, like the training batch, so that evaluation and probes
+  reuse the training rollout's compiled sampler shapes."""
+  config.num_steps = 2
+  config.data.train_tiers = ("tier1",)
+  config.data.prompts_per_step = 4
+  config.data.group_size = 4
+  config.data.max_sampling_rounds = 2
+  config.sampling.max_new_tokens = 24
+  config.eval.every = 0
+  config.eval.n_per_tier = 4
+  config.eval.num_samples = 4
+  config.learner.log_entropy = False
+  config.mipu.num_probe_prompts = 4
+  return config

@@ -55,22 +55,9 @@ def get_config(arg=None):
   config.loss.correction.preset = arg.correction
   for name, value in PRECISIONS[arg.precision].items():
     config.sampling[name] = value
-  config.eval.every = 25
-  config.eval.n_per_tier = 32
-  config.eval.num_samples = 4
-  config.checkpoint.enabled = False
-  config.logging.tensorboard = False
-  config.logging.plots = False
-  config.logging.progress_bar = False
+  base.batch_run(config, eval_every=25)
   if arg.quick:
-    config.num_steps = 2
-    config.data.prompts_per_step = 4
-    config.data.group_size = 4
-    config.data.max_sampling_rounds = 2
-    config.sampling.max_new_tokens = 24
-    config.eval.every = 0
-    config.eval.n_per_tier = 4
-    config.learner.log_entropy = False
+    base.quick(config)
   return config
 
 

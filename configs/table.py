@@ -42,31 +42,13 @@ def get_config(arg=None):
   # The committed results' budget (results/README.md): 20 steps of 8 groups.
   config.num_steps = 20
   config.data.prompts_per_step = 8
-  config.eval.every = 5
-  config.eval.n_per_tier = 32
-  config.eval.num_samples = 4
-  config.checkpoint.enabled = False
-  config.logging.tensorboard = False
-  config.logging.plots = False
-  config.logging.progress_bar = False
+  base.batch_run(config, eval_every=5)
   config.mipu.num_probe_prompts = 8
   # Step 2 rejects a candidate when its post-update gap is 2 standard errors
   # below zero: at this scale the probe's noise is far above the source's c.
   config.mipu.c_noise_multiple = 2.0
   if arg.quick:
-    config.num_steps = 2
-    config.data.train_tiers = ("tier1",)
-    config.data.prompts_per_step = 4
-    config.data.group_size = 4
-    config.data.max_sampling_rounds = 2
-    config.sampling.max_new_tokens = 24
-    config.eval.every = 0
-    # 4 problems x 4 samples, like the training batch, so that evaluation
-    # and probes reuse the training rollout's compiled sampler shapes.
-    config.eval.n_per_tier = 4
-    config.eval.num_samples = 4
-    config.learner.log_entropy = False
-    config.mipu.num_probe_prompts = 4
+    base.quick(config)
   if arg.steps:
     config.num_steps = arg.steps
   if arg.prompts:

@@ -36,11 +36,7 @@ def make_config(row, seed, p):
 
 def main(argv):
   del argv
-  cache = _CACHE.value
-  if cache is None:
-    cache = f"{_WORKDIR.value}/.jax_cache"
-  if cache:
-    reproduce.enable_compilation_cache(cache)
+  reproduce.enable_compilation_cache(_CACHE.value, _WORKDIR.value)
   result = reproduce.run_table(make_config, reproduce.COMPARE_ROWS,
                                [int(s) for s in _SEEDS.value], _WORKDIR.value,
                                tables=reproduce.COMPARE_TABLES)

@@ -30,11 +30,7 @@ flags.mark_flag_as_required("workdir")
 
 def main(argv):
   del argv
-  cache = _CACHE.value
-  if cache is None:
-    cache = f"{_WORKDIR.value}/.jax_cache"
-  if cache:
-    reproduce.enable_compilation_cache(cache)
+  reproduce.enable_compilation_cache(_CACHE.value, _WORKDIR.value)
   cells = dict(mismatch.GRID)
   for item in _EXTRA.value:
     name, _, arg = item.partition("=")

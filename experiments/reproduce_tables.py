@@ -12,7 +12,6 @@ one directory per run under `runs/`; re-running resumes (finished runs are
 read back), and `--report_only` only tabulates the runs that finished.
 """
 
-import os
 
 
 from absl import app
@@ -55,11 +54,7 @@ def make_config(row, seed, p):
 
 def main(argv):
   del argv
-  cache = _CACHE.value
-  if cache is None:
-    cache = os.path.join(_WORKDIR.value, ".jax_cache")
-  if cache:
-    reproduce.enable_compilation_cache(cache)
+  reproduce.enable_compilation_cache(_CACHE.value, _WORKDIR.value)
   seeds = [int(s) for s in _SEEDS.value][:1 if _QUICK.value else None]
   result = reproduce.run_table(make_config, _ROWS.value, seeds, _WORKDIR.value,
                                train=not _REPORT_ONLY.value)

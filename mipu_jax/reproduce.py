@@ -225,14 +225,22 @@ def check_like_with_like(configs: Mapping[str, config_lib.TrainConfig]) -> None:
             "equal.")
 
 
-def enable_compilation_cache(path: str) -> None:
+def enable_compilation_cache(path: Optional[str], workdir: str = "") -> None:
   """JAX's persistent compilation cache at `path`: runs of a row share compiles.
 
   Each run builds a new learner whose jitted step would otherwise recompile;
   with the cache, seeds of a row (and rows with the same learner program)
   compile once. Call before the first compilation.
+
+  Args:
+    path: the cache directory; None for `workdir/.jax_cache`, "" for no cache.
+    workdir: the job's output directory.
   """
   import jax  # pylint: disable=g-import-not-at-top
+  if path is None:
+    path = os.path.join(workdir, ".jax_cache")
+  if not path:
+    return
   os.makedirs(path, exist_ok=True)
   jax.config.update("jax_compilation_cache_dir", path)
   jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
