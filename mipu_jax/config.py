@@ -25,13 +25,16 @@ from typing import Any, Mapping
 
 from ml_collections import config_dict
 
+from mipu_jax import eval as eval_lib
 from mipu_jax import losses
 from mipu_jax import schedules
 from mipu_jax.models import config as model_config
 from mipu_jax.sampler import config as sampler_config
 from mipu_jax.tasks import arithmetic
+from mipu_jax.tasks import math_data
+from mipu_jax.tasks import math_task
 
-TASKS = ("arithmetic",)
+TASKS = ("arithmetic", "math")
 
 
 def _check_tiers(name: str, tiers: tuple[str, ...]) -> None:
@@ -121,36 +124,94 @@ class SamplingConfig:
 
 @dataclasses.dataclass(frozen=True)
 class DataConfig:
-  """Prompts and groups (SPEC.md §1).
+  """Prompts, groups and rewards (docs/method.md §1).
 
   Attributes:
-    task: task name (`TASKS`).
-    train_tiers: tiers the training prompts are drawn from.
+    task: task name (`TASKS`): "arithmetic" (the small CPU task, character
+      tokenizer) or "math" (a Hugging Face checkpoint's tokenizer and chat
+      template, prompts from `train_file`, math-verify rewards).
     prompts_per_step: N, groups in the training batch.
     group_size: G, responses per prompt.
     dynamic_sampling: drop all-equal groups and over-sample to keep N.
     max_sampling_rounds: over-sampling rounds before the batch is topped up
       with dropped groups (which carry zero advantage).
-    add_bos: prepend the tokenizer's BOS to every prompt.
+    train_tiers: arithmetic: tiers the training prompts are drawn from.
+    add_bos: arithmetic: prepend BOS to every prompt (the math task uses a BOS
+      exactly when the checkpoint's tokenizer has one).
+    train_file: math: the training prompts (JSONL / JSON / parquet, DAPO or
+      MATH schema; `mipu_jax.tasks.math_data`).
+    schema: math: "auto", "dapo" or "math".
+    prompt_key: math: the prompt field (None: the schema's; dotted paths
+      reach nested fields).
+    answer_key: math: the answer field (None: the schema's).
+    prompt_template: math: "chat" (the checkpoint's chat template) or a raw
+      template with a `{question}` field, for base models.
+    instruction: math: what a bare problem becomes (`{question}` field).
+    max_prompt_tokens: math: the prompt budget; longer prompts are dropped
+      (and counted).
+    probe_holdout: math: training prompts held out as MIPU Step 2's probe.
+    reward_correct: math: reward of a right final answer.
+    reward_wrong: math: reward of a wrong (or missing) one; DAPO uses -1.
+    truncated: math: a response cut at the token budget is graded as usual
+      ("keep"), scored as wrong ("wrong"), or left out of the loss ("filter").
+    reward_workers: math: grading processes.
+    reward_timeout_s: math: per-answer grading limit (scored wrong, counted).
   """
   task: str = "arithmetic"
-  train_tiers: tuple[str, ...] = arithmetic.TIER_NAMES
   prompts_per_step: int = 16
   group_size: int = 8
   dynamic_sampling: bool = True
   max_sampling_rounds: int = 4
+  train_tiers: tuple[str, ...] = arithmetic.TIER_NAMES
   add_bos: bool = True
+  train_file: str = ""
+  schema: str = "auto"
+  prompt_key: str | None = None
+  answer_key: str | None = None
+  prompt_template: str = "chat"
+  instruction: str = eval_lib.PROMPT_TEMPLATE
+  max_prompt_tokens: int = 1024
+  probe_holdout: int = 64
+  reward_correct: float = 1.0
+  reward_wrong: float = 0.0
+  truncated: str = "keep"
+  reward_workers: int = 2
+  reward_timeout_s: float = 10.0
 
   def __post_init__(self):
     object.__setattr__(self, "train_tiers", tuple(self.train_tiers))
     if self.task not in TASKS:
       raise ValueError(f"unknown task {self.task!r}; choose one of {TASKS}.")
-    _check_tiers("data.train_tiers", self.train_tiers)
     if self.prompts_per_step < 1 or self.group_size < 2:
       raise ValueError(f"need prompts_per_step >= 1 and group_size >= 2, got "
                        f"{self.prompts_per_step}, {self.group_size}.")
     if self.max_sampling_rounds < 1:
       raise ValueError("data.max_sampling_rounds must be >= 1.")
+    if self.task == "arithmetic":
+      _check_tiers("data.train_tiers", self.train_tiers)
+      return
+    if not self.train_file:
+      raise ValueError("data.task='math' needs data.train_file (a local JSONL or "
+                       "parquet of prompts in the DAPO or MATH schema).")
+    if not os.path.isfile(self.train_file):
+      raise ValueError(f"data.train_file={self.train_file!r} is not a file.")
+    if self.schema not in math_data.SCHEMAS:
+      raise ValueError(f"unknown data.schema {self.schema!r}; choose one of "
+                       f"{math_data.SCHEMAS}.")
+    if self.truncated not in math_task.TRUNCATED_POLICIES:
+      raise ValueError(f"unknown data.truncated {self.truncated!r}; choose one "
+                       f"of {math_task.TRUNCATED_POLICIES}.")
+    if "{question}" not in self.instruction or (
+        self.prompt_template != "chat" and "{question}" not in self.prompt_template):
+      raise ValueError("data.instruction and a raw data.prompt_template need a "
+                       "{question} field.")
+    if self.max_prompt_tokens < 1 or self.probe_holdout < 1:
+      raise ValueError("need data.max_prompt_tokens >= 1 and data.probe_holdout >= 1.")
+    if self.reward_workers < 1 or not self.reward_timeout_s > 0:
+      raise ValueError("need data.reward_workers >= 1 and data.reward_timeout_s > 0.")
+    if not self.reward_correct > self.reward_wrong:
+      raise ValueError(f"need data.reward_correct > data.reward_wrong, got "
+                       f"{self.reward_correct}, {self.reward_wrong}.")
 
   @property
   def batch_size(self) -> int:
@@ -265,30 +326,57 @@ class LearnerConfig:
 
 @dataclasses.dataclass(frozen=True)
 class EvalConfig:
-  """Periodic evaluation on the held-out tiers: pass@1 over k samples.
+  """Periodic evaluation of the sampler μ: pass@1 over k samples.
 
   Attributes:
     every: evaluate every this many steps (0: only before and after training).
-    tiers: the evaluation sets.
-    n_per_tier: problems per tier.
-    num_samples: k; pass@1 is the mean reward over the k samples.
+    num_samples: k; pass@1 is the mean correctness over the k samples.
     temperature: 0 for greedy (then k is 1).
     seed: seed of the evaluation sets and samples.
+    tiers: arithmetic: the evaluation sets.
+    n_per_tier: arithmetic: problems per tier.
+    benchmark_dir: math: the directory holding the benchmark files
+      (`math500.jsonl`, `aime24.parquet`, ...: `<name>.jsonl|.json|.parquet`
+      for the names in `benchmarks`; a missing one is skipped); "" for none.
+    benchmarks: math: the benchmarks to look for.
+    max_problems: math: the first problems of each benchmark (0: all).
   """
   every: int = 0
-  tiers: tuple[str, ...] = arithmetic.TIER_NAMES
-  n_per_tier: int = 64
   num_samples: int = 4
   temperature: float = 1.0
   seed: int = 1234
+  tiers: tuple[str, ...] = arithmetic.TIER_NAMES
+  n_per_tier: int = 64
+  benchmark_dir: str = ""
+  benchmarks: tuple[str, ...] = eval_lib.BENCHMARKS
+  max_problems: int = 0
 
   def __post_init__(self):
     object.__setattr__(self, "tiers", tuple(self.tiers))
+    object.__setattr__(self, "benchmarks", tuple(self.benchmarks))
     _check_tiers("eval.tiers", self.tiers)
+    for name in self.benchmarks:
+      eval_lib.canonical_name(name)
     if self.every < 0 or self.n_per_tier < 1 or self.num_samples < 1:
       raise ValueError("need eval.every >= 0, n_per_tier >= 1, num_samples >= 1.")
-    if self.temperature < 0:
-      raise ValueError(f"eval.temperature must be >= 0, got {self.temperature}.")
+    if self.temperature < 0 or self.max_problems < 0:
+      raise ValueError(f"need eval.temperature >= 0 and eval.max_problems >= 0, "
+                       f"got {self.temperature}, {self.max_problems}.")
+    if self.benchmark_dir and not os.path.isdir(self.benchmark_dir):
+      raise ValueError(f"eval.benchmark_dir={self.benchmark_dir!r} is not a directory.")
+
+
+@dataclasses.dataclass(frozen=True)
+class ExportConfig:
+  """Hugging Face checkpoints of the trained policy, in `workdir/export/`.
+
+  Attributes:
+    final: write the final policy (`export/final`).
+    best: also write the policy of the best evaluation so far (`export/best`),
+      rewritten whenever `eval/avg` improves.
+  """
+  final: bool = True
+  best: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -378,10 +466,15 @@ class TrainConfig:
   logging: LoggingConfig = LoggingConfig()
   checkpoint: CheckpointConfig = CheckpointConfig()
   mipu: MipuConfig = MipuConfig()
+  export: ExportConfig = ExportConfig()
 
   def __post_init__(self):
     if self.num_steps < 1:
       raise ValueError(f"num_steps must be >= 1, got {self.num_steps}.")
+    if self.data.task == "math" and not self.model.init_from:
+      raise ValueError("data.task='math' trains a Hugging Face checkpoint: set "
+                       "model.init_from to its directory (config.json, "
+                       "safetensors, tokenizer.json).")
     chunks = self.learner.num_minibatches * self.learner.num_microbatches
     if self.data.batch_size % chunks:
       raise ValueError(

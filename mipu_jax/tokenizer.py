@@ -33,6 +33,10 @@ class Tokenizer(Protocol):
   def bos_id(self) -> int | None:
     """Id that starts a sequence, or None if the model uses none (Qwen)."""
 
+  @property
+  def stop_ids(self) -> tuple[int, ...]:
+    """Every id that ends a completion (`eos_id` first)."""
+
   def encode(self, text: str) -> list[int]:
     """Text to ids, without adding any special token."""
 
@@ -83,6 +87,10 @@ class CharTokenizer:
   def bos_id(self) -> int:
     return self.BOS_ID
 
+  @property
+  def stop_ids(self) -> tuple[int, ...]:
+    return (self.EOS_ID,)
+
   def encode(self, text: str) -> list[int]:
     ids = []
     for c in text:
@@ -112,10 +120,18 @@ class CharTokenizer:
 
 
 class HFTokenizer:
-  """A `tokenizers.Tokenizer` (the `tokenizer.json` of a checkpoint)."""
+  """A checkpoint's `tokenizers.Tokenizer` (`tokenizer.json`) with its special ids.
+
+  Attributes:
+    chat_template: the checkpoint's chat template (`tokenizer_config.json`),
+      or None.
+    special_tokens: `{"bos_token": text or None, "eos_token": ..., "pad_token":
+      ...}`, the names a chat template sees.
+  """
 
   def __init__(self, tokenizer: Any, *, eos_id: int, pad_id: int | None = None,
-               bos_id: int | None = None):
+               bos_id: int | None = None, stop_ids: Sequence[int] = (),
+               chat_template: str | None = None):
     """Wraps a loaded `tokenizers.Tokenizer`.
 
     Args:
@@ -123,11 +139,19 @@ class HFTokenizer:
       eos_id: id that ends a completion.
       pad_id: padding id; defaults to `eos_id` (as Qwen base checkpoints do).
       bos_id: id that starts a sequence, or None.
+      stop_ids: further ids that end a completion (`generation_config.json`).
+      chat_template: the Jinja chat template, if the checkpoint has one.
     """
     self._tok = tokenizer
     self._eos_id = int(eos_id)
     self._pad_id = self._eos_id if pad_id is None else int(pad_id)
     self._bos_id = None if bos_id is None else int(bos_id)
+    self._stop_ids = tuple(dict.fromkeys([self._eos_id, *map(int, stop_ids)]))
+    self.chat_template = chat_template
+    self.special_tokens = {
+        f"{name}_token": (None if i is None else tokenizer.id_to_token(i))
+        for name, i in (("bos", self._bos_id), ("eos", self._eos_id),
+                        ("pad", self._pad_id))}
 
   @classmethod
   def from_dir(cls, path: str | os.PathLike[str]) -> HFTokenizer:
@@ -136,7 +160,9 @@ class HFTokenizer:
     Special tokens come from `tokenizer_config.json` (`eos_token`, `pad_token`,
     `bos_token`, by name) and, for whatever it leaves unset, from `config.json`
     (`eos_token_id`, `pad_token_id`, `bos_token_id`). A missing pad falls back
-    to EOS.
+    to EOS; a BOS is used only when the checkpoint names one (Qwen names none).
+    Stop ids are the EOS plus every `eos_token_id` of `generation_config.json`
+    (Qwen3 lists `<|im_end|>` and `<|endoftext|>`).
 
     Args:
       path: directory holding `tokenizer.json`.
@@ -146,7 +172,8 @@ class HFTokenizer:
 
     Raises:
       FileNotFoundError: `tokenizer.json` is not in `path`.
-      ValueError: no EOS token can be found, or a named token is not in the vocab.
+      ValueError: no EOS token can be found, or a named token or id is not in
+        the vocab.
     """
     import tokenizers  # pylint: disable=g-import-not-at-top
 
@@ -158,6 +185,8 @@ class HFTokenizer:
     tok = tokenizers.Tokenizer.from_file(tok_file)
     tok_config = _read_json(os.path.join(path, "tokenizer_config.json"))
     model_config = _read_json(os.path.join(path, "config.json"))
+    gen_config = _read_json(os.path.join(path, "generation_config.json"))
+    vocab = tok.get_vocab_size(with_added_tokens=True)
 
     def special(name: str) -> int | None:
       token = tok_config.get(f"{name}_token")
@@ -170,9 +199,7 @@ class HFTokenizer:
               f"{name}_token {token!r} from tokenizer_config.json in {path!r} "
               "is not in tokenizer.json's vocabulary.")
         return token_id
-      token_id = model_config.get(f"{name}_token_id")
-      if isinstance(token_id, Sequence) and not isinstance(token_id, str):
-        token_id = token_id[0] if token_id else None  # HF allows a list of EOS.
+      token_id = _first(model_config.get(f"{name}_token_id"))
       return None if token_id is None else int(token_id)
 
     eos_id = special("eos")
@@ -180,8 +207,19 @@ class HFTokenizer:
       raise ValueError(
           f"No EOS token for the tokenizer in {path!r}: set eos_token in "
           "tokenizer_config.json or eos_token_id in config.json.")
+    stop_ids = [int(i) for i in _as_list(gen_config.get("eos_token_id"))]
+    bad = [i for i in stop_ids if not 0 <= i < vocab]
+    if bad:
+      raise ValueError(f"generation_config.json in {path!r} names stop ids {bad} "
+                       f"outside the tokenizer's vocabulary of {vocab}.")
+    template = tok_config.get("chat_template")
+    if isinstance(template, list):  # several named templates: the default one
+      template = {t.get("name"): t.get("template") for t in template}.get("default")
+    if template is None and os.path.isfile(os.path.join(path, "chat_template.jinja")):
+      with open(os.path.join(path, "chat_template.jinja"), encoding="utf-8") as f:
+        template = f.read()
     return cls(tok, eos_id=eos_id, pad_id=special("pad"),
-               bos_id=special("bos"))
+               bos_id=special("bos"), stop_ids=stop_ids, chat_template=template)
 
   @property
   def vocab_size(self) -> int:
@@ -199,6 +237,10 @@ class HFTokenizer:
   def bos_id(self) -> int | None:
     return self._bos_id
 
+  @property
+  def stop_ids(self) -> tuple[int, ...]:
+    return self._stop_ids
+
   def encode(self, text: str) -> list[int]:
     return list(self._tok.encode(text, add_special_tokens=False).ids)
 
@@ -206,6 +248,29 @@ class HFTokenizer:
     """Ids to text, special tokens shown; pad skipped (so is EOS if pad == EOS)."""
     kept = [int(i) for i in ids if int(i) != self._pad_id]
     return self._tok.decode(kept, skip_special_tokens=False)
+
+
+def completion_text(tokenizer: Tokenizer, ids: Iterable[int]) -> str:
+  """A completion's text: its ids up to the first stop id (which `decode` would
+  show), decoded."""
+  ids = [int(i) for i in ids]
+  stops = set(tokenizer.stop_ids)
+  end = next((k for k, i in enumerate(ids) if i in stops), len(ids))
+  return tokenizer.decode(ids[:end])
+
+
+def _as_list(value: Any) -> list[Any]:
+  if value is None:
+    return []
+  if isinstance(value, Sequence) and not isinstance(value, str):
+    return list(value)
+  return [value]
+
+
+def _first(value: Any) -> Any:
+  """The first of a list (HF allows a list of EOS ids), or the value itself."""
+  values = _as_list(value)
+  return values[0] if values else None
 
 
 def _read_json(path: str) -> dict[str, Any]:

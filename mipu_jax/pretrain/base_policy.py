@@ -20,6 +20,7 @@ import numpy as np
 
 from mipu_jax import models
 from mipu_jax import tasks
+from mipu_jax.tokenizer import completion_text
 from mipu_jax.pretrain.sft import PretrainConfig
 from mipu_jax.pretrain.sft import train
 
@@ -54,7 +55,6 @@ def evaluate(model: models.Qwen3, *, seed: int = 0, n_per_tier: int = 128,
     `<style>_length`.
   """
   # Imported here: training alone needs neither the sampler nor its deps.
-  from mipu_jax.rl.rollout import decode_response  # pylint: disable=g-import-not-at-top
   from mipu_jax.sampler import Sampler  # pylint: disable=g-import-not-at-top
 
   tokenizer = tasks.make_tokenizer()
@@ -69,7 +69,7 @@ def evaluate(model: models.Qwen3, *, seed: int = 0, n_per_tier: int = 128,
     prompts = [[tokenizer.bos_id] + tokenizer.encode(p.prompt) for p in problems]
     out = sampler.generate(prompts, max_new_tokens=max_new, temperature=temperature,
                            seed=seed * 1000 + index)
-    completions = [decode_response(tokenizer, t) for t in out.tokens]
+    completions = [completion_text(tokenizer, t) for t in out.tokens]
     rewards = tasks.reward_batch(problems, completions)
     styles = np.asarray([response_style(c) for c in completions])
     lengths = np.asarray(out.lengths, np.float64)

@@ -34,7 +34,7 @@ def pack(rollout: Rollout, length: int):
     tokens_BL[i, p:p + t] = rollout.tokens_RT[i]
     input_mask_BL[i, :p] = 1.0
     input_mask_BL[i, p:p + t] = rollout.mask_RT[i]
-    loss_mask_BL[i, p:p + t] = rollout.mask_RT[i]
+    loss_mask_BL[i, p:p + t] = rollout.mask_RT[i] * rollout.keep_R[i]
     lp_mu_BL[i, p:p + t] = rollout.lp_mu_RT[i] * rollout.mask_RT[i]
   tokens_BL *= input_mask_BL.astype(np.int32)  # pad id 0 after each response
   return tokens_BL, input_mask_BL, loss_mask_BL, lp_mu_BL

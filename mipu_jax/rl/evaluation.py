@@ -1,8 +1,8 @@
-"""Periodic evaluation of the inference policy μ on held-out tiers.
+"""Periodic evaluation of the inference policy μ on the task's evaluation sets.
 
-pass@1 over k samples: the mean reward of k responses per problem (temperature
-as configured), averaged over the tier's problems; greedy decoding
-(temperature 0) uses k = 1. The sampler is the deployed policy, so this is
+pass@1 over k samples: the fraction of k responses per problem whose final
+answer is right (temperature as configured), averaged over the set's
+problems; greedy decoding (temperature 0) uses k = 1. The sampler is the deployed policy, so this is
 what the sources' tables report.
 """
 
@@ -15,11 +15,13 @@ from mipu_jax.rl.rollout import sample_groups
 from mipu_jax.tasks import base
 
 
-def evaluate(sampler, tokenizer, reward_fn: base.RewardFn,
+def evaluate(sampler, task: base.Task,
              sets: Mapping[str, Sequence[base.ProblemLike]], *, num_samples: int,
-             temperature: float, max_new_tokens: int, seed: int,
-             add_bos: bool) -> dict[str, float]:
+             temperature: float, max_new_tokens: int, seed: int) -> dict[str, float]:
   """pass@1 per set, their mean, its standard error, the mean response length.
+
+  A sample counts as correct when the task says its final answer is right
+  (`task.correct`), whatever the training reward's values.
 
   Returns:
     `{"eval/<set>": pass@1, "eval/avg": mean over sets, "eval/avg_se": the
@@ -29,10 +31,10 @@ def evaluate(sampler, tokenizer, reward_fn: base.RewardFn,
   k = 1 if temperature == 0 else num_samples
   metrics, ses, lengths = {}, [], []
   for index, (name, problems) in enumerate(sets.items()):
-    r = sample_groups(sampler, tokenizer, reward_fn, problems, group_size=k,
+    r = sample_groups(sampler, task, problems, group_size=k,
                       max_new_tokens=max_new_tokens, temperature=temperature,
-                      seed=seed + index, add_bos=add_bos)
-    correct_PK = r.rewards_NG()  # mean reward over k samples: pass@1
+                      seed=seed + index, score="correct")
+    correct_PK = r.rewards_NG()
     metrics[f"eval/{name}"] = grading.pass_at_1(correct_PK)
     ses.append(grading.pass_at_1_se(correct_PK))
     lengths.append(r.lengths_R)

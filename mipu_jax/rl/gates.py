@@ -43,9 +43,10 @@ from mipu_jax.rl import batching
 from mipu_jax.rl import hooks
 from mipu_jax.rl import rollout as rollout_lib
 from mipu_jax.rl import seeds
+from mipu_jax.tasks import base
 
 # Stream tags keeping the gate's randomness apart from the loop's.
-_PROBE_STREAM = 0x6d697075  # "mipu"
+_PROBE_STREAM = base.PROBE_STREAM
 _COIN_STREAM = 0x636f696e  # "coin"
 
 
@@ -96,18 +97,17 @@ class MipuGate(_CountingGate):
     """The probe rollout of step `step`, drawn from the sampler's current μ."""
     data, s = run.cfg.data, run.cfg.sampling
     if self.cfg.probe == "next_batch":
-      rng = np.random.default_rng([self.run_seed, step + 1, 0])
-      problems = run.task.sample(rng, data.prompts_per_step)
+      problems = run.task.sample(data.prompts_per_step, seed=self.run_seed,
+                                 step=step + 1, round=0)
       seed = seeds.seed(self.run_seed, step + 1, 0)
     else:
-      rng = np.random.default_rng([self.cfg.seed, _PROBE_STREAM, step])
-      problems = run.task.sample(rng, self.cfg.num_probe_prompts, split="probe")
+      problems = run.task.sample(self.cfg.num_probe_prompts, seed=self.cfg.seed,
+                                 step=step, split="probe")
       seed = seeds.seed(self.cfg.seed, _PROBE_STREAM, step)
     return rollout_lib.sample_groups(
-        run.sampler, run.task.tokenizer, run.task.reward_fn, problems,
-        group_size=data.group_size, max_new_tokens=s.max_new_tokens,
-        temperature=s.temperature, top_k=s.top_k, top_p=s.top_p, seed=seed,
-        add_bos=data.add_bos)
+        run.sampler, run.task, problems, group_size=data.group_size,
+        max_new_tokens=s.max_new_tokens, temperature=s.temperature,
+        top_k=s.top_k, top_p=s.top_p, seed=seed)
 
   def gap(self, run: Any, params: Any, probe: rollout_lib.Rollout,
           ) -> tuple[float, dict[str, float]]:

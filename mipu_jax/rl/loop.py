@@ -23,7 +23,6 @@ import time
 from typing import Optional
 
 import jax
-import numpy as np
 import tqdm
 from flax import nnx
 
@@ -31,6 +30,7 @@ from mipu_jax.config import TrainConfig
 from mipu_jax.learner import LearnerState
 from mipu_jax.rl import batching
 from mipu_jax.rl import evaluation
+from mipu_jax.rl import export
 from mipu_jax.rl import gates as gates_lib
 from mipu_jax.rl import hooks
 from mipu_jax.rl import report
@@ -50,7 +50,8 @@ class RunResult:
     state: the final learner state.
     rows: every logged row (`{"step": k, metric: value}`), in order.
     table: the markdown results table.
-    files: paths written (`metrics`, `table`, `plots`, `config`).
+    files: paths written (`metrics`, `table`, `plots`, `config`, and the
+      Hugging Face exports `export_final` / `export_best`).
   """
   state: LearnerState
   rows: list[dict[str, float]]
@@ -82,13 +83,12 @@ def collect(run: setup.Run, step: int):
   data, s = cfg.data, cfg.sampling
 
   def draw(round_index: int) -> rollout_lib.Rollout:
-    rng = np.random.default_rng([cfg.seed, step, round_index])
+    problems = task.sample(data.prompts_per_step, seed=cfg.seed, step=step,
+                           round=round_index)
     return rollout_lib.sample_groups(
-        run.sampler, task.tokenizer, task.reward_fn,
-        task.sample(rng, data.prompts_per_step), group_size=data.group_size,
+        run.sampler, task, problems, group_size=data.group_size,
         max_new_tokens=s.max_new_tokens, temperature=s.temperature,
-        top_k=s.top_k, top_p=s.top_p, seed=seeds.seed(cfg.seed, step, round_index),
-        add_bos=data.add_bos)
+        top_k=s.top_k, top_p=s.top_p, seed=seeds.seed(cfg.seed, step, round_index))
 
   return rollout_lib.dynamic_sampling(
       draw, data.prompts_per_step, enabled=data.dynamic_sampling,
@@ -167,11 +167,12 @@ def rl_step(run: setup.Run, state: LearnerState, step: int,
 
 def _evaluate(run: setup.Run, sets) -> dict[str, float]:
   cfg = run.cfg
+  if not sets:
+    return {}
   return evaluation.evaluate(
-      run.sampler, run.task.tokenizer, run.task.reward_fn, sets,
-      num_samples=cfg.eval.num_samples, temperature=cfg.eval.temperature,
-      max_new_tokens=cfg.sampling.max_new_tokens, seed=cfg.eval.seed,
-      add_bos=cfg.data.add_bos)
+      run.sampler, run.task, sets, num_samples=cfg.eval.num_samples,
+      temperature=cfg.eval.temperature,
+      max_new_tokens=cfg.sampling.max_new_tokens, seed=cfg.eval.seed)
 
 
 def _restore(ckpt, run: setup.Run, state: LearnerState, rows_path: str,
@@ -225,7 +226,7 @@ def train(cfg: TrainConfig, workdir: str, *,
   writer = writer_lib.MetricWriter(workdir, tensorboard=cfg.logging.tensorboard)
   for r in rows:
     writer.write(int(r["step"]), {k: v for k, v in r.items() if k != "step"})
-  eval_sets = run.task.eval_sets(cfg.eval.seed, cfg.eval.n_per_tier)
+  eval_sets = run.task.eval_sets(cfg.eval.seed)
 
   def log(step, metrics):
     writer.write(step, metrics)
@@ -233,7 +234,9 @@ def train(cfg: TrainConfig, workdir: str, *,
 
   if start == 0:
     log(0, _evaluate(run, eval_sets))
-  last_eval = [r["eval/avg"] for r in rows if "eval/avg" in r][-1]
+  evals = [r["eval/avg"] for r in rows if "eval/avg" in r]
+  last_eval = evals[-1] if evals else float("nan")
+  best_eval = max(evals, default=float("-inf"))
   bar = tqdm.trange(start + 1, cfg.num_steps + 1, desc="rl", unit="step",
                     initial=start, total=cfg.num_steps,
                     disable=not cfg.logging.progress_bar)
@@ -241,7 +244,11 @@ def train(cfg: TrainConfig, workdir: str, *,
     state, metrics = rl_step(run, state, step, gate)
     if step == cfg.num_steps or (cfg.eval.every and step % cfg.eval.every == 0):
       metrics.update(_evaluate(run, eval_sets))
-      last_eval = metrics["eval/avg"]
+      last_eval = metrics.get("eval/avg", last_eval)
+      if cfg.export.best and last_eval > best_eval:
+        best_eval = last_eval
+        files["export_best"] = export.export_policy(
+            run, state.params, os.path.join(workdir, "export", "best"))
     log(step, metrics)
     bar.set_postfix(reward=f"{metrics['rollout/reward_mean']:.3f}",
                     len=f"{metrics['rollout/response_length_mean']:.1f}",
@@ -260,7 +267,10 @@ def train(cfg: TrainConfig, workdir: str, *,
   if ckpt is not None:
     ckpt.close()
 
-  table = report.results_table(rows, cfg.eval.tiers)
+  if cfg.export.final:
+    files["export_final"] = export.export_policy(
+        run, state.params, os.path.join(workdir, "export", "final"))
+  table = report.results_table(rows, run.task.eval_names)
   with open(files["table"], "w") as f:
     f.write(table + "\n")
   if cfg.logging.plots:

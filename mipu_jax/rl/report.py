@@ -15,7 +15,7 @@ import matplotlib.pyplot as plt  # noqa: E402  (after choosing the backend)
 
 PANELS = (
     ("rollout/reward_mean", "reward"),
-    ("eval/avg", "eval pass@1 (avg over tiers)"),
+    ("eval/avg", "eval pass@1 (avg over sets)"),
     ("rollout_corr/k3_kl", "k3_kl (sampler vs learner)"),
     ("rollout/response_length_mean", "response length"),
     ("actor/grad_norm", "grad norm"),
@@ -29,20 +29,23 @@ def _series(rows: Sequence[Mapping[str, float]], name: str):
 
 
 def results_table(rows: Sequence[Mapping[str, float]],
-                  tiers: Sequence[str]) -> str:
-  """Markdown table: eval pass@1 per tier and Avg, first vs last evaluation,
-  then the last step's training metrics."""
+                  names: Sequence[str]) -> str:
+  """Markdown table in the MIPU table's layout: pass@1 per evaluation set
+  (tiers or benchmarks) and Avg. ± its standard error, at the first, the last
+  and the best evaluation; then the last step's training metrics."""
   evals = [r for r in rows if "eval/avg" in r]
-  lines = ["| eval | step | " + " | ".join(tiers) + " | Avg |",
-           "|---" * (len(tiers) + 3) + "|"]
+  lines = ["| eval | step | " + " | ".join(names) + " | Avg. |",
+           "|---" * (len(names) + 3) + "|"]
   picks = [("start", evals[0]), ("end", evals[-1])] if evals else []
   if len(evals) > 1:
     best = max(evals, key=lambda r: r["eval/avg"])
     picks.append(("best", best))
   for label, r in picks:
-    cells = [f"{r.get(f'eval/{t}', float('nan')):.3f}" for t in tiers]
+    cells = [f"{r.get(f'eval/{t}', float('nan')):.3f}" for t in names]
+    se = r.get("eval/avg_se")
+    avg = f"{r['eval/avg']:.3f}" + ("" if se is None else f" ± {se:.3f}")
     lines.append(f"| {label} | {int(r['step'])} | " + " | ".join(cells)
-                 + f" | {r['eval/avg']:.3f} |")
+                 + f" | {avg} |")
   train = [r for r in rows if "rollout/reward_mean" in r]
   if train:
     last = train[-1]

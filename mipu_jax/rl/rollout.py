@@ -13,6 +13,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from mipu_jax import losses
+from mipu_jax import tokenizer as tokenizer_lib
 from mipu_jax.tasks import base
 
 
@@ -30,6 +31,9 @@ class Rollout:
     truncated_R: `[N*G]` bool, the response hit the length budget.
     rewards_R: `[N*G]` float32 rewards.
     group_size: `G`.
+    keep_R: `[N*G]` bool, the response counts in the loss (False: filtered
+      out by the task, e.g. a truncated response under `truncated=filter`).
+    stats: the task's reward counters (`reward/*`), summed over the groups.
   """
   problems: tuple[base.ProblemLike, ...]
   prompt_ids: tuple[tuple[int, ...], ...]
@@ -40,6 +44,12 @@ class Rollout:
   truncated_R: np.ndarray
   rewards_R: np.ndarray
   group_size: int
+  keep_R: np.ndarray | None = None
+  stats: tuple[tuple[str, float], ...] = ()
+
+  def __post_init__(self):
+    if self.keep_R is None:
+      object.__setattr__(self, "keep_R", np.ones(len(self.rewards_R), bool))
 
   @property
   def num_groups(self) -> int:
@@ -58,56 +68,65 @@ class Rollout:
         prompt_ids=tuple(self.prompt_ids[g] for g in groups),
         tokens_RT=self.tokens_RT[rows], lp_mu_RT=self.lp_mu_RT[rows],
         mask_RT=self.mask_RT[rows], lengths_R=self.lengths_R[rows],
-        truncated_R=self.truncated_R[rows], rewards_R=self.rewards_R[rows])
+        truncated_R=self.truncated_R[rows], rewards_R=self.rewards_R[rows],
+        keep_R=self.keep_R[rows])
 
 
 def concat(rollouts: Sequence[Rollout]) -> Rollout:
   """The groups of several rollouts (same `G` and `T`), in order."""
   first = rollouts[0]
   cat = lambda name: np.concatenate([getattr(r, name) for r in rollouts])
+  stats: dict[str, float] = {}
+  for r in rollouts:
+    for k, v in r.stats:
+      stats[k] = stats.get(k, 0.0) + v
   return Rollout(
       problems=sum((r.problems for r in rollouts), ()),
       prompt_ids=sum((r.prompt_ids for r in rollouts), ()),
       tokens_RT=cat("tokens_RT"), lp_mu_RT=cat("lp_mu_RT"),
       mask_RT=cat("mask_RT"), lengths_R=cat("lengths_R"),
       truncated_R=cat("truncated_R"), rewards_R=cat("rewards_R"),
-      group_size=first.group_size)
+      group_size=first.group_size, keep_R=cat("keep_R"),
+      stats=tuple(sorted(stats.items())))
 
 
-def encode_prompt(tokenizer, prompt: str, add_bos: bool) -> tuple[int, ...]:
-  ids = tokenizer.encode(prompt)
-  return tuple(([tokenizer.bos_id] if add_bos else []) + ids)
+def sample_groups(sampler, task: base.Task, problems: Sequence[base.ProblemLike], *,
+                  group_size: int, max_new_tokens: int, temperature: float,
+                  top_k: int = 0, top_p: float = 1.0, seed: int,
+                  score: str = "reward") -> Rollout:
+  """Samples `group_size` responses per problem and scores them.
 
-
-def decode_response(tokenizer, tokens: Sequence[int]) -> str:
-  """Response text, stopping at the first EOS (which `decode` would show)."""
-  tokens = list(tokens)
-  if tokenizer.eos_id in tokens:
-    tokens = tokens[:tokens.index(tokenizer.eos_id)]
-  return tokenizer.decode(tokens)
-
-
-def sample_groups(sampler, tokenizer, reward_fn: base.RewardFn,
-                  problems: Sequence[base.ProblemLike], *, group_size: int,
-                  max_new_tokens: int, temperature: float, top_k: int = 0,
-                  top_p: float = 1.0, seed: int, add_bos: bool) -> Rollout:
-  """Samples `group_size` responses per problem and rewards them."""
-  prompt_ids = tuple(encode_prompt(tokenizer, p.prompt, add_bos) for p in problems)
+  Args:
+    sampler: the inference engine μ.
+    task: encodes the prompts and scores the completions (`base.Task`).
+    problems: the prompts' problems.
+    group_size: G.
+    max_new_tokens, temperature, top_k, top_p, seed: sampling settings.
+    score: "reward" (training: the task's rewards, truncation policy and
+      counters) or "correct" (evaluation: 1.0 where the answer is right).
+  """
+  prompt_ids = tuple(task.encode(p) for p in problems)
   out = sampler.generate([list(p) for p in prompt_ids],
                          max_new_tokens=max_new_tokens, temperature=temperature,
                          top_k=top_k or None, top_p=None if top_p >= 1 else top_p,
                          num_samples=group_size, seed=seed)
-  completions = [decode_response(tokenizer, t) for t in out.tokens]
+  completions = [tokenizer_lib.completion_text(task.tokenizer, t) for t in out.tokens]
   repeated = [problems[i] for i in out.prompt_index]
-  rewards_R = np.asarray(reward_fn(repeated, completions), np.float32)
+  truncated_R = np.asarray([f == "length" for f in out.finish_reasons])
+  if score == "correct":
+    rewards_R = np.asarray(task.correct(repeated, completions), np.float32)
+    keep_R, stats = np.ones(len(rewards_R), bool), {}
+  else:
+    rewards_R, keep_R, stats = task.reward(repeated, completions, truncated_R)
   return Rollout(
       problems=tuple(problems), prompt_ids=prompt_ids,
       tokens_RT=np.asarray(out.tokens_array, np.int32),
       lp_mu_RT=np.asarray(out.logprobs_array, np.float32) * out.mask,
       mask_RT=np.asarray(out.mask, np.float32),
       lengths_R=np.asarray(out.lengths, np.int32),
-      truncated_R=np.asarray([f == "length" for f in out.finish_reasons]),
-      rewards_R=rewards_R, group_size=group_size)
+      truncated_R=truncated_R, rewards_R=np.asarray(rewards_R, np.float32),
+      group_size=group_size, keep_R=np.asarray(keep_R, bool),
+      stats=tuple(sorted(stats.items())))
 
 
 def dynamic_sampling(draw: Callable[[int], Rollout], num_groups: int, *,
@@ -141,6 +160,7 @@ def dynamic_sampling(draw: Callable[[int], Rollout], num_groups: int, *,
   chosen = (kept + dropped)[:num_groups] if enabled else list(range(num_groups))
   topped_up = max(num_groups - len(kept), 0) if enabled else 0
   stats = {
+      **dict(everything.stats),
       "data/groups_sampled": float(everything.num_groups),
       "data/groups_all_equal": float(len(dropped)),
       "data/groups_dropped": float(len(dropped) - topped_up) if enabled else 0.0,

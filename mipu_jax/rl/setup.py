@@ -1,14 +1,18 @@
 """Builds a run's pieces from a validated `TrainConfig`: task, policy, learner, sampler.
 
-The base policy comes from `config.model.init_from` (a Hugging Face Qwen3
-directory, e.g. the pretrained `mipu_jax/tasks/assets/base_policy/`) or, when
-that is empty, a random init of `config.model.preset` with the task
-tokenizer's vocabulary.
+The task is the one `config.data.task` names (`make_task`): the arithmetic
+task with its character tokenizer, or the math task with the checkpoint's own
+tokenizer. The base policy comes from `config.model.init_from` (a Hugging
+Face Qwen3 directory, e.g. the pretrained `mipu_jax/tasks/assets/base_policy/`)
+or, when that is empty, a random init of `config.model.preset` with the task
+tokenizer's vocabulary. A checkpoint paired with a tokenizer other than its
+own is an error here, before any compute.
 """
 
 import dataclasses
 import logging
-from typing import Any, Callable, Mapping, Sequence
+import os
+from typing import Any
 
 import jax
 from flax import nnx
@@ -16,51 +20,58 @@ from jax.sharding import Mesh
 
 from mipu_jax import models
 from mipu_jax import sampler as sampler_lib
-from mipu_jax import tasks
+from mipu_jax import tokenizer as tokenizer_lib
 from mipu_jax.config import ModelConfig, TrainConfig
 from mipu_jax.learner import Learner, mesh_from_config
+from mipu_jax.tasks import arithmetic_task
+from mipu_jax.tasks import base
+from mipu_jax.tasks import math_reward
+from mipu_jax.tasks import math_task
 
 _log = logging.getLogger(__name__)
 
-
-@dataclasses.dataclass(frozen=True)
-class Task:
-  """What the loop needs from a task.
-
-  Attributes:
-    tokenizer: the task tokenizer.
-    reward_fn: host-side `RewardFn`.
-    sample: `sample(rng, n, split="train")` draws `n` problems of a split
-      ("probe" for MIPU Step 2's held-out probe prompts).
-    eval_sets: `eval_sets(seed, n_per_tier)` → `{tier: problems}`.
-    prompt_budget: most prompt tokens (BOS included) the task produces.
-  """
-  tokenizer: Any
-  reward_fn: tasks.RewardFn
-  sample: Callable[..., Sequence[tasks.ProblemLike]]
-  eval_sets: Callable[[int, int], Mapping[str, Sequence[tasks.ProblemLike]]]
-  prompt_budget: int
+Task = base.Task
 
 
-def make_task(cfg: TrainConfig) -> Task:
-  """The configured task (`arithmetic`: multi-operand addition tiers)."""
+def make_task(cfg: TrainConfig) -> base.Task:
+  """The task `cfg.data.task` names, with its tokenizer."""
   data, ev = cfg.data, cfg.eval
-  all_tiers = tuple(dict.fromkeys(data.train_tiers + ev.tiers))
+  if data.task == "arithmetic":
+    if cfg.model.init_from and os.path.isfile(
+        os.path.join(cfg.model.init_from, "tokenizer.json")):
+      raise ValueError(
+          f"model.init_from={cfg.model.init_from!r} has its own tokenizer "
+          "(tokenizer.json), but data.task='arithmetic' drives the model with "
+          "the arithmetic task's character tokenizer: its ids would mean "
+          "nothing to this checkpoint. Use data.task='math' (configs/math.py).")
+    return arithmetic_task.ArithmeticTask(data.train_tiers, ev.tiers, ev.n_per_tier,
+                                          add_bos=data.add_bos)
+  try:
+    tokenizer = tokenizer_lib.HFTokenizer.from_dir(cfg.model.init_from)
+  except FileNotFoundError as e:
+    raise ValueError(
+        f"data.task='math' uses the checkpoint's own tokenizer, but "
+        f"model.init_from={cfg.model.init_from!r} has no tokenizer.json.") from e
+  pool = math_reward.RewardPool(data.reward_workers, data.reward_timeout_s)
+  return math_task.MathTask(
+      tokenizer, data.train_file, schema=data.schema, prompt_key=data.prompt_key,
+      answer_key=data.answer_key, prompt_template=data.prompt_template,
+      instruction=data.instruction, max_prompt_tokens=data.max_prompt_tokens,
+      seed=cfg.seed, max_rounds=data.max_sampling_rounds,
+      num_probe=data.probe_holdout, reward_correct=data.reward_correct,
+      reward_wrong=data.reward_wrong, truncated=data.truncated, pool=pool,
+      benchmark_dir=ev.benchmark_dir, benchmarks=ev.benchmarks,
+      max_eval_problems=ev.max_problems)
 
-  def eval_sets(seed, n):
-    sets = tasks.eval_sets(seed, n)
-    return {t: sets[t] for t in ev.tiers}
 
-  return Task(
-      tokenizer=tasks.make_tokenizer(), reward_fn=tasks.reward_batch,
-      sample=lambda rng, n, split="train": tasks.sample_problems(
-          rng, n, data.train_tiers, split=split),
-      eval_sets=eval_sets,
-      prompt_budget=tasks.max_prompt_len(all_tiers) + int(data.add_bos))
+def make_policy(cfg: ModelConfig, tokenizer) -> models.Qwen3:
+  """The base policy: `init_from` checkpoint, else a random preset init.
 
-
-def make_policy(cfg: ModelConfig, vocab_size: int) -> models.Qwen3:
-  """The base policy: `init_from` checkpoint, else a random preset init."""
+  Raises:
+    ValueError: the policy's vocabulary cannot hold the tokenizer's ids (or, for
+      the character tokenizer, is not exactly its vocabulary).
+  """
+  vocab_size = tokenizer.vocab_size
   if cfg.init_from:
     _log.info("Loading the base policy from %s", cfg.init_from)
     model = models.from_pretrained(cfg.init_from, compute_dtype=cfg.dtype)
@@ -71,19 +82,26 @@ def make_policy(cfg: ModelConfig, vocab_size: int) -> models.Qwen3:
     mcfg = models.get_config(cfg.preset, vocab_size=vocab_size, dtype=cfg.dtype,
                              remat=cfg.remat)
     model = models.Qwen3(mcfg, rngs=nnx.Rngs(cfg.init_seed))
-  if model.config.vocab_size < vocab_size:
-    raise ValueError(f"policy vocabulary {model.config.vocab_size} is smaller "
-                     f"than the tokenizer's {vocab_size}.")
+  model_vocab = model.config.vocab_size
+  exact = isinstance(tokenizer, tokenizer_lib.CharTokenizer)
+  if model_vocab < vocab_size or (exact and model_vocab != vocab_size):
+    raise ValueError(
+        f"the policy's vocabulary ({model_vocab} ids) does not fit the task "
+        f"tokenizer ({vocab_size} ids, {type(tokenizer).__name__}): the "
+        "checkpoint was not trained with this tokenizer.")
   return model
 
 
-def make_sampler(model: models.Qwen3, cfg: TrainConfig, task: Task,
+def make_sampler(model: models.Qwen3, cfg: TrainConfig, task: base.Task,
                  mesh: Mesh) -> sampler_lib.Sampler:
-  """The inference policy μ at the configured precision (SPEC.md §7)."""
+  """The inference policy μ at the configured precision (docs/method.md §7).
+
+  Every stop id of the task's tokenizer ends a response.
+  """
   s = cfg.sampling
   tok = task.tokenizer
   return sampler_lib.Sampler(
-      model, eos_ids=[tok.eos_id], mesh=mesh if mesh.size > 1 else None,
+      model, eos_ids=list(tok.stop_ids), mesh=mesh if mesh.size > 1 else None,
       max_prefill_length=task.prompt_budget, max_decode_length=s.max_new_tokens,
       pad_id=tok.pad_id, **s.engine_kwargs())
 
@@ -115,7 +133,7 @@ class Run:
 def build_run(cfg: TrainConfig, *, donate: bool = True) -> Run:
   """Task, policy, mesh, learner and sampler of `cfg`."""
   task = make_task(cfg)
-  model = make_policy(cfg.model, task.tokenizer.vocab_size)
+  model = make_policy(cfg.model, task.tokenizer)
   mesh = mesh_from_config(cfg.learner.mesh)
   learner = Learner.from_config(cfg, model, mesh, donate=donate)
   sampler = make_sampler(model, cfg, task, mesh)

@@ -1,4 +1,4 @@
-"""Synthetic tasks with verifiable answers (the small CPU task of issue 4)."""
+"""Tasks with verifiable answers: the small CPU arithmetic task and math RL on real checkpoints."""
 
 from mipu_jax.tasks.arithmetic import ALPHABET
 from mipu_jax.tasks.arithmetic import cot_completion
@@ -18,12 +18,26 @@ from mipu_jax.tasks.arithmetic import SPLITS
 from mipu_jax.tasks.arithmetic import Tier
 from mipu_jax.tasks.arithmetic import TIER_NAMES
 from mipu_jax.tasks.arithmetic import TIERS
+from mipu_jax.tasks.arithmetic_task import ArithmeticTask
+from mipu_jax.tasks.base import PROBE_STREAM
 from mipu_jax.tasks.base import Problem
 from mipu_jax.tasks.base import ProblemLike
 from mipu_jax.tasks.base import RewardFn
+from mipu_jax.tasks.base import Task
+from mipu_jax.tasks.math_data import load_problems
+from mipu_jax.tasks.math_data import MathProblem
+from mipu_jax.tasks.math_reward import RewardPool
+from mipu_jax.tasks.math_task import MathTask
 
 __all__ = [
     "ALPHABET",
+    "ArithmeticTask",
+    "MathProblem",
+    "MathTask",
+    "PROBE_STREAM",
+    "RewardPool",
+    "Task",
+    "load_problems",
     "Problem",
     "ProblemLike",
     "RewardFn",
