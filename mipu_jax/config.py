@@ -32,6 +32,7 @@ from mipu_jax.models import config as model_config
 from mipu_jax.sampler import config as sampler_config
 from mipu_jax.tasks import arithmetic
 from mipu_jax.tasks import math_data
+from mipu_jax.tasks import math_reward
 from mipu_jax.tasks import math_task
 
 TASKS = ("arithmetic", "math")
@@ -156,6 +157,9 @@ class DataConfig:
       ("keep"), scored as wrong ("wrong"), or left out of the loss ("filter").
     reward_workers: math: grading processes.
     reward_timeout_s: math: per-answer grading limit (scored wrong, counted).
+    reward_grader: math: the grader, `"module:function"` taking
+      `(completion, gold)` and returning whether the answer is right
+      (default: the boxed / `Answer:` final answer checked by math-verify).
   """
   task: str = "arithmetic"
   prompts_per_step: int = 16
@@ -177,6 +181,7 @@ class DataConfig:
   truncated: str = "keep"
   reward_workers: int = 2
   reward_timeout_s: float = 10.0
+  reward_grader: str = math_reward.DEFAULT_GRADE
 
   def __post_init__(self):
     object.__setattr__(self, "train_tiers", tuple(self.train_tiers))
@@ -209,6 +214,9 @@ class DataConfig:
       raise ValueError("need data.max_prompt_tokens >= 1 and data.probe_holdout >= 1.")
     if self.reward_workers < 1 or not self.reward_timeout_s > 0:
       raise ValueError("need data.reward_workers >= 1 and data.reward_timeout_s > 0.")
+    if ":" not in self.reward_grader:
+      raise ValueError(f"data.reward_grader must be 'module:function', got "
+                       f"{self.reward_grader!r}.")
     if not self.reward_correct > self.reward_wrong:
       raise ValueError(f"need data.reward_correct > data.reward_wrong, got "
                        f"{self.reward_correct}, {self.reward_wrong}.")

@@ -189,7 +189,10 @@ class HFTokenizer:
     vocab = tok.get_vocab_size(with_added_tokens=True)
 
     def special(name: str) -> int | None:
-      token = tok_config.get(f"{name}_token")
+      key = f"{name}_token"
+      if key in tok_config and tok_config[key] is None:
+        return None  # named as absent (Qwen's bos_token: null), whatever config.json says
+      token = tok_config.get(key)
       if isinstance(token, dict):  # AddedToken serialised as a dict.
         token = token.get("content")
       if token:

@@ -23,3 +23,24 @@ os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
 import jax  # noqa: E402  (must follow the environment above)
 
 jax.config.update("jax_numpy_rank_promotion", "raise")
+
+import pathlib  # noqa: E402
+
+import pytest  # noqa: E402
+
+FIXTURES = pathlib.Path(__file__).parent / "fixtures"
+
+
+@pytest.fixture(scope="session")
+def tiny_ckpt(tmp_path_factory):
+  """A tiny random Qwen3 checkpoint directory in the Hugging Face layout, with a
+  byte-level BPE tokenizer and Qwen's special tokens (`mipu_jax.testing`)."""
+  from mipu_jax.testing import checkpoint  # pylint: disable=g-import-not-at-top
+  return checkpoint.write_tiny_qwen3(str(tmp_path_factory.mktemp("tiny_qwen3")))
+
+
+@pytest.fixture(scope="session")
+def math_inputs(tiny_ckpt):
+  """`ckpt=...,train=...,eval=...` for `configs/math.py` and the pod configs."""
+  return (f"ckpt={tiny_ckpt},train={FIXTURES / 'train' / 'dapo_math.jsonl'},"
+          f"eval={FIXTURES / 'benchmarks'}")

@@ -53,10 +53,11 @@ def _compile(name, lowered):
 
 @pytest.mark.parametrize("module", [pod_qwen3_1p7b, pod_qwen3_4b],
                          ids=["qwen3_1p7b", "qwen3_4b"])
-def test_pod_rl_step_compiles_with_abstract_params(module):
+def test_pod_rl_step_compiles_with_abstract_params(module, math_inputs):
   assert jax.device_count() == 8
-  # MIPU's learner program is Step 1's (Step 2 acts between steps).
-  cfg = config_lib.from_config_dict(module.get_config("step1,chips=8"))
+  # MIPU's learner program is Step 1's (Step 2 acts between steps). The
+  # checkpoint is the tiny test one: the program is built from the preset.
+  cfg = config_lib.from_config_dict(module.get_config(f"step1,chips=8,{math_inputs}"))
   mesh = mesh_from_config(cfg.learner.mesh)
   mcfg = models.get_config(cfg.model.preset, dtype=cfg.model.dtype, remat=cfg.model.remat)
 

@@ -22,15 +22,17 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TIERS = ("tier1", "tier2", "tier3", "tier4", "tier5")
 
 
-def _build(module, arg):
+def _build(module, arg, math_inputs=""):
+  if module is not table:
+    arg = f"{arg},{math_inputs}"
   return config_lib.from_config_dict(module.get_config(arg))
 
 
 @pytest.mark.parametrize("module", [table, pod_qwen3_1p7b, pod_qwen3_4b])
 @pytest.mark.parametrize("row", rows.ROWS)
-def test_every_row_is_a_valid_config(module, row):
+def test_every_row_is_a_valid_config(module, row, math_inputs):
   arg = f"{row},p=0.3" if row == "random_rollback" else row
-  cfg = _build(module, arg)
+  cfg = _build(module, arg, math_inputs)
   corr = {"control": "none", "baseline": "none", "tis": "token_tis", "mis": "mis_miles", "lr_decay": "none",
           "mipu": "mipu_step1", "step1": "mipu_step1", "step2": "none",
           "random_rollback": "mipu_step1"}[row]
@@ -54,9 +56,11 @@ def test_small_task_rows_share_the_high_mismatch_base():
   assert _build(table, "tis") == _build(table, "step1")
 
 
-def test_pod_configs_carry_the_sources_hyperparameters():
+def test_pod_configs_train_the_sources_experiment(math_inputs):
   for module, preset in ((pod_qwen3_1p7b, "qwen3_1p7b"), (pod_qwen3_4b, "qwen3_4b")):
-    cfg = _build(module, "tis,chips=32")
+    cfg = _build(module, "tis,chips=32", math_inputs)
+    assert cfg.data.task == "math" and cfg.eval.benchmark_dir.endswith("benchmarks")
+    assert cfg.sampling.max_new_tokens == 8192 and cfg.data.prompts_per_step == 64
     assert cfg.model.preset == preset and cfg.model.remat
     assert cfg.optim.learning_rate == 1e-6 and cfg.optim.weight_decay == 0.01
     assert cfg.optim.clip_norm == 1.0 and cfg.loss.advantage == "rloo"
@@ -65,9 +69,9 @@ def test_pod_configs_carry_the_sources_hyperparameters():
     assert cfg.loss.correction.is_upper == 2.0
     assert cfg.sampling.weight_quant == "fp8_e4m3" and cfg.sampling.act_quant == "fp8"
     assert cfg.data.batch_size // cfg.learner.num_microbatches == 32
-  lr4 = _build(pod_qwen3_4b, "lr_decay").optim.length_surge
+  lr4 = _build(pod_qwen3_4b, "lr_decay", math_inputs).optim.length_surge
   assert (lr4.mode, lr4.decay_period, lr4.min_ratio) == ("fixed", 204, 0.1)
-  assert _build(pod_qwen3_1p7b, "lr_decay").optim.length_surge.mode == "auto"
+  assert _build(pod_qwen3_1p7b, "lr_decay", math_inputs).optim.length_surge.mode == "auto"
 
 
 def test_bad_row_arguments_fail_clearly():
@@ -81,6 +85,8 @@ def test_bad_row_arguments_fail_clearly():
     table.get_config("random_rollback")
   with pytest.raises(ValueError, match="does not divide"):
     pod_qwen3_4b.get_config("tis,chips=48")
+  with pytest.raises(ValueError, match="needs ckpt=DIR"):
+    pod_qwen3_4b.get_config("tis")
   with pytest.raises(ValueError, match="unknown table row"):
     rows.apply(table.get_config(), "ours")
 

@@ -7,6 +7,7 @@ from mipu_jax.eval.benchmarks import load_benchmark
 from mipu_jax.eval.benchmarks import PROMPT_TEMPLATE
 from mipu_jax.eval.grading import boxed_reward
 from mipu_jax.eval.grading import extract_boxed
+from mipu_jax.eval.grading import extract_final_answer
 from mipu_jax.eval.grading import grade
 from mipu_jax.eval.grading import is_equivalent
 from mipu_jax.eval.grading import normalize_answer
@@ -20,6 +21,7 @@ __all__ = [
     "boxed_reward",
     "canonical_name",
     "extract_boxed",
+    "extract_final_answer",
     "grade",
     "is_equivalent",
     "load_benchmark",

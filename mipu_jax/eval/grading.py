@@ -71,12 +71,29 @@ def is_equivalent(predicted: str, gold: str) -> bool:
   return _fallback_equal(predicted, gold)
 
 
-def grade(completion: str, gold: str) -> bool:
-  """True iff the completion's last boxed answer is equivalent to `gold`.
+_ANSWER_LINE = re.compile(r"Answer\s*:\s*(.+?)\s*$", re.MULTILINE)
 
-  A completion with no `\\boxed{}` is wrong.
-  """
-  predicted = extract_boxed(completion)
+
+def extract_final_answer(text: str) -> str | None:
+  """The final answer of a completion: its last `\\boxed{}`, else the text
+  after its last `Answer:` (the format DAPO-Math-17k's prompts ask for), else
+  None. Surrounding `$` are stripped from an `Answer:` line."""
+  boxed = extract_boxed(text)
+  if boxed is not None:
+    return boxed
+  lines = _ANSWER_LINE.findall(text)
+  if not lines:
+    return None
+  answer = lines[-1].strip()
+  if len(answer) >= 2 and answer.startswith("$") and answer.endswith("$"):
+    answer = answer[1:-1].strip()
+  return answer or None
+
+
+def grade(completion: str, gold: str) -> bool:
+  """True iff the completion's final answer (`extract_final_answer`) is
+  equivalent to `gold`. A completion with no final answer is wrong."""
+  predicted = extract_final_answer(completion)
   return predicted is not None and is_equivalent(predicted, gold)
 
 

@@ -52,7 +52,8 @@ def make_task(cfg: TrainConfig) -> base.Task:
     raise ValueError(
         f"data.task='math' uses the checkpoint's own tokenizer, but "
         f"model.init_from={cfg.model.init_from!r} has no tokenizer.json.") from e
-  pool = math_reward.RewardPool(data.reward_workers, data.reward_timeout_s)
+  pool = math_reward.RewardPool(data.reward_workers, data.reward_timeout_s,
+                                data.reward_grader)
   return math_task.MathTask(
       tokenizer, data.train_file, schema=data.schema, prompt_key=data.prompt_key,
       answer_key=data.answer_key, prompt_template=data.prompt_template,
