@@ -1,6 +1,6 @@
 r"""Qwen3-1.7B on a TPU pod, one row of the MIPU table (default: MIPU, Step 1 + Step 2).
 
-    python experiments/train.py --config configs/pod_qwen3_1p7b.py:mis,chips=8,ckpt=$CKPT \
+    python experiments/train.py --config configs/pod_qwen3_1p7b.py:mis,chips=8,ckpt=$CKPT,train=$DAPO,eval=$EVALS \
         --workdir /mnt/runs/qwen3_1p7b_mis           # on every host (docs/pods.md)
 
 Rows: baseline, tis, mis, lr_decay, mipu, step1, step2, random_rollback

@@ -1,6 +1,6 @@
 r"""Qwen3-4B on a TPU pod, one row of the MIPU table (default: MIPU, Step 1 + Step 2).
 
-    python experiments/train.py --config configs/pod_qwen3_4b.py:mipu,chips=16,ckpt=$CKPT \
+    python experiments/train.py --config configs/pod_qwen3_4b.py:mipu,chips=16,ckpt=$CKPT,train=$DAPO,eval=$EVALS \
         --workdir /mnt/runs/qwen3_4b_mipu            # on every host (docs/pods.md)
 
 Rows: baseline, tis, mis, lr_decay, mipu, step1, step2, random_rollback
