@@ -54,7 +54,7 @@ def get_config(arg=None):
 
   config.model.init_from = arg.ckpt
   config.model.dtype = "bfloat16"
-  config.model.remat = True
+  config.model.remat = "layer"
 
   config.sampling.dtype = "bfloat16"
   config.sampling.weight_quant = "fp8_e4m3"
@@ -105,7 +105,7 @@ def _quick(config):
   tokens, 2 problems per benchmark, one device."""
   config.num_steps = 2
   config.model.dtype = "float32"
-  config.model.remat = False
+  config.model.remat = "none"
   config.sampling.dtype = "float32"
   config.sampling.max_new_tokens = 16
   config.data.prompts_per_step = 2

@@ -53,13 +53,21 @@ class ModelConfig:
       (random init, vocabulary resized to the task tokenizer's).
     init_from: Hugging Face checkpoint directory of the base policy, or "".
     dtype: learner matmul dtype; master weights stay float32.
-    remat: rematerialise each layer in the backward pass.
+    remat: each layer's remat policy in the backward pass: "none", "layer"
+      (recompute the layer: least memory) or "dots" (keep the matmul outputs);
+      True / False mean "layer" / "none".
+    attention: "dense" (the reference), "blockwise" (flash-style, pure JAX,
+      memory linear in the row length), "cudnn" (GPU) or "splash" (TPU)
+      (`mipu_jax.models.attention`).
+    attention_block: the blockwise / splash tile.
     init_seed: seed of the random init.
   """
   preset: str = "tiny"
   init_from: str = ""
   dtype: str = "float32"
-  remat: bool = False
+  remat: Any = "none"
+  attention: str = "dense"
+  attention_block: int = 512
   init_seed: int = 0
 
   def __post_init__(self):
@@ -67,6 +75,10 @@ class ModelConfig:
       raise ValueError(f"unknown model preset {self.preset!r}; choose one of "
                        f"{sorted(model_config.PRESETS)}.")
     model_config.as_dtype(self.dtype)
+    if isinstance(self.remat, bool):
+      object.__setattr__(self, "remat", "layer" if self.remat else "none")
+    model_config.PRESETS["tiny"].replace(remat=self.remat, attention=self.attention,
+                                         attention_block=self.attention_block)
     if self.init_from and not os.path.isdir(self.init_from):
       raise ValueError(f"model.init_from={self.init_from!r} is not a directory.")
 
@@ -318,6 +330,8 @@ class LearnerConfig:
     mesh: device mesh.
     log_entropy: compute the policy entropy (a full-vocabulary pass) for the
       `actor/entropy` metric even when `loss.entropy_coef` is 0.
+    logits_chunk: log-probs and entropy from the LM head in chunks of this
+      many positions, never holding the `[B, L, V]` logits (0: dense logits).
   """
   ppo_epochs: int = 1
   num_minibatches: int = 1
@@ -325,8 +339,11 @@ class LearnerConfig:
   shuffle: bool = True
   mesh: MeshConfig = MeshConfig()
   log_entropy: bool = True
+  logits_chunk: int = 1024
 
   def __post_init__(self):
+    if self.logits_chunk < 0:
+      raise ValueError(f"learner.logits_chunk must be >= 0, got {self.logits_chunk}.")
     if min(self.ppo_epochs, self.num_minibatches, self.num_microbatches) < 1:
       raise ValueError("ppo_epochs, num_minibatches and num_microbatches must "
                        "be >= 1.")

@@ -61,7 +61,7 @@ def test_pod_configs_train_the_sources_experiment(math_inputs):
     cfg = _build(module, "tis,chips=32", math_inputs)
     assert cfg.data.task == "math" and cfg.eval.benchmark_dir.endswith("benchmarks")
     assert cfg.sampling.max_new_tokens == 8192 and cfg.data.prompts_per_step == 64
-    assert cfg.model.preset == preset and cfg.model.remat
+    assert cfg.model.preset == preset and cfg.model.remat == "layer"
     assert cfg.optim.learning_rate == 1e-6 and cfg.optim.weight_decay == 0.01
     assert cfg.optim.clip_norm == 1.0 and cfg.loss.advantage == "rloo"
     assert (cfg.loss.eps_low, cfg.loss.eps_high) == (0.2, 0.28)

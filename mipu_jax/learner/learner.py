@@ -52,7 +52,8 @@ def step_spec(cfg: TrainConfig) -> step_lib.StepSpec:
       num_microbatches=cfg.learner.num_microbatches,
       shuffle=cfg.learner.shuffle,
       with_entropy=cfg.learner.log_entropy or cfg.loss.entropy_coef > 0,
-      max_response_len=s.max_new_tokens)
+      max_response_len=s.max_new_tokens,
+      logits_chunk=cfg.learner.logits_chunk)
 
 
 class Learner:
@@ -97,7 +98,7 @@ class Learner:
       self.traces["logprobs"] += 1
       return logprobs_lib.chunked_logprobs(
           graphdef, params, tokens_BL, mask_BL, spec.scoring,
-          spec.num_minibatches * spec.num_microbatches)
+          spec.num_minibatches * spec.num_microbatches, spec.logits_chunk)
 
     self._step = jax.jit(step, in_shardings=(self.state_shardings,
                                              self.batch_shardings),

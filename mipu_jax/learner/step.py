@@ -43,6 +43,8 @@ class StepSpec:
     shuffle: permute rows every epoch.
     with_entropy: compute the policy entropy.
     max_response_len: the `seq_mean_token_sum_norm` length by default.
+    logits_chunk: positions per LM-head chunk of the log-probs (0: dense
+      logits; `policy_logprobs`).
   """
   loss: losses.LossConfig
   scoring: Scoring = Scoring()
@@ -52,6 +54,7 @@ class StepSpec:
   shuffle: bool = True
   with_entropy: bool = True
   max_response_len: int = 1
+  logits_chunk: int = 0
 
   @property
   def num_updates(self) -> int:
@@ -114,7 +117,8 @@ def learner_step(state: LearnerState, batch: Batch, *, graphdef: nnx.GraphDef,
     model = nnx.merge(graphdef, params)
     out = policy_logprobs(model, mb["tokens"], mb["input_mask"], spec.scoring,
                           with_entropy=spec.with_entropy,
-                          entropy_grad=cfg.entropy_coef > 0)
+                          entropy_grad=cfg.entropy_coef > 0,
+                          logits_chunk=spec.logits_chunk)
     lp_BL, ent_BL = out if spec.with_entropy else (out, None)
     return objective.micro_loss(
         lp_BL, ent_BL, mb["lp_ref"], mb["adv"], mb["weights"], mb["keep"],

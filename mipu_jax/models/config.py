@@ -29,6 +29,10 @@ def as_dtype(dtype: Any) -> jnp.dtype:
   return jnp.dtype(dtype)
 
 
+REMAT_POLICIES = ("none", "layer", "dots")
+ATTENTIONS = ("dense", "blockwise", "cudnn", "splash")
+
+
 @dataclasses.dataclass(frozen=True)
 class Qwen3Config:
   """Dimensions of a Qwen3 decoder.
@@ -46,7 +50,12 @@ class Qwen3Config:
     rms_eps: RMSNorm epsilon.
     param_dtype: storage dtype of the parameters (fp32 master weights).
     dtype: compute dtype of matmuls; norms, softmax and logits stay float32.
-    remat: rematerialise each layer in the backward pass (saves activation memory).
+    remat: remat policy of each layer in the backward pass: "none", "layer"
+      (recompute the whole layer: least memory) or "dots" (keep the matmul
+      outputs); `qwen3.remat`. True / False mean "layer" / "none".
+    attention: "dense" (the reference), "blockwise" (flash-style, pure JAX),
+      "cudnn" (GPU) or "splash" (TPU); `mipu_jax.models.attention`.
+    attention_block: query and key tile of the blockwise and splash kernels.
   """
 
   vocab_size: int
@@ -61,7 +70,9 @@ class Qwen3Config:
   rms_eps: float = 1e-6
   param_dtype: Any = jnp.float32
   dtype: Any = jnp.float32
-  remat: bool = False
+  remat: Any = "none"
+  attention: str = "dense"
+  attention_block: int = 512
 
   def __post_init__(self):
     for name in ("vocab_size", "hidden_size", "num_layers", "num_heads",
@@ -71,6 +82,16 @@ class Qwen3Config:
     if self.num_heads % self.num_kv_heads:
       raise ValueError(
           f"num_heads ({self.num_heads}) must be a multiple of num_kv_heads ({self.num_kv_heads}).")
+    if isinstance(self.remat, bool):
+      object.__setattr__(self, "remat", "layer" if self.remat else "none")
+    if self.remat not in REMAT_POLICIES:
+      raise ValueError(f"unknown remat policy {self.remat!r}; choose one of "
+                       f"{REMAT_POLICIES}.")
+    if self.attention not in ATTENTIONS:
+      raise ValueError(f"unknown attention {self.attention!r}; choose one of "
+                       f"{ATTENTIONS}.")
+    if self.attention_block < 1:
+      raise ValueError(f"attention_block must be >= 1, got {self.attention_block}.")
     object.__setattr__(self, "param_dtype", as_dtype(self.param_dtype))
     object.__setattr__(self, "dtype", as_dtype(self.dtype))
 

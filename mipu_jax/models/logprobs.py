@@ -37,3 +37,50 @@ def sequence_logprobs(model, tokens_BT: jax.Array, mask_BT: jax.Array,
     return lp_BT
   ent_BT = jnp.pad(entropy(logits_BTV, temperature), ((0, 0), (1, 0)))
   return lp_BT, ent_BT
+
+
+def chunked_token_logprobs(model, h_BTD: jax.Array, targets_BT: jax.Array,
+                           temperature: float = 1.0, *, chunk: int = 1024,
+                           with_entropy: bool = False, entropy_grad: bool = False):
+  """`token_logprobs` (and `entropy`) of the LM head's logits, chunk by chunk.
+
+  The `[B, T, V]` logits never exist at once: per chunk of `chunk` positions
+  the head's logits are formed, reduced to the log-sum-exp, the picked logit
+  (and the entropy), and dropped; the backward pass recomputes them per chunk
+  (`jax.checkpoint`). With V = 151,936 this is the difference between ~5 GiB
+  of fp32 logits per 9k-token row and `chunk / T` of it.
+
+  Args:
+    model: a `Qwen3` (its `logits` method is the LM head).
+    h_BTD: the final normalised hidden states of the positions that predict.
+    targets_BT: the predicted token of each position.
+    temperature: as `token_logprobs`.
+    chunk: positions per chunk (T is padded to a multiple).
+    with_entropy: also return the entropy per position.
+    entropy_grad: differentiate through the entropy (otherwise it is computed
+      from stop-gradient logits, a logged metric).
+
+  Returns:
+    float32 `[B, T]` log-probs, or `(log-probs, entropy)`.
+  """
+  b, t, d = h_BTD.shape
+  c = min(chunk, t)
+  pad = -t % c
+  h_NBCD = jnp.pad(h_BTD, ((0, 0), (0, pad), (0, 0))).reshape(b, -1, c, d).swapaxes(0, 1)
+  y_NBC = jnp.pad(targets_BT, ((0, 0), (0, pad))).reshape(b, -1, c).swapaxes(0, 1)
+
+  @jax.checkpoint
+  def one(h_BCD, y_BC):
+    logits_BCV = model.logits(h_BCD)
+    lp_BC = token_logprobs(logits_BCV, y_BC, temperature)
+    if not with_entropy:
+      return lp_BC, jnp.zeros_like(lp_BC)
+    if not entropy_grad:
+      logits_BCV = jax.lax.stop_gradient(logits_BCV)
+    return lp_BC, entropy(logits_BCV, temperature)
+
+  lp_NBC, ent_NBC = jax.lax.map(lambda xs: one(*xs), (h_NBCD, y_NBC))
+  unchunk = lambda x: x.swapaxes(0, 1).reshape(b, -1)[:, :t]
+  if not with_entropy:
+    return unchunk(lp_NBC)
+  return unchunk(lp_NBC), unchunk(ent_NBC)

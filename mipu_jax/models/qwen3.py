@@ -3,7 +3,10 @@
 RMSNorm, RoPE, grouped-query attention with per-head q/k RMSNorm, SwiGLU MLP,
 tied or untied embeddings. Layer weights are stacked on a leading `L` axis and
 the layers run under `jax.lax.scan`, so a 36-layer model compiles as fast as a
-one-layer one and the KV cache is one array per K/V.
+one-layer one and the KV cache is one array per K/V. Attention is
+`mipu_jax.models.attention` (dense / blockwise / cuDNN / splash, by config),
+each layer is rematerialised by the config's policy (`remat`), and packed rows
+(segment ids, per-segment positions) attend within their segment.
 
 Shape letters: B batch, T query positions, S key positions (cache slots),
 D hidden, N query heads, K kv heads, G = N // K, H head dim, F MLP width,
@@ -16,10 +19,10 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from mipu_jax.models import attention
 from mipu_jax.models.config import Qwen3Config
 
 ActQuant = Optional[Callable[[jax.Array], jax.Array]]
-_NEG_INF = float(jnp.finfo(jnp.float32).min)
 
 
 class KVCache(NamedTuple):
@@ -96,12 +99,15 @@ def _aq(x, act_quant: ActQuant):
   return x if act_quant is None else act_quant(x)
 
 
-def _layer(cfg: Qwen3Config, x_BTD, w, positions_BT, mask_BTS, kv, index, act_quant):
+def _layer(cfg: Qwen3Config, x_BTD, w, positions_BT, attn_mask, kv, index, act_quant,
+           prefix_rows=False):
   """One decoder layer. `w` holds this layer's weights (already in compute dtype).
 
-  `kv` is the whole cache `(k, k_scale, v, v_scale, layer)`. Without a cache (`kv is None`) the keys are the T positions themselves;
-  with one, the new keys are written at `cache.index` and attention runs over
-  all S slots. Returns the new hidden state and the new K/V (cache-layout).
+  `kv` is the whole cache `(k, k_scale, v, v_scale, layer)`. Without a cache
+  (`kv is None`) the keys are the T positions themselves; with one, the new
+  keys are written at `cache.index` and attention runs over all S slots.
+  `attn_mask` is the `attention.AttentionMask` of the call. Returns the new
+  hidden state and the new K/V (cache-layout).
   """
   dt = cfg.dtype
   h_BTD = rms_norm(x_BTD, w["attn_norm"], cfg.rms_eps)
@@ -132,15 +138,11 @@ def _layer(cfg: Qwen3Config, x_BTD, w, positions_BT, mask_BTS, kv, index, act_qu
     values_BSKH = _dequantize_kv(v_all[layer], v_s, dt)
     new_kv = (k_all, ks_all, v_all, vs_all)
 
-  b, t, n, hd = q_BTNH.shape
-  kh = keys_BSKH.shape[2]
-  q_BTKGH = q_BTNH.reshape(b, t, kh, n // kh, hd)
-  scores_BKGTS = jnp.einsum("BTKGH,BSKH->BKGTS", q_BTKGH, keys_BSKH,
-                            preferred_element_type=jnp.float32) * (hd ** -0.5)
-  scores_BKGTS = jnp.where(mask_BTS[:, None, None, :, :], scores_BKGTS, _NEG_INF)
-  probs_BKGTS = jax.nn.softmax(scores_BKGTS, axis=-1).astype(dt)
-  attn_BTKGH = jnp.einsum("BKGTS,BSKH->BTKGH", probs_BKGTS, values_BSKH)
-  attn_BTNH = _aq(attn_BTKGH.reshape(b, t, n, hd), act_quant)
+  attn_BTNH = attention.attend(
+      q_BTNH, keys_BSKH, values_BSKH, attn_mask, implementation=cfg.attention,
+      block_q=cfg.attention_block, block_k=cfg.attention_block,
+      prefix_rows=prefix_rows)
+  attn_BTNH = _aq(attn_BTNH, act_quant)
   x_BTD = x_BTD + jnp.einsum("BTNH,NHD->BTD", attn_BTNH, w["o"]).astype(x_BTD.dtype)
 
   h_BTD = _aq(rms_norm(x_BTD, w["mlp_norm"], cfg.rms_eps), act_quant)
@@ -149,6 +151,24 @@ def _layer(cfg: Qwen3Config, x_BTD, w, positions_BT, mask_BTS, kv, index, act_qu
   act_BTF = _aq(jax.nn.silu(gate_BTF) * up_BTF, act_quant)
   x_BTD = x_BTD + jnp.einsum("BTF,FD->BTD", act_BTF, w["down"]).astype(x_BTD.dtype)
   return x_BTD, new_kv
+
+
+def remat(body, policy: str):
+  """`body` (one layer's scan step) under the remat policy (Qwen3Config.remat).
+
+  `none`: keep every activation for the backward pass; `layer`: keep only the
+  layer's input and recompute the layer in the backward pass (least memory);
+  `dots`: keep the matmul outputs (no batch dimensions) and recompute the
+  rest, the usual speed/memory middle (maxtext's `minimal`).
+  """
+  if policy == "none":
+    return body
+  if policy == "layer":
+    return jax.checkpoint(body)
+  if policy == "dots":
+    return jax.checkpoint(
+        body, policy=jax.checkpoint_policies.dots_with_no_batch_dims_saveable)
+  raise ValueError(f"unknown remat policy {policy!r}.")
 
 
 def _normal(rngs, shape, dtype, std=0.02):
@@ -198,9 +218,11 @@ class Qwen3(nnx.Module):
       self.lm_head = nnx.Param(_normal(rngs, (cfg.hidden_size, cfg.vocab_size), pd))
 
   def __call__(self, tokens_BT: jax.Array, *, positions_BT: Optional[jax.Array] = None,
-               mask_BT: Optional[jax.Array] = None, cache: Optional[KVCache] = None,
+               mask_BT: Optional[jax.Array] = None,
+               segment_ids_BT: Optional[jax.Array] = None,
+               cache: Optional[KVCache] = None,
                act_quant: ActQuant = None, quant_lm_head: bool = True,
-               return_hidden: bool = False):
+               return_hidden: bool = False, compute_logits: bool = True):
     """Runs the decoder.
 
     Args:
@@ -208,21 +230,29 @@ class Qwen3(nnx.Module):
       positions_BT: RoPE positions; default: count of real tokens before each
         position (so left- and right-padded rows both get 0, 1, 2, ...).
       mask_BT: 1 on real tokens, 0 on padding (padding keys are never attended).
+      segment_ids_BT: packed rows: the segment of each token; a token attends
+        only to earlier tokens of its own segment (give per-segment
+        `positions_BT` too). Not with a cache.
       cache: if given, the T tokens are written at `cache.index` and attend to
         every valid earlier slot; the updated cache is returned too.
       act_quant: optional fake-quantizer applied to the input of every
         projection (the sampler's activation quantization).
       quant_lm_head: whether `act_quant` also applies to the LM head input.
       return_hidden: also return the final normalised hidden state [B, T, D].
+      compute_logits: False to return only the final normalised hidden state
+        (no `[B, T, V]` logits: the learner's chunked log-probs take it).
 
     Returns:
-      float32 logits [B, T, V]; `(logits, cache)` when a cache is given.
+      float32 logits [B, T, V] (or the hidden state, see above);
+      `(output, cache)` when a cache is given.
     """
     cfg = self.config
     b, t = tokens_BT.shape
     if mask_BT is None:
       mask_BT = jnp.ones((b, t), bool)
     mask_BT = mask_BT.astype(bool)
+    if segment_ids_BT is not None and cache is not None:
+      raise ValueError("segment_ids_BT (packed rows) cannot be used with a KV cache.")
     if positions_BT is None:
       positions_BT = jnp.maximum(jnp.cumsum(mask_BT, axis=1) - 1, 0)
       if cache is not None:
@@ -234,29 +264,26 @@ class Qwen3(nnx.Module):
     weights = self.layers.stacked(cfg.dtype)
 
     if cache is None:
-      causal_TT = jnp.tril(jnp.ones((t, t), bool))
-      mask_BTS = causal_TT[None] & mask_BT[:, None, :]
+      attn_mask = attention.row_mask(mask_BT, segment_ids_BT)
+      prefix_rows = segment_ids_BT is None
 
       def body(x, w):
-        x, _ = _layer(cfg, x, w, positions_BT, mask_BTS, None, None, act_quant)
+        x, _ = _layer(cfg, x, w, positions_BT, attn_mask, None, None, act_quant,
+                      prefix_rows)
         return x, None
 
-      if cfg.remat:
-        body = jax.checkpoint(body)
+      body = remat(body, cfg.remat)
       x_BTD, _ = jax.lax.scan(body, x_BTD, weights)
       new_cache = None
     else:
-      s = cache.valid.shape[1]
       valid_BS = jax.lax.dynamic_update_slice(cache.valid, mask_BT, (0, cache.index))
-      slot_T = cache.index + jnp.arange(t)
-      causal_TS = jnp.arange(s)[None, :] <= slot_T[:, None]
-      mask_BTS = causal_TS[None] & valid_BS[:, None, :]
+      attn_mask = attention.cache_mask(cache.index, t, valid_BS)
 
       def body(carry, xs):
         x, k, k_s, v, v_s = carry
         w, layer = xs
-        x, kv = _layer(cfg, x, w, positions_BT, mask_BTS, (k, k_s, v, v_s, layer), cache.index,
-                       act_quant)
+        x, kv = _layer(cfg, x, w, positions_BT, attn_mask, (k, k_s, v, v_s, layer),
+                       cache.index, act_quant)
         return (x, *kv), None
 
       carry = (x_BTD, cache.k, cache.k_scale, cache.v, cache.v_scale)
@@ -266,6 +293,8 @@ class Qwen3(nnx.Module):
                           index=cache.index + t)
 
     h_BTD = rms_norm(x_BTD, self.final_norm[...], cfg.rms_eps)
+    if not compute_logits:
+      return h_BTD if cache is None else (h_BTD, new_cache)
     logits_BTV = self.logits(h_BTD, act_quant if quant_lm_head else None)
     out = (logits_BTV, h_BTD) if return_hidden else logits_BTV
     return out if cache is None else (out, new_cache)

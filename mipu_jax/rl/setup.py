@@ -76,13 +76,12 @@ def make_policy(cfg: ModelConfig, tokenizer) -> models.Qwen3:
   if cfg.init_from:
     _log.info("Loading the base policy from %s", cfg.init_from)
     model = models.from_pretrained(cfg.init_from, compute_dtype=cfg.dtype)
-    if cfg.remat:
-      model.config = model.config.replace(remat=True)
   else:
     _log.info("Random init of preset %r (no model.init_from)", cfg.preset)
-    mcfg = models.get_config(cfg.preset, vocab_size=vocab_size, dtype=cfg.dtype,
-                             remat=cfg.remat)
+    mcfg = models.get_config(cfg.preset, vocab_size=vocab_size, dtype=cfg.dtype)
     model = models.Qwen3(mcfg, rngs=nnx.Rngs(cfg.init_seed))
+  model.config = model.config.replace(remat=cfg.remat, attention=cfg.attention,
+                                      attention_block=cfg.attention_block)
   model_vocab = model.config.vocab_size
   exact = isinstance(tokenizer, tokenizer_lib.CharTokenizer)
   if model_vocab < vocab_size or (exact and model_vocab != vocab_size):

@@ -1,0 +1,311 @@
+"""Attention behind one switch: dense (the reference), blockwise, cuDNN, TPU splash.
+
+Every implementation computes the same function of the same inputs
+(`attend`), with one mask model for all uses (learner rows, packed rows,
+prefill into a KV cache, decode): each query has a slot and a segment id,
+each key a slot, a segment id and a validity bit, and
+
+  query t attends key s  iff  k_slot[s] <= q_slot[t]
+                              and k_seg[s] == q_seg[t] and k_valid[s].
+
+Slots are positions in the row (or the cache), not RoPE positions: causality
+is by slot, and RoPE positions may restart in each packed segment. A query
+whose every key is masked (a padding query) averages all keys uniformly in
+every implementation; callers ignore its output.
+
+- `dense`: scores `[B, K, G, T, S]` in fp32, masked softmax; the reference the
+  others are tested against.
+- `blockwise`: flash-style tiles of `block_q x block_k`, an online softmax over
+  key tiles, and a custom VJP whose backward recomputes each tile from the
+  saved log-sum-exp (FlashAttention-2's backward), so neither pass holds more
+  than one tile of scores; pure JAX, runs everywhere.
+- `cudnn`: `jax.nn.dot_product_attention(implementation="cudnn")` on GPU, for
+  causal rows whose valid tokens are a prefix (the learner's right-padded
+  rows); packed rows and caches use `blockwise`.
+- `splash`: TPU splash attention (`jax.experimental.pallas.ops.tpu.
+  splash_attention`), causal with segment ids (padding keys get a segment of
+  their own), per example; `interpret=True` runs it on CPU for tests. Caches
+  use `blockwise`.
+
+Shape letters: B batch, T query slots, S key slots, N query heads, K kv heads,
+G = N // K, H head dim.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+IMPLEMENTATIONS = ("dense", "blockwise", "cudnn", "splash")
+NEG_INF = float(jnp.finfo(jnp.float32).min)
+
+
+class AttentionMask(NamedTuple):
+  """The mask model of the module docstring (int32 slots and segments, bool validity).
+
+  Attributes:
+    q_slot_BT: each query's slot.
+    q_seg_BT: each query's segment.
+    k_slot_BS: each key's slot.
+    k_seg_BS: each key's segment.
+    k_valid_BS: the key holds a real token.
+  """
+  q_slot_BT: jax.Array
+  q_seg_BT: jax.Array
+  k_slot_BS: jax.Array
+  k_seg_BS: jax.Array
+  k_valid_BS: jax.Array
+
+  def dense_BTS(self) -> jax.Array:
+    """The full `[B, T, S]` boolean mask."""
+    return self.tile(slice(None), slice(None))
+
+  def tile(self, q: slice | jax.Array, k: slice | jax.Array) -> jax.Array:
+    """The mask of the queries `q` and keys `k` (index arrays or slices)."""
+    causal = self.k_slot_BS[:, None, k] <= self.q_slot_BT[:, q, None]
+    same = self.k_seg_BS[:, None, k] == self.q_seg_BT[:, q, None]
+    return causal & same & self.k_valid_BS[:, None, k]
+
+
+def row_mask(mask_BT: jax.Array, segment_ids_BT: jax.Array | None = None) -> AttentionMask:
+  """The mask of rows attending to themselves: slots 0..T-1, padding invalid.
+
+  Args:
+    mask_BT: 1 on real tokens.
+    segment_ids_BT: packed rows' segment of each token (None: one per row).
+  """
+  b, t = mask_BT.shape
+  slot_BT = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
+  seg_BT = (jnp.zeros((b, t), jnp.int32) if segment_ids_BT is None
+            else segment_ids_BT.astype(jnp.int32))
+  return AttentionMask(slot_BT, seg_BT, slot_BT, seg_BT, mask_BT.astype(bool))
+
+
+def cache_mask(index: jax.Array, t: int, valid_BS: jax.Array) -> AttentionMask:
+  """The mask of `t` new queries written at cache slots `index ..` of a cache."""
+  b, s = valid_BS.shape
+  q_BT = jnp.broadcast_to(index + jnp.arange(t, dtype=jnp.int32), (b, t))
+  k_BS = jnp.broadcast_to(jnp.arange(s, dtype=jnp.int32), (b, s))
+  return AttentionMask(q_BT, jnp.zeros((b, t), jnp.int32), k_BS,
+                       jnp.zeros((b, s), jnp.int32), valid_BS.astype(bool))
+
+
+def attend(q_BTNH: jax.Array, k_BSKH: jax.Array, v_BSKH: jax.Array,
+           mask: AttentionMask, *, implementation: str = "dense",
+           block_q: int = 512, block_k: int = 512,
+           prefix_rows: bool = False) -> jax.Array:
+  """Softmax attention of `q` over `k`, `v` under `mask`; `[B, T, N, H]`.
+
+  Args:
+    q_BTNH: queries (RoPE applied), in the compute dtype.
+    k_BSKH: keys (RoPE applied).
+    v_BSKH: values.
+    mask: see `AttentionMask`.
+    implementation: one of `IMPLEMENTATIONS`.
+    block_q: query tile of `blockwise` (and splash's blocks).
+    block_k: key tile of `blockwise` (and splash's blocks).
+    prefix_rows: the mask is `row_mask` of rows whose valid tokens are a
+      prefix and no segments (what `cudnn` supports); otherwise `cudnn` falls
+      back to `blockwise`.
+
+  Returns:
+    The attention output in the dtype of `v`.
+  """
+  if implementation not in IMPLEMENTATIONS:
+    raise ValueError(f"unknown attention {implementation!r}; choose one of "
+                     f"{IMPLEMENTATIONS}.")
+  b, t, n, h = q_BTNH.shape
+  kh = k_BSKH.shape[2]
+  q_BTKGH = q_BTNH.reshape(b, t, kh, n // kh, h)
+  if implementation == "dense" or t == 1:
+    # One query row (decode) holds [B, K, G, 1, S] scores: nothing to tile.
+    out = _dense(q_BTKGH, k_BSKH, v_BSKH, mask.dense_BTS())
+  elif implementation == "cudnn" and prefix_rows:
+    out = _cudnn(q_BTNH, k_BSKH, v_BSKH, mask)
+    return out
+  elif implementation == "splash" and mask.q_slot_BT.shape == mask.k_slot_BS.shape:
+    return _splash(q_BTNH, k_BSKH, v_BSKH, mask, block_q, block_k)
+  else:
+    out = _blockwise(q_BTKGH, k_BSKH, v_BSKH, mask, block_q, block_k)
+  return out.reshape(b, t, n, h)
+
+
+def _dense(q_BTKGH, k_BSKH, v_BSKH, mask_BTS):
+  h = q_BTKGH.shape[-1]
+  scores_BKGTS = jnp.einsum("BTKGH,BSKH->BKGTS", q_BTKGH, k_BSKH,
+                            preferred_element_type=jnp.float32) * (h ** -0.5)
+  scores_BKGTS = jnp.where(mask_BTS[:, None, None], scores_BKGTS, NEG_INF)
+  probs_BKGTS = jax.nn.softmax(scores_BKGTS, axis=-1).astype(v_BSKH.dtype)
+  return jnp.einsum("BKGTS,BSKH->BTKGH", probs_BKGTS, v_BSKH)
+
+
+# --- blockwise ------------------------------------------------------------
+
+
+def _pad_to(x, axis: int, multiple: int, value=0):
+  size = x.shape[axis]
+  pad = -size % multiple
+  if not pad:
+    return x
+  widths = [(0, 0)] * x.ndim
+  widths[axis] = (0, pad)
+  return jnp.pad(x, widths, constant_values=value)
+
+
+def _blockwise(q_BTKGH, k_BSKH, v_BSKH, mask: AttentionMask, block_q: int,
+               block_k: int):
+  t, s = q_BTKGH.shape[1], k_BSKH.shape[1]
+  bq, bk = min(block_q, t), min(block_k, s)
+  q = _pad_to(q_BTKGH, 1, bq)
+  k, v = _pad_to(k_BSKH, 1, bk), _pad_to(v_BSKH, 1, bk)
+  m = AttentionMask(_pad_to(mask.q_slot_BT, 1, bq), _pad_to(mask.q_seg_BT, 1, bq),
+                    _pad_to(mask.k_slot_BS, 1, bk), _pad_to(mask.k_seg_BS, 1, bk),
+                    _pad_to(mask.k_valid_BS, 1, bk, False))
+  out = _flash(q, k, v, m, bq, bk)
+  return out[:, :t]
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5))
+def _flash(q_BTKGH, k_BSKH, v_BSKH, mask, bq, bk):
+  return _flash_fwd(q_BTKGH, k_BSKH, v_BSKH, mask, bq, bk)[0]
+
+
+def _tile_scores(q_BtKGH, k_BsKH, mask: AttentionMask, qi, kj, bq, bk):
+  """Scaled, masked fp32 scores of one tile, `[B, K, G, bq, bk]`."""
+  h = q_BtKGH.shape[-1]
+  s_BKGts = jnp.einsum("BTKGH,BSKH->BKGTS", q_BtKGH, k_BsKH,
+                       preferred_element_type=jnp.float32) * (h ** -0.5)
+  rows = qi * bq + jnp.arange(bq)
+  cols = kj * bk + jnp.arange(bk)
+  return jnp.where(mask.tile(rows, cols)[:, None, None], s_BKGts, NEG_INF)
+
+
+def _flash_fwd(q_BTKGH, k_BSKH, v_BSKH, mask, bq, bk):
+  b, t, kh, g, h = q_BTKGH.shape
+  nq, nk = t // bq, k_BSKH.shape[1] // bk
+
+  def q_block(qi):
+    q_b = jax.lax.dynamic_slice_in_dim(q_BTKGH, qi * bq, bq, axis=1)
+
+    def k_step(carry, kj):
+      m_BKGt, l_BKGt, acc_BKGtH = carry
+      k_b = jax.lax.dynamic_slice_in_dim(k_BSKH, kj * bk, bk, axis=1)
+      v_b = jax.lax.dynamic_slice_in_dim(v_BSKH, kj * bk, bk, axis=1)
+      s = _tile_scores(q_b, k_b, mask, qi, kj, bq, bk)
+      m_new = jnp.maximum(m_BKGt, s.max(-1))
+      p = jnp.exp(s - m_new[..., None])
+      corr = jnp.exp(m_BKGt - m_new)
+      l_new = l_BKGt * corr + p.sum(-1)
+      acc = acc_BKGtH * corr[..., None] + jnp.einsum(
+          "BKGTS,BSKH->BKGTH", p.astype(v_b.dtype), v_b,
+          preferred_element_type=jnp.float32)
+      return (m_new, l_new, acc), None
+
+    init = (jnp.full((b, kh, g, bq), NEG_INF, jnp.float32),
+            jnp.zeros((b, kh, g, bq), jnp.float32),
+            jnp.zeros((b, kh, g, bq, h), jnp.float32))
+    (m, l, acc), _ = jax.lax.scan(k_step, init, jnp.arange(nk))
+    out_BKGtH = acc / l[..., None]
+    return out_BKGtH, m + jnp.log(l)
+
+  out_QBKGtH, lse_QBKGt = jax.lax.map(q_block, jnp.arange(nq))
+  out_BTKGH = jnp.moveaxis(out_QBKGtH, (0, 4), (1, 2)).reshape(b, t, kh, g, h)
+  out_BTKGH = out_BTKGH.astype(v_BSKH.dtype)
+  lse_BKGT = jnp.moveaxis(lse_QBKGt, 0, 3).reshape(b, kh, g, t)
+  return out_BTKGH, (q_BTKGH, k_BSKH, v_BSKH, mask, out_BTKGH, lse_BKGT)
+
+
+def _flash_bwd(bq, bk, residuals, d_out_BTKGH):
+  q_BTKGH, k_BSKH, v_BSKH, mask, out_BTKGH, lse_BKGT = residuals
+  b, t, kh, g, h = q_BTKGH.shape
+  nq, nk = t // bq, k_BSKH.shape[1] // bk
+  scale = h ** -0.5
+  d_out = d_out_BTKGH.astype(jnp.float32)
+  delta_BKGT = jnp.einsum("BTKGH,BTKGH->BKGT", d_out, out_BTKGH.astype(jnp.float32))
+
+  def q_step(carry, qi):
+    dk_BSKH, dv_BSKH = carry
+    q_b = jax.lax.dynamic_slice_in_dim(q_BTKGH, qi * bq, bq, axis=1)
+    do_b = jax.lax.dynamic_slice_in_dim(d_out, qi * bq, bq, axis=1)
+    lse_b = jax.lax.dynamic_slice_in_dim(lse_BKGT, qi * bq, bq, axis=3)
+    delta_b = jax.lax.dynamic_slice_in_dim(delta_BKGT, qi * bq, bq, axis=3)
+
+    def k_step(inner, kj):
+      dq_BtKGH, dk_BSKH, dv_BSKH = inner
+      k_b = jax.lax.dynamic_slice_in_dim(k_BSKH, kj * bk, bk, axis=1)
+      v_b = jax.lax.dynamic_slice_in_dim(v_BSKH, kj * bk, bk, axis=1)
+      s = _tile_scores(q_b, k_b, mask, qi, kj, bq, bk)
+      p = jnp.exp(s - lse_b[..., None])  # [B, K, G, bq, bk]
+      dv = jnp.einsum("BKGTS,BTKGH->BSKH", p, do_b)
+      dp = jnp.einsum("BTKGH,BSKH->BKGTS", do_b, v_b.astype(jnp.float32))
+      ds = p * (dp - delta_b[..., None]) * scale
+      dq = jnp.einsum("BKGTS,BSKH->BTKGH", ds, k_b.astype(jnp.float32))
+      dk = jnp.einsum("BKGTS,BTKGH->BSKH", ds, q_b.astype(jnp.float32))
+      at = kj * bk
+      dk_BSKH = jax.lax.dynamic_update_slice_in_dim(
+          dk_BSKH, jax.lax.dynamic_slice_in_dim(dk_BSKH, at, bk, 1) + dk, at, 1)
+      dv_BSKH = jax.lax.dynamic_update_slice_in_dim(
+          dv_BSKH, jax.lax.dynamic_slice_in_dim(dv_BSKH, at, bk, 1) + dv, at, 1)
+      return (dq_BtKGH + dq, dk_BSKH, dv_BSKH), None
+
+    init = (jnp.zeros((b, bq, kh, g, h), jnp.float32), dk_BSKH, dv_BSKH)
+    (dq_b, dk_BSKH, dv_BSKH), _ = jax.lax.scan(k_step, init, jnp.arange(nk))
+    return (dk_BSKH, dv_BSKH), dq_b
+
+  zeros = jnp.zeros(k_BSKH.shape, jnp.float32)
+  (dk, dv), dq_QBtKGH = jax.lax.scan(q_step, (zeros, zeros), jnp.arange(nq))
+  dq = jnp.moveaxis(dq_QBtKGH, 0, 1).reshape(b, t, kh, g, h)
+  return (dq.astype(q_BTKGH.dtype), dk.astype(k_BSKH.dtype),
+          dv.astype(v_BSKH.dtype), None)
+
+
+_flash.defvjp(_flash_fwd, _flash_bwd)
+
+
+# --- cuDNN and splash -------------------------------------------------------
+
+
+def _cudnn(q_BTNH, k_BSKH, v_BSKH, mask: AttentionMask):
+  lengths_B = mask.k_valid_BS.sum(axis=1).astype(jnp.int32)
+  return jax.nn.dot_product_attention(
+      q_BTNH, k_BSKH, v_BSKH, is_causal=True, query_seq_lengths=lengths_B,
+      key_value_seq_lengths=lengths_B, implementation="cudnn")
+
+
+def _splash(q_BTNH, k_BSKH, v_BSKH, mask: AttentionMask, block_q: int,
+            block_k: int):
+  from jax.experimental.pallas.ops.tpu import splash_attention as splash  # pylint: disable=g-import-not-at-top
+
+  b, t0, n, h = q_BTNH.shape
+  kh = k_BSKH.shape[2]
+  interpret = jax.default_backend() != "tpu"
+  # The kernel's tiles are multiples of 128 lanes; pad the row to a multiple
+  # of the tile (padded keys are invalid, padded queries are dropped).
+  bq = bk = max(128, min(block_q, block_k) // 128 * 128)
+  q_BTNH = _pad_to(q_BTNH, 1, bq)
+  k_BSKH, v_BSKH = _pad_to(k_BSKH, 1, bq), _pad_to(v_BSKH, 1, bq)
+  q_seg_BT = _pad_to(mask.q_seg_BT, 1, bq)
+  k_seg_BT = _pad_to(jnp.where(mask.k_valid_BS, mask.k_seg_BS,
+                               jnp.iinfo(jnp.int32).min), 1, bq,
+                     jnp.iinfo(jnp.int32).min)
+  t = q_BTNH.shape[1]
+  bq = bk = min(bq, t)
+  blocks = splash.BlockSizes(block_q=bq, block_kv=bk, block_kv_compute=bk,
+                             block_q_dkv=bq, block_kv_dkv=bk,
+                             block_kv_dkv_compute=bk, block_q_dq=bq, block_kv_dq=bk)
+  heads = splash.MultiHeadMask([splash.CausalMask((t, t))] * n)
+  kernel = splash.make_splash_mha(heads, block_sizes=blocks, head_shards=1,
+                                  q_seq_shards=1, interpret=interpret)
+  # Padding keys have a segment no query has; the slots are 0..T-1 (row_mask).
+  q_NTH = jnp.swapaxes(q_BTNH, 1, 2) * jnp.asarray(h ** -0.5, q_BTNH.dtype)
+  k_NTH = jnp.repeat(jnp.swapaxes(k_BSKH, 1, 2), n // kh, axis=1)
+  v_NTH = jnp.repeat(jnp.swapaxes(v_BSKH, 1, 2), n // kh, axis=1)
+
+  def one(q, k, v, q_seg, k_seg):
+    return kernel(q, k, v, segment_ids=splash.SegmentIds(q=q_seg, kv=k_seg))
+
+  out_BNTH = jax.vmap(one)(q_NTH, k_NTH, v_NTH, q_seg_BT, k_seg_BT)
+  return jnp.swapaxes(out_BNTH, 1, 2)[:, :t0].astype(v_BSKH.dtype)
