@@ -55,6 +55,9 @@ def get_config(arg=None):
   config.model.init_from = arg.ckpt
   config.model.dtype = "bfloat16"
   config.model.remat = "layer"
+  # Memory linear in the row length, on any backend; on GPU `cudnn` and on TPU
+  # `splash` are the fast kernels (--config.model.attention=...).
+  config.model.attention = "blockwise"
 
   config.sampling.dtype = "bfloat16"
   config.sampling.weight_quant = "fp8_e4m3"

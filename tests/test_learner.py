@@ -103,12 +103,13 @@ def test_eight_devices_equal_one_device(one_device):
   state_8, metrics_8, learner = _run(mesh)
   sharding = learner.state_shardings.params["layers"]["gate"]
   assert isinstance(sharding, NamedSharding) and sharding.spec[1:] == ("fsdp", "tensor")
-  # Within 1% of one Adam step (lr 1e-3): Adam turns last-bit differences of
-  # near-zero gradients (reduction order across shards) into O(lr) ones.
-  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5),
+  # Within 5% of one Adam step (lr 1e-3): Adam turns last-bit differences of
+  # near-zero gradients (reduction order across shards, which the row
+  # constraints of `shard_rows` set) into O(lr) ones.
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=5e-5),
                state_8.params, params_1.params)
   # Adam's second moments of near-zero gradients differ in the last bits.
-  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-3, atol=1e-7),
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-3, atol=1e-6),
                state_8.opt_state, params_1.opt_state)
   for m1, m8 in zip(metrics_1, metrics_8):
     for k in m1:

@@ -131,7 +131,10 @@ class Learner:
   def step(self, state: state_lib.LearnerState, batch: batch_lib.Batch,
            ) -> tuple[state_lib.LearnerState, dict[str, jax.Array]]:
     """`learner_step(state, batch)`; `state` is donated unless `donate=False`."""
-    return self._step(state, self.shard_batch(batch))
+    # The mesh is set while tracing, so the model pins its activations' rows
+    # (`models.qwen3.shard_rows`).
+    with jax.set_mesh(self.mesh):
+      return self._step(state, self.shard_batch(batch))
 
   def logprobs(self, params: Any, tokens_BL, mask_BL) -> jax.Array:
     """Learner log-probs (`lp_old`, or reference / probe log-probs), `[B, L]`."""
@@ -139,7 +142,8 @@ class Learner:
     rows = sharding_lib.batch_sharding(self.mesh, 2)
     tokens_BL = jax.device_put(np.asarray(tokens_BL, np.int32), rows)
     mask_BL = jax.device_put(np.asarray(mask_BL, np.float32), rows)
-    return self._logprobs(params, tokens_BL, mask_BL)
+    with jax.set_mesh(self.mesh):
+      return self._logprobs(params, tokens_BL, mask_BL)
 
   def abstract_state(self) -> state_lib.LearnerState:
     """`ShapeDtypeStruct`s (with shardings) of a state, nothing materialised."""
@@ -155,7 +159,8 @@ class Learner:
     """Lowers the step on abstract inputs (e.g. to read its memory analysis)."""
     batch = batch_lib.abstract_batch(batch_size, length,
                                      self.spec.loss.kl_coef > 0)
-    return self._step.lower(self.abstract_state(), batch)
+    with jax.set_mesh(self.mesh):
+      return self._step.lower(self.abstract_state(), batch)
 
   def _check_rows(self, b: int) -> None:
     chunks = self.spec.num_minibatches * self.spec.num_microbatches

@@ -150,9 +150,18 @@ def learner_step(state: LearnerState, batch: Batch, *, graphdef: nnx.GraphDef,
     params = optax.apply_updates(params, updates)
     return (params, opt_state), (_reduce_micro(sums), grad_norm)
 
-  (params, opt_state), (per_update, grad_norm_U) = jax.lax.scan(
-      update, (state.params, state.opt_state),
-      (order_UCR, jnp.arange(spec.num_updates)))
+  carry = (state.params, state.opt_state)
+  if spec.num_updates == 1:
+    # Fully on-policy (one update per step, the sources' setting): no scan, so
+    # the update writes into the donated state in place instead of into a
+    # second copy of the parameters and moments (a scan carry is double
+    # buffered).
+    carry, out = update(carry, (order_UCR[0], jnp.zeros([], jnp.int32)))
+    (params, opt_state), (per_update, grad_norm_U) = carry, jax.tree.map(
+        lambda x: x[None], out)
+  else:
+    (params, opt_state), (per_update, grad_norm_U) = jax.lax.scan(
+        update, carry, (order_UCR, jnp.arange(spec.num_updates)))
 
   metrics = _update_metrics(per_update)
   if not spec.with_entropy:

@@ -95,6 +95,26 @@ def rope(x_BTNH, positions_BT, theta):
   return out.astype(x_BTNH.dtype)
 
 
+def shard_rows(x: jax.Array) -> jax.Array:
+  """Constrains the leading (batch) axis of an activation to the mesh's rows.
+
+  Active only while a mesh with `data` and `fsdp` axes is set (`jax.set_mesh`,
+  as the learner does when it traces its step); otherwise a no-op. With the
+  activations' rows pinned, XLA all-gathers the FSDP-sharded weights of each
+  matmul (ZeRO-3) instead of computing partial sums over every row of the
+  micro-batch on each device, which at 9k-token rows costs vocabulary-sized
+  buffers per token (measured: 19.9 vs 6.3 GiB of temporaries for a 2-layer
+  Qwen3-4B step on one 9,216-token row per device).
+  """
+  mesh = jax.sharding.get_abstract_mesh()
+  if mesh.empty or not {"data", "fsdp"} <= set(mesh.axis_names):
+    return x
+  if x.shape[0] % (mesh.shape["data"] * mesh.shape["fsdp"]):
+    return x
+  spec = jax.sharding.PartitionSpec(("data", "fsdp"), *([None] * (x.ndim - 1)))
+  return jax.lax.with_sharding_constraint(x, spec)
+
+
 def _aq(x, act_quant: ActQuant):
   return x if act_quant is None else act_quant(x)
 
@@ -110,6 +130,7 @@ def _layer(cfg: Qwen3Config, x_BTD, w, positions_BT, attn_mask, kv, index, act_q
   hidden state and the new K/V (cache-layout).
   """
   dt = cfg.dtype
+  x_BTD = shard_rows(x_BTD)
   h_BTD = rms_norm(x_BTD, w["attn_norm"], cfg.rms_eps)
   h_BTD = _aq(h_BTD, act_quant)
   q_BTNH = jnp.einsum("BTD,DNH->BTNH", h_BTD, w["q"])
@@ -150,7 +171,7 @@ def _layer(cfg: Qwen3Config, x_BTD, w, positions_BT, attn_mask, kv, index, act_q
   up_BTF = jnp.einsum("BTD,DF->BTF", h_BTD, w["up"])
   act_BTF = _aq(jax.nn.silu(gate_BTF) * up_BTF, act_quant)
   x_BTD = x_BTD + jnp.einsum("BTF,FD->BTD", act_BTF, w["down"]).astype(x_BTD.dtype)
-  return x_BTD, new_kv
+  return shard_rows(x_BTD), new_kv
 
 
 def remat(body, policy: str):
@@ -301,7 +322,7 @@ class Qwen3(nnx.Module):
 
   def logits(self, h_BTD, act_quant: ActQuant = None):
     """LM head: float32 logits from the final normalised hidden state."""
-    h_BTD = _aq(h_BTD, act_quant)
+    h_BTD = _aq(shard_rows(h_BTD), act_quant)
     if self.config.tie_embeddings:
       w_VD = self.embed[...].astype(self.config.dtype)
       return jnp.einsum("BTD,VD->BTV", h_BTD, w_VD, preferred_element_type=jnp.float32)
