@@ -97,6 +97,8 @@ class SamplingConfig:
     top_k: 0 for off. Truncation biases the PPO ratio (SPEC.md §0).
     top_p: 1.0 for off.
     max_new_tokens: response budget; also the learner's response length.
+    max_concurrent_decodes: most samples decoding at once; more are run
+      through the same slots as earlier ones finish (continuous batching).
   """
   dtype: str = "float32"
   weight_quant: str | None = None
@@ -107,6 +109,7 @@ class SamplingConfig:
   top_k: int = 0
   top_p: float = 1.0
   max_new_tokens: int = 64
+  max_concurrent_decodes: int = 256
 
   def __post_init__(self):
     sampler_config.SamplerConfig(**self.engine_kwargs())
@@ -132,7 +135,8 @@ class SamplingConfig:
     """Keyword arguments of `mipu_jax.sampler.Sampler` for the precision."""
     return dict(dtype=self.dtype, weight_quant=self.weight_quant,
                 act_quant=self.act_quant, kv_cache_dtype=self.kv_cache_dtype,
-                quant_lm_head=self.quant_lm_head)
+                quant_lm_head=self.quant_lm_head,
+                max_concurrent_decodes=self.max_concurrent_decodes)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -55,9 +55,9 @@ def test_engine_slot_by_slot_matches_sampler(sampler):
     assert got[slot][0] == ref.tokens[i]
     np.testing.assert_allclose(got[slot][1], ref.logprobs[i], atol=1e-5)
 
-  # Continuous batching: a new request in a freed slot starts at the current
-  # cache index (16 + 5 here, room for 11 more); nothing of the slot's previous
-  # occupant may leak into it.
+  # Continuous batching: a new request in a freed slot restarts that slot's
+  # row (its own write index back at the prefill region's end, room for its
+  # whole budget); nothing of the slot's previous occupant may leak into it.
   engine.free_resource(0)
   new_prompt = [9, 8, 7, 6]
   ref_new = sampler.generate([new_prompt], max_new_tokens=10, temperature=0.9, seed=9)
@@ -98,9 +98,9 @@ def test_generate_until_done_stops_when_every_slot_has_finished(sampler):
   ds = engine.generate_until_done(params, ds)
   lengths = np.asarray(ds.num_generated_B)[:3]
   assert lengths[1] <= 5 and np.asarray(ds.tokens_BN)[1, lengths[1] - 1] == stop
-  # One cache slot per decode step, after the 16-slot prefill region: the loop
-  # ran exactly as long as the longest row needed, not to max_new_tokens.
-  assert int(ds.cache.index) == 16 + lengths.max() - 1
+  # One cache slot per decode step of each row, after the 16-slot prefill
+  # region: every row stopped writing when it finished (its own write index).
+  np.testing.assert_array_equal(np.asarray(ds.cache.index)[:3], 16 + lengths - 1)
   assert not np.asarray(ds.active_B)[3:].any()
 
 

@@ -84,10 +84,11 @@ def row_mask(mask_BT: jax.Array, segment_ids_BT: jax.Array | None = None) -> Att
   return AttentionMask(slot_BT, seg_BT, slot_BT, seg_BT, mask_BT.astype(bool))
 
 
-def cache_mask(index: jax.Array, t: int, valid_BS: jax.Array) -> AttentionMask:
-  """The mask of `t` new queries written at cache slots `index ..` of a cache."""
+def cache_mask(index_B: jax.Array, t: int, valid_BS: jax.Array) -> AttentionMask:
+  """The mask of `t` new queries written at cache slots `index_B[b] ..` of row b."""
   b, s = valid_BS.shape
-  q_BT = jnp.broadcast_to(index + jnp.arange(t, dtype=jnp.int32), (b, t))
+  index_B = jnp.broadcast_to(jnp.asarray(index_B, jnp.int32), (b,))
+  q_BT = index_B[:, None] + jnp.arange(t, dtype=jnp.int32)[None, :]
   k_BS = jnp.broadcast_to(jnp.arange(s, dtype=jnp.int32), (b, s))
   return AttentionMask(q_BT, jnp.zeros((b, t), jnp.int32), k_BS,
                        jnp.zeros((b, s), jnp.int32), valid_BS.astype(bool))

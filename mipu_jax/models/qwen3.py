@@ -34,8 +34,9 @@ class KVCache(NamedTuple):
     k_scale: [L, B, S, K, 1] float32 absmax scales when the cache is int8, else None.
     v_scale: as `k_scale`.
     valid: [B, S] bool, whether a slot holds a real (non-padding) token.
-    index: int32 scalar, the next slot to write (shared by all rows: prompts are
-      left-padded so every row writes the same slot).
+    index: [B] int32, each row's next slot to write: rows advance on their own
+      (a sampler slot refilled with a new request restarts its row), and a
+      call writes row b's T entries at `index[b] ..` (past the end: dropped).
   """
 
   k: jax.Array
@@ -55,7 +56,7 @@ def init_cache(cfg: Qwen3Config, batch: int, max_len: int, dtype=jnp.bfloat16) -
     scale = jnp.ones(shape[:-1] + (1,), jnp.float32)
   return KVCache(k=jnp.zeros(shape, dtype), v=jnp.zeros(shape, dtype), k_scale=scale,
                  v_scale=scale, valid=jnp.zeros((batch, max_len), bool),
-                 index=jnp.zeros((), jnp.int32))
+                 index=jnp.zeros((batch,), jnp.int32))
 
 
 def _quantize_kv(x, dtype):
@@ -147,13 +148,19 @@ def _layer(cfg: Qwen3Config, x_BTD, w, positions_BT, attn_mask, kv, index, act_q
     k_all, ks_all, v_all, vs_all, layer = kv
     kq_new, ks_new = _quantize_kv(k_BTKH, k_all.dtype)
     vq_new, vs_new = _quantize_kv(v_BTKH, v_all.dtype)
-    at = (layer, 0, index, 0, 0)
-    k_all = jax.lax.dynamic_update_slice(k_all, kq_new[None], at)
-    v_all = jax.lax.dynamic_update_slice(v_all, vq_new[None], at)
+    # Row b writes its T entries at its own slots index[b] .. index[b] + T - 1;
+    # writes past the end of the cache are dropped.
+    b, t = k_BTKH.shape[:2]
+    rows_BT = jnp.broadcast_to(jnp.arange(b)[:, None], (b, t))
+    slots_BT = index[:, None] + jnp.arange(t)[None, :]
+
+    def write(all_, new):
+      return all_.at[layer, rows_BT, slots_BT].set(new.astype(all_.dtype), mode="drop")
+
+    k_all, v_all = write(k_all, kq_new), write(v_all, vq_new)
     k_s = v_s = None
     if ks_all is not None:
-      ks_all = jax.lax.dynamic_update_slice(ks_all, ks_new[None], at)
-      vs_all = jax.lax.dynamic_update_slice(vs_all, vs_new[None], at)
+      ks_all, vs_all = write(ks_all, ks_new), write(vs_all, vs_new)
       k_s, v_s = ks_all[layer], vs_all[layer]
     keys_BSKH = _dequantize_kv(k_all[layer], k_s, dt)
     values_BSKH = _dequantize_kv(v_all[layer], v_s, dt)
@@ -254,7 +261,7 @@ class Qwen3(nnx.Module):
       segment_ids_BT: packed rows: the segment of each token; a token attends
         only to earlier tokens of its own segment (give per-segment
         `positions_BT` too). Not with a cache.
-      cache: if given, the T tokens are written at `cache.index` and attend to
+      cache: if given, row b's T tokens are written at `cache.index[b]` and attend to
         every valid earlier slot; the updated cache is returned too.
       act_quant: optional fake-quantizer applied to the input of every
         projection (the sampler's activation quantization).
@@ -297,21 +304,24 @@ class Qwen3(nnx.Module):
       x_BTD, _ = jax.lax.scan(body, x_BTD, weights)
       new_cache = None
     else:
-      valid_BS = jax.lax.dynamic_update_slice(cache.valid, mask_BT, (0, cache.index))
-      attn_mask = attention.cache_mask(cache.index, t, valid_BS)
+      index_B = jnp.broadcast_to(cache.index, (b,)).astype(jnp.int32)
+      valid_BS = cache.valid.at[jnp.arange(b)[:, None],
+                                index_B[:, None] + jnp.arange(t)[None, :]].set(
+                                    mask_BT, mode="drop")
+      attn_mask = attention.cache_mask(index_B, t, valid_BS)
 
       def body(carry, xs):
         x, k, k_s, v, v_s = carry
         w, layer = xs
         x, kv = _layer(cfg, x, w, positions_BT, attn_mask, (k, k_s, v, v_s, layer),
-                       cache.index, act_quant)
+                       index_B, act_quant)
         return (x, *kv), None
 
       carry = (x_BTD, cache.k, cache.k_scale, cache.v, cache.v_scale)
       (x_BTD, k, k_s, v, v_s), _ = jax.lax.scan(
           body, carry, (weights, jnp.arange(cfg.num_layers)))
       new_cache = KVCache(k=k, v=v, k_scale=k_s, v_scale=v_s, valid=valid_BS,
-                          index=cache.index + t)
+                          index=index_B + t)
 
     h_BTD = rms_norm(x_BTD, self.final_norm[...], cfg.rms_eps)
     if not compute_logits:

@@ -78,7 +78,7 @@ def init_decode_state(spec: StepSpec, model_cfg, num_slots: int, prefill_length:
   """Empty slots; the cache has `prefill_length + decode_length` slots, index at the first."""
   b, n = num_slots, decode_length
   cache = init_cache(model_cfg, b, prefill_length + decode_length, spec.kv_dtype)
-  cache = cache._replace(index=jnp.asarray(prefill_length, jnp.int32))
+  cache = cache._replace(index=jnp.full((b,), prefill_length, jnp.int32))
   return DecodeState(
       cache=cache, last_token_B=jnp.zeros((b,), jnp.int32),
       keys_B=jax.random.split(jax.random.key(0), b),
@@ -110,20 +110,24 @@ def insert(spec: StepSpec, prefix: Prefix, ds: DecodeState, slots_M, rows_M,
            samples_M) -> DecodeState:
   """Inserts sample `samples_M[m]` of prefilled request `rows_M[m]` into slot `slots_M[m]`.
 
-  Draws each slot's first token from the prefix logits with the slot's own key.
-  Slot ids ≥ B are padding and ignored.
+  The slot's cache row is rebuilt: the prompt right-aligned to end at the
+  prefill region's end `P` (`S - N`), the rest invalid, and its write index
+  reset to `P`; the slot's previous occupant leaves nothing behind. Draws each
+  slot's first token from the prefix logits with the slot's own key. Slot ids
+  ≥ B are padding and ignored.
   """
-  idx = ds.cache.index
   s = ds.cache.valid.shape[1]
+  region = s - ds.tokens_BN.shape[1]
   p = prefix.cache.valid.shape[1]
-  start = idx - p  # ≥ 0: checked on the host (prefill region ≥ prompt bucket)
+  start = region - p  # ≥ 0: checked on the host (prefill region ≥ prompt bucket)
   c, pc = ds.cache, prefix.cache
   def place(full, part):
     return None if full is None else _place_rows(full, part[:, rows_M], slots_M, start)
 
   cache = KVCache(k=place(c.k, pc.k), v=place(c.v, pc.v), k_scale=place(c.k_scale, pc.k_scale),
                   v_scale=place(c.v_scale, pc.v_scale),
-                  valid=place(c.valid[None], pc.valid[None])[0], index=idx)
+                  valid=place(c.valid[None], pc.valid[None])[0],
+                  index=c.index.at[slots_M].set(region, mode="drop"))
 
   keys_M = _fold(prefix.keys_R[rows_M], samples_M)
   temperature_M = prefix.temperature_R[rows_M]
@@ -132,7 +136,7 @@ def insert(spec: StepSpec, prefix: Prefix, ds: DecodeState, slots_M, rows_M,
   tokens_M, lp_M = sample_logits(prefix.logits_RV[rows_M], _fold(keys_M, jnp.zeros_like(samples_M)),
                                  temperature_M, top_k_M, top_p_M)
   stop_M = _is_stop(tokens_M, ds.stop_ids_E)
-  done_M = stop_M | (max_new_M <= 1) | (idx >= s)
+  done_M = stop_M | (max_new_M <= 1)
   finish_M = jnp.where(done_M, jnp.where(stop_M, STOP, LENGTH), RUNNING)
   n = ds.tokens_BN.shape[1]
   first_N = jnp.arange(n) == 0
@@ -152,7 +156,7 @@ def insert(spec: StepSpec, prefix: Prefix, ds: DecodeState, slots_M, rows_M,
 
 
 def live_slots(ds: DecodeState) -> jax.Array:
-  """Slots that still decode: occupied, not finished, and the cache has room."""
+  """Slots that still decode: occupied, not finished, and their cache row has room."""
   return ds.active_B & ~ds.done_B & (ds.cache.index < ds.cache.valid.shape[1])
 
 
@@ -160,20 +164,22 @@ def advance(spec: StepSpec, params, ds: DecodeState):
   """One decode step for all slots: feed each live slot's last token, draw the next.
 
   Returns the new state and `(tokens_B, logprobs_B, live_B)` of this step.
-  Finished and empty slots write an invalid cache entry and keep their outputs.
+  Finished and empty slots write an invalid cache entry, keep their outputs
+  and their write index.
   """
   model = build_model(spec, params)
   live_B = live_slots(ds)
   logits_B1V, cache = model(ds.last_token_B[:, None], mask_BT=live_B[:, None], cache=ds.cache,
                             act_quant=spec.act_quant, quant_lm_head=spec.quant_lm_head)
+  cache = cache._replace(index=ds.cache.index + live_B.astype(jnp.int32))
   tokens_B, lp_B = sample_logits(logits_B1V[:, 0], _fold(ds.keys_B, ds.num_generated_B),
                                  ds.temperature_B, ds.top_k_B, ds.top_p_B)
   b, n = ds.tokens_BN.shape
   at_B = jnp.where(live_B, ds.num_generated_B, n)  # n: out of range, dropped
   num_generated_B = ds.num_generated_B + live_B.astype(jnp.int32)
   stop_B = _is_stop(tokens_B, ds.stop_ids_E)
-  full = cache.index >= cache.valid.shape[1]
-  ended_B = live_B & (stop_B | (num_generated_B >= ds.max_new_B) | full)
+  full_B = cache.index >= cache.valid.shape[1]
+  ended_B = live_B & (stop_B | (num_generated_B >= ds.max_new_B) | full_B)
   ds = ds._replace(
       cache=cache, last_token_B=jnp.where(live_B, tokens_B, ds.last_token_B),
       num_generated_B=num_generated_B, done_B=ds.done_B | ended_B,
@@ -195,3 +201,13 @@ def generate_until_done(spec: StepSpec, params, ds: DecodeState) -> DecodeState:
   """Runs `advance` in one `lax.while_loop` until no slot is live."""
   return jax.lax.while_loop(lambda d: jnp.any(live_slots(d)),
                             lambda d: advance(spec, params, d)[0], ds)
+
+
+def generate_until_free(spec: StepSpec, params, ds: DecodeState,
+                        min_finished: jax.Array) -> DecodeState:
+  """Runs `advance` until at least `min_finished` occupied slots have finished
+  (or none is live): the point where a host loop harvests and refills them."""
+  def more(d):
+    finished = jnp.sum(d.active_B & d.done_B)
+    return jnp.any(live_slots(d)) & (finished < min_finished)
+  return jax.lax.while_loop(more, lambda d: advance(spec, params, d)[0], ds)

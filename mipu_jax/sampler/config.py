@@ -71,7 +71,7 @@ class SamplerConfig:
   quant_storage: str = "fake"
   max_prefill_length: int = 512
   max_decode_length: int = 1024
-  max_concurrent_decodes: int = 64
+  max_concurrent_decodes: int = 256
   min_prefill_bucket: int = 16
   min_decode_bucket: int = 16
   min_slot_bucket: int = 8

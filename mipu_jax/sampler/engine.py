@@ -99,6 +99,12 @@ class ResultTokens:
                     log_prob=self.log_prob[rows])
 
 
+def _reject_unknown(method: str, args, kwargs) -> None:
+  """JetStream declares `*args, **kwargs` on these methods; we take none."""
+  if args or kwargs:
+    raise TypeError(f"Engine.{method} got unexpected arguments {args!r} {sorted(kwargs)}.")
+
+
 def _as_array(x, dtype, n: int, what: str) -> jax.Array:
   """A per-request knob as an `[n]` array (a scalar is broadcast)."""
   a = np.asarray(x, dtype=dtype)
@@ -142,6 +148,8 @@ _jit_insert = _counted_jit("insert", _steps.insert, static_argnums=0, donate_arg
 _jit_generate = _counted_jit("generate", _generate_with_result, static_argnums=0,
                              donate_argnums=2)
 _jit_generate_until_done = _counted_jit("generate_until_done", _steps.generate_until_done,
+                                        static_argnums=0, donate_argnums=2)
+_jit_generate_until_free = _counted_jit("generate_until_free", _steps.generate_until_free,
                                         static_argnums=0, donate_argnums=2)
 _jit_init_decode_state = _counted_jit("init_decode_state", _steps.init_decode_state,
                                       static_argnums=(0, 1, 2, 3, 4))
@@ -194,7 +202,7 @@ class Engine:
     as configured. The result has the same structure every time, so engine
     functions compiled for one sync serve every later one.
     """
-    del args, kwargs
+    _reject_unknown("load_params", args, kwargs)
     pure = weights.learner_params(self._source if params is None else params)
     weights.check_structure(pure, self._reference)
     return _jit_prepare(weights.reshard_for_sampling(pure, self._mesh), **self._quant_kwargs)
@@ -287,8 +295,9 @@ class Engine:
     if prefix.cache.valid.shape[1] > region:
       raise ValueError(f"Prefix of length {prefix.cache.valid.shape[1]} does not fit the decode "
                        f"state's prefill region of {region} slots.")
-    return _jit_insert(self._spec, prefix, decode_state, jnp.asarray(slots), jnp.asarray(rows),
-                       jnp.asarray(sample_ids))
+    return self._constrained(_jit_insert(
+        self._spec, prefix, decode_state, jnp.asarray(slots), jnp.asarray(rows),
+        jnp.asarray(sample_ids)))
 
   def generate(self, params: Params, decode_state: DecodeState,
                sampler=None) -> tuple[DecodeState, ResultTokens]:
@@ -299,7 +308,56 @@ class Engine:
 
   def generate_until_done(self, params: Params, decode_state: DecodeState) -> DecodeState:
     """Decode steps in one `lax.while_loop` until every slot has finished."""
-    return _jit_generate_until_done(self._spec, params, decode_state)
+    return self._constrained(_jit_generate_until_done(self._spec, params, decode_state))
+
+  def generate_until_free(self, params: Params, decode_state: DecodeState,
+                          min_finished: int) -> DecodeState:
+    """Decode steps until `min_finished` occupied slots have finished (or none is
+    live): the point where a host loop harvests them and refills the slots."""
+    return self._constrained(_jit_generate_until_free(
+        self._spec, params, decode_state, jnp.asarray(min_finished, jnp.int32)))
+
+  def decode_state_shardings(self, decode_state: DecodeState) -> Any:
+    """`NamedSharding`s of a decode state on the engine's mesh (None without one).
+
+    Slots (rows) over the data axes (`data`, `fsdp`), KV heads over `tensor`;
+    an axis that does not divide its dimension is left unsharded. The KV
+    cache of 16 x 9,216 slots of Qwen3-4B is then split over the chips instead
+    of held whole on each (`docs/pods.md`).
+    """
+    if self._mesh is None:
+      return None
+    from mipu_jax.models import sharding as sharding_lib  # pylint: disable=g-import-not-at-top
+    mesh = self._mesh
+    rows = tuple(a for a in ("data", "fsdp") if a in mesh.shape)
+    n_rows = int(np.prod([mesh.shape[a] for a in rows]))
+    tensor = mesh.shape.get("tensor", 1)
+
+    def spec(x, cache_leaf: bool):
+      shape = jnp.shape(x)
+      if not shape:
+        return jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+      axes = [None] * len(shape)
+      b_axis = 1 if cache_leaf and len(shape) == 5 else 0
+      if shape[b_axis] % n_rows == 0:
+        axes[b_axis] = rows
+      if cache_leaf and len(shape) == 5 and shape[3] % tensor == 0:
+        axes[3] = "tensor"
+      return jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(*axes))
+
+    del sharding_lib
+    cache = decode_state.cache
+    cache_sh = type(cache)(*[None if leaf is None else spec(leaf, True) for leaf in cache])
+    rest = {k: spec(v, False) for k, v in decode_state._asdict().items()
+            if k not in ("cache", "stop_ids_E")}
+    return decode_state._replace(
+        cache=cache_sh, stop_ids_E=jax.sharding.NamedSharding(
+            mesh, jax.sharding.PartitionSpec()), **rest)
+
+  def _constrained(self, decode_state: DecodeState) -> DecodeState:
+    """The decode state on its mesh shardings (a no-op when already there)."""
+    shardings = self.decode_state_shardings(decode_state)
+    return decode_state if shardings is None else jax.device_put(decode_state, shardings)
 
   def free_resource(self, slot: int) -> None:
     """Nothing to free: slots are fixed buffers, and `insert` rebuilds a slot's whole row."""
@@ -310,15 +368,16 @@ class Engine:
                         decode_length: Optional[int] = None,
                         stop_ids: Optional[Sequence[int]] = None, **kwargs) -> DecodeState:
     """Empty slots (defaults: the config's capacities and stop ids)."""
-    del args, kwargs
+    _reject_unknown("init_decode_state", args, kwargs)
     cfg = self.config
     stop = tuple(cfg.stop_ids if stop_ids is None else stop_ids)
     if len(stop) > cfg.max_stop_ids:
       raise ValueError(f"{len(stop)} stop ids, more than max_stop_ids={cfg.max_stop_ids}.")
     stop_E = jnp.asarray(list(stop) + [-1] * (cfg.max_stop_ids - len(stop)), jnp.int32)
-    return _jit_init_decode_state(
+    return self._constrained(_jit_init_decode_state(
         self._spec, self.model_config, num_slots or cfg.max_concurrent_decodes,
-        prefill_length or cfg.max_prefill_length, decode_length or cfg.max_decode_length, stop_E)
+        prefill_length or cfg.max_prefill_length, decode_length or cfg.max_decode_length,
+        stop_E))
 
   def get_prefix_destination_sharding(self) -> Any:
     """Prefixes stay where prefill put them (one engine does prefill and decode)."""

@@ -1,14 +1,18 @@
-"""`Sampler`: batched generation with log-probs for the RL loop (SPEC.md §0, §7).
+"""`Sampler`: batched generation with log-probs for the RL loop (docs/method.md §0, §7).
 
-`generate` is the engine's JetStream path and nothing else: one batched
-`prefill` of the prompts, one `bulk_insert` of `num_samples` independent samples
-per prompt into decode slots, then `generate_until_done` (the engine's decode
-step in a `lax.while_loop`). Prompt length, slot count and `max_new_tokens` are
-bucketed (`SamplerConfig`), so a run compiles each function once per bucket.
+`generate` is the engine's JetStream path and nothing else: prompts are
+prefilled in chunks, their `num_samples` independent samples inserted into at
+most `max_concurrent_decodes` decode slots, and the engine's decode step runs
+in a `lax.while_loop` until enough slots finished; those are harvested and
+refilled with the next samples (continuous batching, each slot with its own
+cache write index), until every sample is done. Prompt length, slot count and
+`max_new_tokens` are bucketed (`SamplerConfig`), so a run compiles each
+function once per bucket. With a mesh, the decode state (the KV cache) is
+sharded: slots over the data axes, KV heads over `tensor`.
 
 Randomness: sample `j` of prompt `i` draws its t-th token with key
 `fold_in(fold_in(fold_in(key(seed), i), j), t)`, independent of batch size,
-buckets and slot placement.
+buckets, chunking, slot placement and refill order.
 """
 
 import dataclasses
@@ -126,41 +130,97 @@ class Sampler:
           "top-k/top-p sampling: lp_mu is the log-prob of the truncated, renormalised "
           "distribution; compute lp_old with mipu_jax.sampler.truncated_logprobs, and note "
           "that the PPO ratio of truncated policies is biased (SPEC.md §0).", stacklevel=2)
-    r, g = len(prompts), num_samples
+    return self._generate(prompts, max_new_tokens, temperature, top_k, top_p,
+                          num_samples, seed, eos_ids)
+
+  def _generate(self, prompts, max_new_tokens, temperature, top_k, top_p, g, seed,
+                eos_ids) -> "SampleOutput":
+    """The refill loop: at most `max_concurrent_decodes` samples decode at once.
+
+    Samples are taken in order (prompt-major); prompts are prefilled in chunks
+    when their first sample is due; a slot whose sample finished is harvested
+    and refilled with the next sample. With every sample fitting in the slots
+    this is one prefill, one insert and one decode loop.
+    """
+    cfg, engine, params = self.config, self.engine, self._params
+    r = len(prompts)
+    total = r * g
     p = cfg.prefill_bucket(max(len(x) for x in prompts))
     n_bucket = cfg.decode_bucket(max_new_tokens)
-    r_bucket, s_bucket = cfg.slot_bucket(r), cfg.slot_bucket(r * g)
-
-    tokens_RP = np.full((r_bucket, p), cfg.pad_id, np.int32)
-    lengths_R = np.ones((r_bucket,), np.int32)  # padding rows: a 1-token dummy, never inserted
-    for i, x in enumerate(prompts):
-      tokens_RP[i, :len(x)] = x
-      lengths_R[i] = len(x)
-    engine, params = self.engine, self._params
-    prefix, _ = engine.prefill(params=params, padded_tokens=tokens_RP, true_length=lengths_R,
-                               rng=jax.random.key(seed), temperature=temperature, top_k=top_k or 0,
-                               top_p=1.0 if top_p is None else top_p,
-                               max_new_tokens=max_new_tokens)
-    state = engine.init_decode_state(num_slots=s_bucket, prefill_length=p, decode_length=n_bucket,
+    slots = min(cfg.slot_bucket(total), max(cfg.max_concurrent_decodes, 1))
+    chunk = max(1, slots // g)  # prompts per prefill call
+    base_key = jax.random.key(seed)
+    state = engine.init_decode_state(num_slots=slots, prefill_length=p, decode_length=n_bucket,
                                      stop_ids=eos_ids)
-    sample_S = np.arange(s_bucket, dtype=np.int32)
-    real = sample_S < r * g
-    state = engine.bulk_insert(prefix, state, np.where(real, sample_S, s_bucket),
-                               rows=np.where(real, sample_S // g, 0),
-                               sample_ids=np.where(real, sample_S % g, 0))
-    if max_new_tokens > 1:  # with one token, every slot is done after insert
-      state = engine.generate_until_done(params, state)
-    return self._output(state, r * g, g, max_new_tokens)
+    prefixes: dict[int, Any] = {}
+    occupant = [None] * slots  # slot -> sample index
+    out_tokens = [None] * total
+    out_lp, out_len, out_finish = [None] * total, np.zeros(total, np.int32), [None] * total
+    next_sample = 0
 
-  def _output(self, state, s: int, g: int, max_new: int) -> SampleOutput:
-    tokens_BN, lp_BN, lengths_B, finish_B = jax.device_get(
-        (state.tokens_BN, state.logprobs_BN, state.num_generated_B, state.finish_B))
-    tokens_SN, lp_SN = tokens_BN[:s, :max_new], lp_BN[:s, :max_new]
-    lengths_S, finish_S = lengths_B[:s], finish_B[:s]
-    mask_SN = (np.arange(max_new)[None, :] < lengths_S[:, None]).astype(np.float32)
+    def prefix_of(c: int):
+      if c not in prefixes:
+        ids = list(range(c * chunk, min((c + 1) * chunk, r)))
+        rb = cfg.slot_bucket(len(ids))
+        tokens_RP = np.full((rb, p), cfg.pad_id, np.int32)
+        lengths_R = np.ones((rb,), np.int32)  # padding rows: a 1-token dummy, never inserted
+        for k, i in enumerate(ids):
+          tokens_RP[k, :len(prompts[i])] = prompts[i]
+          lengths_R[k] = len(prompts[i])
+        # Request i draws with fold_in(key(seed), i) whatever its chunk.
+        keys_R = jax.vmap(lambda i: jax.random.fold_in(base_key, i))(
+            jnp.arange(c * chunk, c * chunk + rb))
+        prefixes[c], _ = engine.prefill(
+            params=params, padded_tokens=tokens_RP, true_length=lengths_R, rng=keys_R,
+            temperature=temperature, top_k=top_k or 0, top_p=1.0 if top_p is None else top_p,
+            max_new_tokens=max_new_tokens)
+      return prefixes[c]
+
+    while True:
+      free = [b for b in range(slots) if occupant[b] is None]
+      by_chunk: dict[int, list[tuple[int, int]]] = {}
+      while free and next_sample < total:
+        b = free.pop(0)
+        occupant[b] = next_sample
+        by_chunk.setdefault((next_sample // g) // chunk, []).append((b, next_sample))
+        next_sample += 1
+      for c, items in sorted(by_chunk.items()):
+        state = engine.bulk_insert(
+            prefix_of(c), state, [b for b, _ in items],
+            rows=[(k // g) - c * chunk for _, k in items], sample_ids=[k % g for _, k in items])
+      for c in [c for c in prefixes if (c + 1) * chunk * g <= next_sample]:
+        del prefixes[c]  # every sample of this chunk is in a slot
+      busy = [b for b in range(slots) if occupant[b] is not None]
+      if not busy:
+        break
+      if max_new_tokens > 1:  # with one token, every slot is done after insert
+        if next_sample >= total:
+          state = engine.generate_until_done(params, state)
+        else:
+          state = engine.generate_until_free(params, state, max(1, len(busy) // 4))
+      done_B, n_B, fin_B = jax.device_get((state.done_B, state.num_generated_B,
+                                           state.finish_B))
+      harvest = [b for b in busy if done_B[b]]
+      if harvest:
+        rows = jnp.asarray(harvest)
+        tok, lp = jax.device_get((state.tokens_BN[rows], state.logprobs_BN[rows]))
+        for m, b in enumerate(harvest):
+          k, n = occupant[b], int(n_B[b])
+          out_tokens[k], out_lp[k] = tok[m, :n].tolist(), lp[m, :n].tolist()
+          out_len[k], out_finish[k] = n, FINISH_NAMES[int(fin_B[b])]
+          occupant[b] = None
+    return self._assemble(out_tokens, out_lp, out_len, out_finish, g, max_new_tokens)
+
+  def _assemble(self, tokens, logprobs, lengths, finish, g: int,
+                max_new: int) -> "SampleOutput":
+    s = len(tokens)
+    tokens_SN = np.full((s, max_new), self.config.pad_id, np.int32)
+    lp_SN = np.zeros((s, max_new), np.float32)
+    for i in range(s):
+      tokens_SN[i, :lengths[i]] = tokens[i]
+      lp_SN[i, :lengths[i]] = logprobs[i]
+    mask_SN = (np.arange(max_new)[None, :] < lengths[:, None]).astype(np.float32)
     return SampleOutput(
-        tokens=[tokens_SN[i, :lengths_S[i]].tolist() for i in range(s)],
-        logprobs=[lp_SN[i, :lengths_S[i]].tolist() for i in range(s)],
-        lengths=np.asarray(lengths_S), finish_reasons=[FINISH_NAMES[int(f)] for f in finish_S],
-        tokens_array=np.asarray(tokens_SN), logprobs_array=np.asarray(lp_SN), mask=mask_SN,
+        tokens=tokens, logprobs=logprobs, lengths=np.asarray(lengths),
+        finish_reasons=finish, tokens_array=tokens_SN, logprobs_array=lp_SN, mask=mask_SN,
         prompt_index=np.arange(s) // g)

@@ -6,11 +6,12 @@ dtype or qwix `QArray`s (real PTQ storage). Every sync produces the same tree
 structure, shapes and dtypes, so the jitted engine functions never recompile.
 """
 
-import importlib
 from typing import Any, Optional
 
 import jax
 from flax import nnx
+
+from mipu_jax.models import sharding
 
 
 def learner_params(source: Any) -> dict:
@@ -43,17 +44,10 @@ def check_structure(params: dict, reference: dict) -> None:
 def reshard_for_sampling(params: dict, mesh: Optional[jax.sharding.Mesh]) -> dict:
   """Moves float learner params to the sampling layout on `mesh` (no-op without a mesh).
 
-  Uses `mipu_jax.models.sharding.param_shardings(state, mesh, layout="sampling")`
-  when that module exists; quantization then runs under `jit` on the resharded
-  arrays, so the quantized values and scales inherit the sampling layout.
+  `mipu_jax.models.sharding.param_shardings(params, mesh, layout="sampling")`;
+  quantization then runs under `jit` on the resharded arrays, so the quantized
+  values and scales inherit the sampling layout.
   """
   if mesh is None:
     return params
-  try:
-    sharding = importlib.import_module("mipu_jax.models.sharding")
-  except ImportError as e:
-    raise NotImplementedError(
-        "A mesh was given but mipu_jax.models.sharding (param_shardings) is not available "
-        "yet; construct the sampler with mesh=None.") from e
-  shardings = sharding.param_shardings(params, mesh, layout="sampling")
-  return jax.device_put(params, shardings)
+  return jax.device_put(params, sharding.param_shardings(params, mesh, layout="sampling"))
