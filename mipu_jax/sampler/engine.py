@@ -29,6 +29,7 @@ a compiled function or leaves stale weights in one.
 """
 
 import collections
+import contextlib
 from typing import Any, Optional, Sequence, Union
 
 import jax
@@ -251,7 +252,8 @@ class Engine:
     if rng.ndim and rng.shape != (r,):
       raise ValueError(f"rng must be one key or one per request ({r}), got shape {rng.shape}.")
     max_new = self.config.max_decode_length if max_new_tokens is None else max_new_tokens
-    return _jit_prefill(
+    with self.mesh_context():
+      return _jit_prefill(
         self._spec, params, jnp.asarray(tokens, jnp.int32), jnp.asarray(lengths), rng,
         _as_array(temperature, np.float32, r, "temperature"),
         _as_array(top_k, np.int32, r, "top_k"), _as_array(top_p, np.float32, r, "top_p"),
@@ -295,27 +297,39 @@ class Engine:
     if prefix.cache.valid.shape[1] > region:
       raise ValueError(f"Prefix of length {prefix.cache.valid.shape[1]} does not fit the decode "
                        f"state's prefill region of {region} slots.")
-    return self._constrained(_jit_insert(
-        self._spec, prefix, decode_state, jnp.asarray(slots), jnp.asarray(rows),
-        jnp.asarray(sample_ids)))
+    with self.mesh_context():
+      return self._constrained(_jit_insert(
+          self._spec, prefix, decode_state, jnp.asarray(slots), jnp.asarray(rows),
+          jnp.asarray(sample_ids)))
 
   def generate(self, params: Params, decode_state: DecodeState,
                sampler=None) -> tuple[DecodeState, ResultTokens]:
     """One decode step for every live slot."""
     if sampler is not None:
       raise NotImplementedError("Custom samplers are not supported (no log-prob); see prefill.")
-    return _jit_generate(self._spec, params, decode_state)
+    with self.mesh_context():
+      return _jit_generate(self._spec, params, decode_state)
 
   def generate_until_done(self, params: Params, decode_state: DecodeState) -> DecodeState:
     """Decode steps in one `lax.while_loop` until every slot has finished."""
-    return self._constrained(_jit_generate_until_done(self._spec, params, decode_state))
+    with self.mesh_context():
+      return self._constrained(_jit_generate_until_done(self._spec, params, decode_state))
 
   def generate_until_free(self, params: Params, decode_state: DecodeState,
                           min_finished: int) -> DecodeState:
     """Decode steps until `min_finished` occupied slots have finished (or none is
     live): the point where a host loop harvests them and refills the slots."""
-    return self._constrained(_jit_generate_until_free(
-        self._spec, params, decode_state, jnp.asarray(min_finished, jnp.int32)))
+    with self.mesh_context():
+      return self._constrained(_jit_generate_until_free(
+          self._spec, params, decode_state, jnp.asarray(min_finished, jnp.int32)))
+
+  def mesh_context(self):
+    """`jax.set_mesh(mesh)` (a no-op context without a mesh): the engine's
+    functions trace under it, so the model pins its activations' rows to the
+    mesh (`models.qwen3.shard_rows`) and the sharded cache stays sharded."""
+    if self._mesh is None or not jax.sharding.get_abstract_mesh().empty:
+      return contextlib.nullcontext()  # no mesh, or one is set already
+    return jax.set_mesh(self._mesh)
 
   def decode_state_shardings(self, decode_state: DecodeState) -> Any:
     """`NamedSharding`s of a decode state on the engine's mesh (None without one).

@@ -1,0 +1,73 @@
+r"""Per-device memory of the pod configs, before / after the long-context work, in one run.
+
+    python bench/memory.py                 # 8 fake CPU devices, Qwen3-1.7B and Qwen3-4B
+    python bench/memory.py --devices 16 --presets qwen3_4b
+
+For each preset's pod config (`configs/pod_qwen3_*.py`, MIPU Step 1's learner
+program, one (1024 + 8192)-token row per device per micro-batch), XLA's
+`compiled.memory_analysis()` of (`mipu_jax.memory_plan`):
+
+- the learner step **before** (dense attention: `[B, K, G, T, S]` scores; dense
+  `[B, T, V]` fp32 logits) and **after** (blockwise attention, log-probs from
+  the LM head in 1,024-position chunks), both with per-layer remat;
+- the sampler's prefill (one 1,024-token prompt) and decode loop (16 responses
+  of 8,192 tokens), KV cache in bf16 and in FP8, sharded over the slots.
+
+Peak = arguments + temporaries + non-aliased outputs, per device. `cpu copy`
+is the same program with XLA:CPU's hoisted f32 copies of the bf16 weights
+(see `memory_plan`); TPU and GPU multiply bf16 natively and do not make them.
+"""
+
+import argparse
+import os
+import sys
+
+
+def main():
+  parser = argparse.ArgumentParser(description=__doc__,
+                                   formatter_class=argparse.RawDescriptionHelpFormatter)
+  parser.add_argument("--devices", type=int, default=8)
+  parser.add_argument("--presets", default="qwen3_1p7b,qwen3_4b")
+  args = parser.parse_args()
+  os.environ["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={args.devices}"
+  os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+  import dataclasses  # pylint: disable=g-import-not-at-top
+  import tempfile  # pylint: disable=g-import-not-at-top
+
+  from configs import pod_qwen3_1p7b, pod_qwen3_4b  # pylint: disable=g-import-not-at-top
+  from mipu_jax import config as config_lib  # pylint: disable=g-import-not-at-top
+  from mipu_jax import memory_plan as mp  # pylint: disable=g-import-not-at-top
+  from mipu_jax.testing import checkpoint  # pylint: disable=g-import-not-at-top
+
+  ckpt = checkpoint.write_tiny_qwen3(tempfile.mkdtemp())  # the config's inputs only
+  train = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                       "tests", "fixtures", "train", "dapo_math.jsonl")
+  modules = {"qwen3_1p7b": pod_qwen3_1p7b, "qwen3_4b": pod_qwen3_4b}
+  gib = mp.GIB
+  print(f"{args.devices} devices; per-device GiB: peak (args + temp)")
+  print("| model | program | peak | args | temp | cpu copy peak |")
+  print("|---|---|---:|---:|---:|---:|")
+  for preset in args.presets.split(","):
+    cfg = config_lib.from_config_dict(modules[preset].get_config(
+        f"step1,chips={args.devices},ckpt={ckpt},train={train}"))
+    before = dataclasses.replace(
+        mp.with_model(cfg, attention="dense"),
+        learner=dataclasses.replace(cfg.learner, logits_chunk=0))
+    rows = [("learner before", mp.learner_memory(before, 1024),
+             mp.learner_memory(before, 1024, cpu_artifacts=True)),
+            ("learner after", mp.learner_memory(cfg, 1024),
+             mp.learner_memory(cfg, 1024, cpu_artifacts=True))]
+    for kv in (None, "fp8"):
+      pre, dec = mp.sampler_memory(cfg, 1024, 16, kv_cache_dtype=kv)
+      pre_c, dec_c = mp.sampler_memory(cfg, 1024, 16, kv_cache_dtype=kv, cpu_artifacts=True)
+      name = "bf16" if kv is None else kv
+      rows += [(f"prefill (KV {name})", pre, pre_c), (f"decode 16 x 9216 (KV {name})", dec, dec_c)]
+    for name, m, c in rows:
+      print(f"| {preset} | {name} | {m.peak / gib:.2f} | {m.arguments / gib:.2f} | "
+            f"{m.temporaries / gib:.2f} | {c.peak / gib:.2f} |", flush=True)
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())
