@@ -3,8 +3,11 @@ r"""RL post-training launcher.
     python experiments/train.py --config configs/small_cpu.py --workdir /tmp/run \
         --config.loss.correction.preset=mis_miles --config.num_steps=50
 
-Parses flags, validates the config (`mipu_jax.config.from_config_dict`) and
-calls `mipu_jax.rl.train`; the logic lives in the library.
+Parses flags, starts JAX's distributed runtime when the job has several
+processes (`--distributed`, `mipu_jax.distributed`: on a TPU slice every host
+runs this same command), validates the config
+(`mipu_jax.config.from_config_dict`) and calls `mipu_jax.rl.train`; the logic
+lives in the library.
 """
 
 from absl import app
@@ -13,22 +16,34 @@ from absl import logging
 from ml_collections import config_flags
 
 from mipu_jax import config as config_lib
+from mipu_jax import distributed
 from mipu_jax import rl
 
 _CONFIG = config_flags.DEFINE_config_file(
     "config", None, "Experiment config file (a get_config() module).",
     lock_config=True)
 _WORKDIR = flags.DEFINE_string("workdir", None, "Output directory.")
+_DISTRIBUTED = flags.DEFINE_enum(
+    "distributed", "auto", distributed.MODES,
+    "Start JAX's distributed runtime: auto (when the environment describes several "
+    "processes: Cloud TPU, SLURM, Open MPI, JAX_COORDINATOR_ADDRESS), on, off.")
+_COORDINATOR = flags.DEFINE_string(
+    "coordinator_address", None, "host:port of process 0 (where auto-detection cannot).")
+_NUM_PROCESSES = flags.DEFINE_integer("num_processes", None, "Processes in the job.")
+_PROCESS_ID = flags.DEFINE_integer("process_id", None, "This process's id.")
 flags.mark_flags_as_required(["config", "workdir"])
 
 
 def main(argv):
   del argv
+  distributed.initialize(_DISTRIBUTED.value, coordinator_address=_COORDINATOR.value,
+                         num_processes=_NUM_PROCESSES.value, process_id=_PROCESS_ID.value)
   logging.set_verbosity(logging.WARNING)  # orbax logs every save at INFO.
   cfg = config_lib.from_config_dict(_CONFIG.value)
   result = rl.train(cfg, _WORKDIR.value)
-  print(result.table)
-  print("\n".join(f"{name}: {path}" for name, path in result.files.items()))
+  if distributed.is_main():
+    print(result.table)
+    print("\n".join(f"{name}: {path}" for name, path in result.files.items()))
 
 
 if __name__ == "__main__":

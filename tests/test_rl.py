@@ -76,8 +76,8 @@ class _FakeSampler:
     self.params, self.syncs = {"w": params}, self.syncs + 1
 
   def generate(self, prompts, *, max_new_tokens, temperature, top_k, top_p, num_samples,
-               seed):
-    del temperature, top_k, top_p, seed
+               seed, first_prompt_index=0):
+    del temperature, top_k, top_p, seed, first_prompt_index
     rows = []
     for p in prompts:
       text = self.tok.decode(p[1:])

@@ -13,9 +13,9 @@ import os
 import shutil
 from typing import Any
 
-import jax
 from flax import nnx
 
+from mipu_jax import distributed
 from mipu_jax import models
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "generation_config.json",
@@ -35,9 +35,12 @@ def export_policy(run: Any, params: Any, path: str) -> str:
   Returns:
     `path`.
   """
+  host = distributed.to_host(params)  # every process gathers; the main one writes
+  if not distributed.is_main():
+    return path
   model = nnx.clone(run.model)
   state = nnx.state(model, nnx.Param)
-  nnx.replace_by_pure_dict(state, jax.device_get(params))
+  nnx.replace_by_pure_dict(state, host)
   nnx.update(model, state)
   tmp = path + ".tmp"
   shutil.rmtree(tmp, ignore_errors=True)

@@ -36,6 +36,7 @@ from typing import Any, Mapping, Optional
 import jax
 import numpy as np
 
+from mipu_jax import distributed
 from mipu_jax import mipu
 from mipu_jax.config import MipuConfig, TrainConfig
 from mipu_jax.learner import LearnerState
@@ -119,7 +120,7 @@ class MipuGate(_CountingGate):
     pad = ((0, padded - b), (0, 0))
     lp_new_BL = run.learner.logprobs(params, np.pad(tokens_BL, pad),
                                      np.pad(input_mask_BL, pad))
-    lp_new_BL = np.asarray(jax.device_get(lp_new_BL))[:b]
+    lp_new_BL = np.asarray(distributed.to_host(lp_new_BL))[:b]
     t_post, metrics = mipu.gap_post(lp_new_BL, lp_mu_BL, loss_mask_BL,
                                     probe.rewards_R, probe.group_size)
     return float(t_post), {k: float(v) for k, v in metrics.items()}

@@ -22,10 +22,10 @@ import os
 import time
 from typing import Optional
 
-import jax
 import tqdm
 from flax import nnx
 
+from mipu_jax import distributed
 from mipu_jax.config import TrainConfig
 from mipu_jax.learner import LearnerState
 from mipu_jax.rl import batching
@@ -124,7 +124,7 @@ def update(run: setup.Run, state: LearnerState, batch, step: int,
   candidate, device_metrics = run.learner.step(state, batch)
   # The next rollout needs the synced weights, so the loop waits for the step
   # here anyway; fetching its metrics now costs nothing extra.
-  metrics = {k: float(v) for k, v in jax.device_get(device_metrics).items()}
+  metrics = {k: float(v) for k, v in distributed.to_host(device_metrics).items()}
   sampler.update_weights(candidate.params)
   if gate is None:
     return candidate, metrics
@@ -205,12 +205,14 @@ def train(cfg: TrainConfig, workdir: str, *,
   Returns:
     A `RunResult`.
   """
+  main = distributed.is_main()  # only process 0 writes files
   os.makedirs(workdir, exist_ok=True)
   files = {"config": os.path.join(workdir, "config.json"),
            "metrics": os.path.join(workdir, "metrics.jsonl"),
            "table": os.path.join(workdir, "results.md")}
-  with open(files["config"], "w") as f:
-    json.dump(dataclasses.asdict(cfg), f, indent=2, default=str)
+  if main:
+    with open(files["config"], "w") as f:
+      json.dump(dataclasses.asdict(cfg), f, indent=2, default=str)
   if gate is None:  # MIPU Step 2 / random rollback from `cfg.mipu` (SPEC.md §5)
     gate = gates_lib.from_config(cfg)
   run = setup.build_run(cfg, donate=gate is None)
@@ -221,9 +223,10 @@ def train(cfg: TrainConfig, workdir: str, *,
   run.sampler.update_weights(state.params)
   ckpt = hooks.open_checkpoints(workdir, cfg.checkpoint)
   state, start, rows = _restore(ckpt, run, state, files["metrics"], gate)
-  if start:  # Rewrite the log without the rows after the checkpoint.
+  if start and main:  # Rewrite the log without the rows after the checkpoint.
     os.replace(files["metrics"], files["metrics"] + ".before_resume")
-  writer = writer_lib.MetricWriter(workdir, tensorboard=cfg.logging.tensorboard)
+  writer = (writer_lib.MetricWriter(workdir, tensorboard=cfg.logging.tensorboard)
+            if main else writer_lib.NullWriter())
   for r in rows:
     writer.write(int(r["step"]), {k: v for k, v in r.items() if k != "step"})
   eval_sets = run.task.eval_sets(cfg.eval.seed)
@@ -239,7 +242,7 @@ def train(cfg: TrainConfig, workdir: str, *,
   best_eval = max(evals, default=float("-inf"))
   bar = tqdm.trange(start + 1, cfg.num_steps + 1, desc="rl", unit="step",
                     initial=start, total=cfg.num_steps,
-                    disable=not cfg.logging.progress_bar)
+                    disable=not (cfg.logging.progress_bar and main))
   for step in bar:
     state, metrics = rl_step(run, state, step, gate)
     if step == cfg.num_steps or (cfg.eval.every and step % cfg.eval.every == 0):
@@ -271,6 +274,8 @@ def train(cfg: TrainConfig, workdir: str, *,
     files["export_final"] = export.export_policy(
         run, state.params, os.path.join(workdir, "export", "final"))
   table = report.results_table(rows, run.task.eval_names)
+  if not main:
+    return RunResult(state=state, rows=rows, table=table, files={})
   with open(files["table"], "w") as f:
     f.write(table + "\n")
   if cfg.logging.plots:

@@ -12,6 +12,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from mipu_jax import distributed
 from mipu_jax import losses
 from mipu_jax import tokenizer as tokenizer_lib
 from mipu_jax.tasks import base
@@ -106,27 +107,38 @@ def sample_groups(sampler, task: base.Task, problems: Sequence[base.ProblemLike]
       counters) or "correct" (evaluation: 1.0 where the answer is right).
   """
   prompt_ids = tuple(task.encode(p) for p in problems)
-  out = sampler.generate([list(p) for p in prompt_ids],
+  # Several processes: each samples and scores its share, then all gather.
+  part = distributed.process_slice(len(problems))
+  out = sampler.generate([list(p) for p in prompt_ids[part]],
                          max_new_tokens=max_new_tokens, temperature=temperature,
                          top_k=top_k or None, top_p=None if top_p >= 1 else top_p,
-                         num_samples=group_size, seed=seed)
+                         num_samples=group_size, seed=seed, first_prompt_index=part.start)
   completions = [tokenizer_lib.completion_text(task.tokenizer, t) for t in out.tokens]
-  repeated = [problems[i] for i in out.prompt_index]
+  repeated = [problems[part.start + i] for i in out.prompt_index]
   truncated_R = np.asarray([f == "length" for f in out.finish_reasons])
   if score == "correct":
     rewards_R = np.asarray(task.correct(repeated, completions), np.float32)
     keep_R, stats = np.ones(len(rewards_R), bool), {}
   else:
     rewards_R, keep_R, stats = task.reward(repeated, completions, truncated_R)
+  rows = slice(part.start * group_size, part.stop * group_size)
+  total = len(problems) * group_size
+
+  def gather(x, dtype):
+    return distributed.allgather(np.asarray(x, dtype), rows, total)
+
+  stat_names = sorted(stats)
+  stat_values = gather(np.asarray([[stats[k] for k in stat_names]], np.float64),
+                       np.float64).sum(axis=0) if stat_names else []
   return Rollout(
       problems=tuple(problems), prompt_ids=prompt_ids,
-      tokens_RT=np.asarray(out.tokens_array, np.int32),
-      lp_mu_RT=np.asarray(out.logprobs_array, np.float32) * out.mask,
-      mask_RT=np.asarray(out.mask, np.float32),
-      lengths_R=np.asarray(out.lengths, np.int32),
-      truncated_R=truncated_R, rewards_R=np.asarray(rewards_R, np.float32),
-      group_size=group_size, keep_R=np.asarray(keep_R, bool),
-      stats=tuple(sorted(stats.items())))
+      tokens_RT=gather(out.tokens_array, np.int32),
+      lp_mu_RT=gather(np.asarray(out.logprobs_array, np.float32) * out.mask, np.float32),
+      mask_RT=gather(out.mask, np.float32),
+      lengths_R=gather(out.lengths, np.int32),
+      truncated_R=gather(truncated_R, bool), rewards_R=gather(rewards_R, np.float32),
+      group_size=group_size, keep_R=gather(keep_R, bool),
+      stats=tuple(zip(stat_names, map(float, stat_values))))
 
 
 def dynamic_sampling(draw: Callable[[int], Rollout], num_groups: int, *,

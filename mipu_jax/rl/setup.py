@@ -65,8 +65,14 @@ def make_task(cfg: TrainConfig) -> base.Task:
       max_eval_problems=ev.max_problems)
 
 
-def make_policy(cfg: ModelConfig, tokenizer) -> models.Qwen3:
+def make_policy(cfg: ModelConfig, tokenizer,
+                mesh: Mesh | None = None) -> models.Qwen3:
   """The base policy: `init_from` checkpoint, else a random preset init.
+
+  With a mesh the parameters are born in their `train` shards (a checkpoint's
+  tensors go from the host straight into each device's shard; a random init
+  is a jitted init with sharded outputs): no device holds the whole model,
+  which for Qwen3-4B in fp32 (16 GB) no v5e chip could.
 
   Raises:
     ValueError: the policy's vocabulary cannot hold the tokenizer's ids (or, for
@@ -75,11 +81,12 @@ def make_policy(cfg: ModelConfig, tokenizer) -> models.Qwen3:
   vocab_size = tokenizer.vocab_size
   if cfg.init_from:
     _log.info("Loading the base policy from %s", cfg.init_from)
-    model = models.from_pretrained(cfg.init_from, compute_dtype=cfg.dtype)
+    model = models.from_pretrained(cfg.init_from, compute_dtype=cfg.dtype, mesh=mesh)
   else:
     _log.info("Random init of preset %r (no model.init_from)", cfg.preset)
     mcfg = models.get_config(cfg.preset, vocab_size=vocab_size, dtype=cfg.dtype)
-    model = models.Qwen3(mcfg, rngs=nnx.Rngs(cfg.init_seed))
+    make = lambda: models.Qwen3(mcfg, rngs=nnx.Rngs(cfg.init_seed))
+    model = make() if mesh is None else models.init_sharded(make, mesh)
   model.config = model.config.replace(remat=cfg.remat, attention=cfg.attention,
                                       attention_block=cfg.attention_block)
   model_vocab = model.config.vocab_size
@@ -96,10 +103,15 @@ def make_sampler(model: models.Qwen3, cfg: TrainConfig, task: base.Task,
                  mesh: Mesh) -> sampler_lib.Sampler:
   """The inference policy μ at the configured precision (docs/method.md §7).
 
-  Every stop id of the task's tokenizer ends a response.
+  Every stop id of the task's tokenizer ends a response. With several
+  processes, the sampler lives on this process's devices (`distributed`).
   """
   s = cfg.sampling
   tok = task.tokenizer
+  if jax.process_count() > 1:
+    # Each process samples its share of the prompts on its own devices.
+    local = jax.local_devices()
+    mesh = models.make_mesh(1, len(local), 1, devices=local)
   return sampler_lib.Sampler(
       model, eos_ids=list(tok.stop_ids), mesh=mesh if mesh.size > 1 else None,
       max_prefill_length=task.prompt_budget, max_decode_length=s.max_new_tokens,
@@ -133,8 +145,8 @@ class Run:
 def build_run(cfg: TrainConfig, *, donate: bool = True) -> Run:
   """Task, policy, mesh, learner and sampler of `cfg`."""
   task = make_task(cfg)
-  model = make_policy(cfg.model, task.tokenizer)
   mesh = mesh_from_config(cfg.learner.mesh)
+  model = make_policy(cfg.model, task.tokenizer, mesh)
   learner = Learner.from_config(cfg, model, mesh, donate=donate)
   sampler = make_sampler(model, cfg, task, mesh)
   ref = None

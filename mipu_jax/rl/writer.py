@@ -40,6 +40,16 @@ class MetricWriter:
       self._tb.close()
 
 
+class NullWriter:
+  """The writer of a process that does not write (every process but the main one)."""
+
+  def write(self, step: int, metrics: Mapping[str, float]) -> None:
+    del step, metrics
+
+  def close(self) -> None:
+    pass
+
+
 def read_jsonl(path: str) -> list[dict[str, float]]:
   """The rows of a `metrics.jsonl` (non-finite values as floats again)."""
   rows = []

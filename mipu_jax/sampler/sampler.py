@@ -114,8 +114,14 @@ class Sampler:
   def generate(self, prompts: Sequence[Sequence[int]], *, max_new_tokens: int,
                temperature: float = 1.0, top_k: Optional[int] = None,
                top_p: Optional[float] = None, num_samples: int = 1, seed: int = 0,
-               eos_ids: Optional[Sequence[int]] = None) -> SampleOutput:
-    """Samples `num_samples` responses per prompt; see `SampleOutput` and `sampling.py`."""
+               eos_ids: Optional[Sequence[int]] = None,
+               first_prompt_index: int = 0) -> SampleOutput:
+    """Samples `num_samples` responses per prompt; see `SampleOutput` and `sampling.py`.
+
+    `first_prompt_index`: the index of `prompts[0]` in a larger batch whose
+    other prompts another process samples: prompt `i` here draws as prompt
+    `first_prompt_index + i` of the whole batch.
+    """
     cfg = self.config
     _check_prompts(prompts, cfg, self.engine.model_config.vocab_size)
     if max_new_tokens < 1:
@@ -131,10 +137,10 @@ class Sampler:
           "distribution; compute lp_old with mipu_jax.sampler.truncated_logprobs, and note "
           "that the PPO ratio of truncated policies is biased (SPEC.md §0).", stacklevel=2)
     return self._generate(prompts, max_new_tokens, temperature, top_k, top_p,
-                          num_samples, seed, eos_ids)
+                          num_samples, seed, eos_ids, first_prompt_index)
 
   def _generate(self, prompts, max_new_tokens, temperature, top_k, top_p, g, seed,
-                eos_ids) -> "SampleOutput":
+                eos_ids, offset) -> "SampleOutput":
     """The refill loop: at most `max_concurrent_decodes` samples decode at once.
 
     Samples are taken in order (prompt-major); prompts are prefilled in chunks
@@ -169,7 +175,7 @@ class Sampler:
           lengths_R[k] = len(prompts[i])
         # Request i draws with fold_in(key(seed), i) whatever its chunk.
         keys_R = jax.vmap(lambda i: jax.random.fold_in(base_key, i))(
-            jnp.arange(c * chunk, c * chunk + rb))
+            offset + jnp.arange(c * chunk, c * chunk + rb))
         prefixes[c], _ = engine.prefill(
             params=params, padded_tokens=tokens_RP, true_length=lengths_R, rng=keys_R,
             temperature=temperature, top_k=top_k or 0, top_p=1.0 if top_p is None else top_p,

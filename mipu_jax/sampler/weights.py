@@ -11,6 +11,7 @@ from typing import Any, Optional
 import jax
 from flax import nnx
 
+from mipu_jax import distributed
 from mipu_jax.models import sharding
 
 
@@ -42,12 +43,17 @@ def check_structure(params: dict, reference: dict) -> None:
 
 
 def reshard_for_sampling(params: dict, mesh: Optional[jax.sharding.Mesh]) -> dict:
-  """Moves float learner params to the sampling layout on `mesh` (no-op without a mesh).
+  """Moves float learner params to the sampling layout on `mesh` (this process's
+  devices; no-op without a mesh on one process).
 
   `mipu_jax.models.sharding.param_shardings(params, mesh, layout="sampling")`;
   quantization then runs under `jit` on the resharded arrays, so the quantized
   values and scales inherit the sampling layout.
   """
+  # Several processes: the learner's arrays span every host, the sampler runs
+  # on this process's devices, so it takes a local replica first.
+  params = jax.tree.map(
+      lambda x: distributed.local_copy(x) if isinstance(x, jax.Array) else x, params)
   if mesh is None:
     return params
   return jax.device_put(params, sharding.param_shardings(params, mesh, layout="sampling"))
