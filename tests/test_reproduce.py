@@ -46,7 +46,8 @@ def test_every_row_is_a_valid_config(module, row, math_inputs):
 
 def test_small_task_rows_share_the_high_mismatch_base():
   base = _build(table, "baseline")
-  assert (base.sampling.weight_quant, base.sampling.act_quant) == ("fp8_e4m3", "fp8")
+  assert (base.sampling.weight_quant, base.sampling.act_quant, base.sampling.kv_cache_dtype,
+          base.sampling.quant_lm_head) == ("int4", "fp8", "fp8", True)
   for row in ("tis", "mis", "lr_decay", "step1"):
     other = _build(table, f"{row},seed=3")
     assert other.seed == 3
