@@ -75,7 +75,7 @@ PRECISION_FIELDS = ("sampling.dtype", "sampling.weight_quant", "sampling.act_qua
 _ROW_EXTRA_FIELDS = {"control": PRECISION_FIELDS}
 # The sources' tables: MIPU's main table (plus TIS), its ablation, and the
 # "Step 2 is not random rollback" comparison.
-MAIN_ROWS = ("baseline", "tis", "mis", "lr_decay", "mipu")
+MAIN_ROWS = ("control", "baseline", "tis", "mis", "lr_decay", "mipu")
 ABLATION_ROWS = ("baseline", "step1", "step2", "mipu")
 ROLLBACK_ROWS = ("mipu", "random_rollback", "step2")
 # The main job's side-by-side comparison (`experiments/compare.py`).
