@@ -38,7 +38,6 @@ from mipu_jax import models
 from mipu_jax.learner import host_batch
 from mipu_jax.learner import Learner
 from mipu_jax.learner import mesh_from_config
-from mipu_jax.learner import objective
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -141,8 +140,8 @@ def bench_corrections_alone(a):
 
   @jax.jit
   def corrections(lp_old, lp_mu, mask):
-    corrected, metrics = objective.correct_batch(lp_old, lp_mu, mask, cfg)
-    coef = objective.token_coefficients(corrected.keep_BL, corrected.denom_BL, cfg, l)
+    corrected, metrics = losses.correct_batch(lp_old, lp_mu, mask, cfg)
+    coef = losses.token_coefficients(corrected.keep_BT, corrected.denom_BT, cfg, l)
     return corrected, metrics, coef
 
   return _best_time(lambda: jax.block_until_ready(corrections(lp_old, lp_mu, mask)),

@@ -32,6 +32,17 @@ DOCUMENTED = {
     "mipu_step1": dict(is_level="token", is_mode="truncate", is_upper=2.0,
                        rs_level=None, veto_threshold=None,
                        self_normalize=False),
+    # verl's RolloutCorrectionConfig presets of the same names.
+    "seq_is_rs": dict(is_level="sequence", is_mode="truncate", is_upper=2.0,
+                      rs_criteria="seq_sum_k1", rs_thresholds="0.5_2.0"),
+    "geo_rs_token_tis": dict(is_level="token", is_mode="truncate",
+                             is_upper=2.0, rs_criteria="seq_mean_k1",
+                             rs_thresholds="0.999_1.001"),
+    "geo_rs_seq_tis": dict(is_level="sequence", is_mode="truncate",
+                           is_upper=2.0, rs_criteria="seq_mean_k1",
+                           rs_thresholds="0.999_1.001"),
+    "k3_rs": dict(is_level=None, rs_criteria="seq_mean_k3",
+                  rs_thresholds="0.01"),
 }
 
 
@@ -119,7 +130,6 @@ def test_loss_config_errors(kw, match):
     (dict(is_lower=3.0), "lower bound 3.0 > upper bound 2.0"),
     (dict(rs_level="token", rs_lower=1.5, rs_upper=1.2), "RS lower bound"),
     (dict(veto_threshold=-1.0), "veto_threshold"),
-    (dict(is_level="geometric", is_mode="icepop"), "token level only"),
 ])
 def test_correction_config_errors(kw, match):
   with pytest.raises(ValueError, match=match):

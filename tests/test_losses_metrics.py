@@ -19,9 +19,9 @@ LP_OLD = np.array([[-LN2, -LN2, 3.0], [-LN2, -np.inf, np.nan]], np.float32)
 LP_MU = np.array([[-2 * LN2, -LN2, np.nan], [0.0, -np.inf, 1.0]], np.float32)
 MASK = np.array([[1, 1, 0], [1, 0, 0]], np.float32)
 
-# (row 0 value, row 1 value) per metric, worked out in the module docstring's
-# notation; the metric is their mean.
-EXPECTED = {
+# (row 0 value, row 1 value) per response-level metric, worked out in the
+# module docstring's notation; the metric is their mean.
+PER_RESPONSE = {
     # -mean lp_old: log 2 and log 2.
     "training_log_ppl": (LN2, LN2),
     # -mean lp_mu: 1.5 log 2 and 0.
@@ -32,40 +32,58 @@ EXPECTED = {
     "log_ppl_diff": (-0.5 * LN2, LN2),
     "log_ppl_abs_diff": (0.5 * LN2, LN2),
     "ppl_ratio": (2.0**-0.5, 2.0),
-    # mean(lp_mu - lp_old): mean(-log 2, 0) and log 2.
-    "kl": (-0.5 * LN2, LN2),
-    # mean(exp δ - δ - 1): mean(2 - log 2 - 1, 0) and .5 + log 2 - 1.
-    "k3_kl": ((1 - LN2) / 2, LN2 - 0.5),
-    # mean exp(2δ) - 1: mean(4, 1) - 1 and 1/4 - 1.
-    "chi2_token": (1.5, -0.75),
     # exp(2 Σδ) - 1: 4 - 1 and 1/4 - 1.
     "chi2_seq": (3.0, -0.75),
     "max_abs_logprob_diff": (LN2, LN2),
+}
+# Token means over the batch's counted tokens δ = [log 2, 0 | -log 2]
+# (verl's definitions): (whole batch, row 0 alone).
+TOKEN_MEAN = {
+    # mean(lp_mu - lp_old) = (-log 2 + 0 + log 2) / 3 and -log 2 / 2.
+    "kl": (0.0, -0.5 * LN2),
+    # mean(exp δ - δ - 1) = ((1 - log 2) + 0 + (log 2 - .5)) / 3 and
+    # (1 - log 2) / 2.
+    "k3_kl": (0.5 / 3, (1 - LN2) / 2),
+    # mean exp(2δ) - 1 = (4 + 1 + 1/4) / 3 - 1 and (4 + 1) / 2 - 1.
+    "chi2_token": (5.25 / 3 - 1, 1.5),
+}
+# Largest and smallest per-response log_ppl_diff: (whole batch, row 0 alone).
+EXTREMES = {
+    "log_ppl_diff_max": (LN2, -0.5 * LN2),
+    "log_ppl_diff_min": (-0.5 * LN2, -0.5 * LN2),
 }
 
 
 mismatch_metrics = jax.jit(losses.mismatch_metrics)  # SPEC: must be jit-able
 
 
-@pytest.mark.parametrize("name", sorted(EXPECTED))
+def _expected(row1_counts):
+  out = {k: np.mean(v) if row1_counts else v[0] for k, v in PER_RESPONSE.items()}
+  for table in (TOKEN_MEAN, EXTREMES):
+    out.update({k: v[0] if row1_counts else v[1] for k, v in table.items()})
+  return out
+
+
+@pytest.mark.parametrize("name", sorted(_expected(True)))
 def test_mismatch_metric(name):
   metrics = mismatch_metrics(LP_OLD, LP_MU, MASK)
-  np.testing.assert_allclose(metrics[P + name], np.mean(EXPECTED[name]),
+  np.testing.assert_allclose(metrics[P + name], _expected(True)[name],
                              rtol=1e-5, atol=1e-7)
 
 
 def test_metric_names_are_complete():
   metrics = mismatch_metrics(LP_OLD, LP_MU, MASK)
   assert set(metrics) == set(losses.MISMATCH_METRIC_NAMES)
-  assert {k.removeprefix(P) for k in metrics} == set(EXPECTED)
+  assert {k.removeprefix(P) for k in metrics} == set(_expected(True))
 
 
 def test_rows_without_tokens_are_excluded():
   # Row 1 masked out: every metric is row 0's value alone.
   mask = np.array([[1, 1, 0], [0, 0, 0]], np.float32)
   metrics = mismatch_metrics(LP_OLD, LP_MU, mask)
-  for name, (row0, _) in EXPECTED.items():
-    np.testing.assert_allclose(metrics[P + name], row0, rtol=1e-5, atol=1e-7)
+  for name, value in _expected(False).items():
+    np.testing.assert_allclose(metrics[P + name], value, rtol=1e-5, atol=1e-7,
+                               err_msg=name)
 
 
 def test_empty_mask_gives_zeros():

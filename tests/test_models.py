@@ -1,7 +1,6 @@
 """Qwen3 policy: parity with Hugging Face transformers, KV cache, dtypes."""
 
 import numpy as np
-import jax
 import jax.numpy as jnp
 import pytest
 from flax import nnx

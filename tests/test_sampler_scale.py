@@ -1,7 +1,6 @@
 """The sampler at scale: at most `max_concurrent_decodes` slots with refill, and a KV
 cache sharded over the mesh, both equal to the one-wave single-device rollout."""
 
-import jax
 import numpy as np
 import pytest
 

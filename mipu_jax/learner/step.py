@@ -7,8 +7,8 @@ its inputs; `Learner` jits it once with shardings and donation. Structure:
 2. per epoch a permutation of the rows (from `state.rng`), cut into
    `num_minibatches` mini-batches of `num_microbatches` micro-batches;
 3. one `lax.scan` over the `epochs × minibatches` optimizer updates, each a
-   `lax.scan` accumulating micro-batch gradients (`objective` makes the sum
-   exact), then one optimizer update with the step's mean response length
+   `lax.scan` accumulating micro-batch gradients (`losses.policy` makes the
+   sum exact), then one optimizer update with the step's mean response length
    (the LR schedule advances once per RL step, on its first update).
 """
 
@@ -22,7 +22,6 @@ from flax import nnx
 
 from mipu_jax import losses
 from mipu_jax import schedules
-from mipu_jax.learner import objective
 from mipu_jax.learner.batch import Batch
 from mipu_jax.learner.logprobs import policy_logprobs, Scoring
 from mipu_jax.learner.state import LearnerState
@@ -91,15 +90,14 @@ def learner_step(state: LearnerState, batch: Batch, *, graphdef: nnx.GraphDef,
   n_mini, n_micro = spec.num_minibatches, spec.num_microbatches
   b_micro = b // (n_mini * n_micro)
 
-  corrected, corr_metrics = objective.correct_batch(
+  corrected, corr_metrics = losses.correct_batch(
       batch.lp_old_BL, batch.lp_mu_BL, batch.loss_mask_BL, cfg)
-  lp_ref_BL = (batch.lp_old_BL if cfg.mode == "on_policy_recompute"
-               else batch.lp_mu_BL)
   rows_data = {
       "tokens": batch.tokens_BL, "input_mask": batch.input_mask_BL,
-      "loss_mask": batch.loss_mask_BL, "lp_ref": lp_ref_BL,
-      "adv": batch.advantages_B, "weights": corrected.weights_BL,
-      "keep": corrected.keep_BL, "denom": corrected.denom_BL,
+      "loss_mask": batch.loss_mask_BL,
+      "lp_ref": losses.reference_logprobs(cfg, batch.lp_old_BL, batch.lp_mu_BL),
+      "adv": batch.advantages_B, "weights": corrected.weights_BT,
+      "keep": corrected.keep_BT, "denom": corrected.denom_BT,
   }
   if batch.lp_ref_model_BL is not None:
     rows_data["lp_ref_model"] = batch.lp_ref_model_BL
@@ -120,7 +118,7 @@ def learner_step(state: LearnerState, batch: Batch, *, graphdef: nnx.GraphDef,
                           entropy_grad=cfg.entropy_coef > 0,
                           logits_chunk=spec.logits_chunk)
     lp_BL, ent_BL = out if spec.with_entropy else (out, None)
-    return objective.micro_loss(
+    return losses.micro_loss(
         lp_BL, ent_BL, mb["lp_ref"], mb["adv"], mb["weights"], mb["keep"],
         mb["coef"], mb["loss_mask"], mb.get("lp_ref_model"), cfg)
 
@@ -131,7 +129,7 @@ def learner_step(state: LearnerState, batch: Batch, *, graphdef: nnx.GraphDef,
     order_CR, index = xs
     mb = {k: rows(v[order_CR]) for k, v in rows_data.items()}
     flat = lambda x: x.reshape((-1,) + x.shape[2:])
-    coef_BL = objective.token_coefficients(
+    coef_BL = losses.token_coefficients(
         flat(mb["keep"]), flat(mb["denom"]), cfg, spec.max_response_len)
     mb["coef"] = rows(coef_BL.reshape(mb["keep"].shape))
 
@@ -163,7 +161,7 @@ def learner_step(state: LearnerState, batch: Batch, *, graphdef: nnx.GraphDef,
     (params, opt_state), (per_update, grad_norm_U) = jax.lax.scan(
         update, carry, (order_UCR, jnp.arange(spec.num_updates)))
 
-  metrics = _update_metrics(per_update)
+  metrics = losses.actor_metrics(per_update)
   if not spec.with_entropy:
     del metrics["actor/entropy"]
   if cfg.kl_coef == 0:
@@ -177,44 +175,9 @@ def learner_step(state: LearnerState, batch: Batch, *, graphdef: nnx.GraphDef,
   return new_state, jax.tree.map(lambda x: jnp.asarray(x, jnp.float32), metrics)
 
 
-def _reduce_micro(sums: objective.MicroTerms) -> objective.MicroTerms:
+def _reduce_micro(sums: losses.MicroTerms) -> losses.MicroTerms:
   """Micro-batch sums → one update's sums (min/max kept as such)."""
-  return objective.MicroTerms(**{
+  return losses.MicroTerms(**{
       k: (jnp.min(v) if k == "ratio_min" else
           jnp.max(v) if k == "ratio_max" else jnp.sum(v))
       for k, v in sums._asdict().items()})
-
-
-def _safe_ratio(num, den):
-  return jnp.where(den > 0, num / jnp.where(den > 0, den, 1.0), 0.0)
-
-
-def _update_metrics(u: objective.MicroTerms) -> dict[str, jax.Array]:
-  """Per-update sums `[U]` → metrics; token fractions over all updates."""
-  kept = jnp.sum(u.kept)
-  has = u.kept > 0
-
-  def ratio_stats(sl):
-    k = jnp.sum(u.kept[sl])
-    return {
-        "mean": _safe_ratio(jnp.sum(u.ratio_sum[sl]), k),
-        "min": jnp.where(k > 0, jnp.min(jnp.where(has[sl], u.ratio_min[sl], jnp.inf)), 1.0),
-        "max": jnp.where(k > 0, jnp.max(jnp.where(has[sl], u.ratio_max[sl], -jnp.inf)), 1.0),
-    }
-
-  all_updates = ratio_stats(slice(None))
-  first = ratio_stats(slice(0, 1))
-  metrics = {
-      "actor/loss": jnp.mean(u.loss),
-      "actor/pg_clipfrac": _safe_ratio(jnp.sum(u.clipped), kept),
-      "actor/pg_clipfrac_lower": _safe_ratio(jnp.sum(u.dual_clipped), kept),
-      "actor/ppo_kl": _safe_ratio(jnp.sum(u.neg_log_ratio_sum), kept),
-      "actor/entropy": _safe_ratio(jnp.sum(u.entropy_sum), jnp.sum(u.tokens)),
-      "actor/kl_loss": jnp.mean(u.kl_sum),
-      "actor/num_updates": jnp.asarray(u.loss.shape[0], jnp.float32),
-  }
-  for name, value in all_updates.items():
-    metrics[f"actor/ppo_ratio_{name}"] = value
-  for name, value in first.items():
-    metrics[f"actor/first_update_ratio_{name}"] = value
-  return metrics

@@ -49,6 +49,20 @@ CORRECTION_PRESETS: Mapping[str, Mapping[str, Any]] = types.MappingProxyType({
     # token level by default; override `is_level` for the level option.
     "mipu_step1": {
         "is_level": "token", "is_mode": "truncate", "is_upper": 2.0},
+    # Trust-region rejection by divergence estimators (verl 0.9's presets of
+    # the same shape): sequence TIS + a sequence log-ratio band; token or
+    # sequence TIS + a ±0.1% geometric band; a per-response mean-K3 bound.
+    "seq_is_rs": {
+        "is_level": "sequence", "is_mode": "truncate", "is_upper": 2.0,
+        "rs_criteria": "seq_sum_k1", "rs_thresholds": "0.5_2.0"},
+    "geo_rs_token_tis": {
+        "is_level": "token", "is_mode": "truncate", "is_upper": 2.0,
+        "rs_criteria": "seq_mean_k1", "rs_thresholds": "0.999_1.001"},
+    "geo_rs_seq_tis": {
+        "is_level": "sequence", "is_mode": "truncate", "is_upper": 2.0,
+        "rs_criteria": "seq_mean_k1", "rs_thresholds": "0.999_1.001"},
+    "k3_rs": {
+        "is_level": None, "rs_criteria": "seq_mean_k3", "rs_thresholds": "0.01"},
 })
 
 
@@ -74,6 +88,12 @@ class CorrectionConfig:
     rs_upper: RS upper bound, None for the IS upper bound.
     veto_threshold: τ_veto, None for off.
     self_normalize: batch self-normalisation (SNIS).
+    rs_criteria: trust-region criteria on divergence estimators, comma
+      separated, verl's names (`corrections.CRITERIA`, e.g.
+      "token_k1,seq_max_k3"), or None.
+    rs_thresholds: their thresholds in verl's format: one for all or one per
+      criterion, comma separated; k1: "lower_upper" ratios (or one upper U,
+      meaning 1/U_U); k2 / k3: an upper bound.
   """
   is_level: str | None = "token"
   is_mode: str = "truncate"
@@ -84,8 +104,13 @@ class CorrectionConfig:
   rs_upper: float | None = None
   veto_threshold: float | None = None
   self_normalize: bool = False
+  rs_criteria: str | None = None
+  rs_thresholds: str | None = None
 
   def __post_init__(self):
+    if isinstance(self.rs_thresholds, (int, float)) and not isinstance(
+        self.rs_thresholds, bool):
+      object.__setattr__(self, "rs_thresholds", repr(float(self.rs_thresholds)))
     self.validate()
 
   def validate(self) -> "CorrectionConfig":
@@ -97,7 +122,7 @@ class CorrectionConfig:
   def enabled(self) -> bool:
     """Whether anything changes the weights or the mask."""
     return (self.is_level is not None or self.rs_level is not None
-            or self.veto_threshold is not None)
+            or self.veto_threshold is not None or bool(self.rs_criteria))
 
   @classmethod
   def from_preset(cls, name: str, **overrides: Any) -> "CorrectionConfig":

@@ -10,7 +10,6 @@ import jax
 import jax.numpy as jnp
 
 from mipu_jax.losses import _masked
-from mipu_jax.losses import aggregation
 
 KL_ESTIMATORS = ("k1", "k2", "k3")
 
@@ -135,67 +134,3 @@ def kl_estimate(
   else:
     kl_BT = jnp.exp(log_rho_BT) - 1.0 - log_rho_BT
   return jnp.where(m_BT, kl_BT, 0.0)
-
-
-def ppo_loss(
-    lp_BT: jax.Array,
-    lp_ref_BT: jax.Array,
-    adv: jax.Array,
-    mask_BT: jax.Array,
-    *,
-    weights_BT: jax.Array | None = None,
-    denom_mask_BT: jax.Array | None = None,
-    eps_low: float = 0.2,
-    eps_high: float = 0.28,
-    dual_clip: float | None = None,
-    aggregation_mode: str = "token_mean",
-    max_len: int | None = None,
-) -> tuple[jax.Array, dict[str, jax.Array]]:
-  """Aggregated clipped PPO loss `agg(ℓ_t · w_t · m'_t)` (SPEC.md §2).
-
-  The lower-level entry point for callers that computed the §3 correction
-  themselves (e.g. once over the whole batch before splitting mini-batches);
-  `policy.policy_loss` composes everything from a `LossConfig`.
-
-  Args:
-    lp_BT: current log-probs `[B, T]` (differentiated).
-    lp_ref_BT: ratio reference `[B, T]` (stop-gradient).
-    adv: `[B]` or `[B, T]` advantages.
-    mask_BT: final mask m' (response mask after rejections), `[B, T]`.
-    weights_BT: per-token weights w (stop-gradient), default 1.
-    denom_mask_BT: normaliser mask (see `aggregation.aggregate`); default m'.
-    eps_low: lower clip ε_low.
-    eps_high: upper clip ε_high.
-    dual_clip: c_dual > 1, or None.
-    aggregation_mode: one of `aggregation.AGGREGATIONS`.
-    max_len: fixed length for `seq_mean_token_sum_norm` (default T).
-
-  Returns:
-    `(loss, metrics)`: the scalar loss and `actor/*` scalars — `pg_loss`,
-    `pg_clipfrac` (tokens where the clip binds), `pg_clipfrac_lower` (tokens
-    where the dual clip binds), `ppo_kl` (mean of lp_ref - lp), and
-    `ppo_ratio_mean/min/max`; token means are over m'.
-  """
-  terms = ppo_token_loss(
-      lp_BT, lp_ref_BT, adv, mask_BT,
-      eps_low=eps_low, eps_high=eps_high, dual_clip=dual_clip)
-  m_BT = _masked.as_float_mask(mask_BT)
-  loss_BT = terms.loss_BT
-  if weights_BT is not None:
-    loss_BT = loss_BT * jax.lax.stop_gradient(
-        jnp.asarray(weights_BT, jnp.float32))
-  loss = aggregation.aggregate(
-      loss_BT, m_BT, aggregation_mode,
-      denom_mask_BT=denom_mask_BT, max_len=max_len)
-  log_ratio_BT = jnp.log(terms.ratio_BT)
-  metrics = {
-      "actor/pg_loss": loss,
-      "actor/pg_clipfrac": _masked.masked_mean(terms.clipped_BT, m_BT),
-      "actor/pg_clipfrac_lower": _masked.masked_mean(terms.dual_clipped_BT,
-                                                     m_BT),
-      "actor/ppo_kl": _masked.masked_mean(-log_ratio_BT, m_BT),
-      "actor/ppo_ratio_mean": _masked.masked_mean(terms.ratio_BT, m_BT),
-      "actor/ppo_ratio_min": _masked.masked_min(terms.ratio_BT, m_BT),
-      "actor/ppo_ratio_max": _masked.masked_max(terms.ratio_BT, m_BT),
-  }
-  return loss, jax.tree.map(jax.lax.stop_gradient, metrics)

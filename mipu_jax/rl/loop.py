@@ -26,6 +26,7 @@ import tqdm
 from flax import nnx
 
 from mipu_jax import distributed
+from mipu_jax import losses
 from mipu_jax.config import TrainConfig
 from mipu_jax.learner import LearnerState
 from mipu_jax.rl import batching
@@ -57,20 +58,6 @@ class RunResult:
   rows: list[dict[str, float]]
   table: str
   files: dict[str, str]
-
-
-def rollout_metrics(everything: rollout_lib.Rollout,
-                    batch: rollout_lib.Rollout) -> dict[str, float]:
-  """Reward, accuracy and length over every response sampled this step."""
-  lengths = everything.lengths_R
-  return {
-      "rollout/reward_mean": float(everything.rewards_R.mean()),
-      "rollout/accuracy": float((everything.rewards_R >= 1.0).mean()),
-      "rollout/response_length_mean": float(lengths.mean()),
-      "rollout/response_length_max": float(lengths.max()),
-      "rollout/truncated_fraction": float(everything.truncated_R.mean()),
-      "rollout/batch_reward_mean": float(batch.rewards_R.mean()),
-  }
 
 
 def collect(run: setup.Run, step: int):
@@ -150,7 +137,8 @@ def rl_step(run: setup.Run, state: LearnerState, step: int,
 
   tokens = float(batch.input_mask_BL.sum())
   metrics.update(data_stats)
-  metrics.update(rollout_metrics(everything, chosen))
+  metrics.update(losses.rollout_metrics(everything.rewards_R, everything.lengths_R,
+                                        everything.truncated_R, chosen.rewards_R))
   metrics.update({
       "perf/step_seconds": t2 - t0,
       "perf/rollout_seconds": t1 - t0,

@@ -1,4 +1,4 @@
-"""The learner's micro-batch objective equals `losses.policy_loss` exactly (SPEC.md §2–3)."""
+"""Micro-batches of the policy objective sum to `losses.policy_loss` exactly (docs/method.md §2–3)."""
 
 import dataclasses
 
@@ -12,7 +12,6 @@ from mipu_jax import config as config_lib
 from mipu_jax import losses
 from mipu_jax import schedules
 from mipu_jax.learner import make_optimizer
-from mipu_jax.learner import objective
 
 B, T = 6, 7
 
@@ -32,14 +31,14 @@ def _arrays(seed=0):
 
 def _split_loss(lp, lp_old, lp_mu, adv, mask, ent, ref, cfg, splits):
   """Σ over row chunks of `micro_loss`, with whole-batch corrections and coefficients."""
-  corrected, _ = objective.correct_batch(lp_old, lp_mu, mask, cfg)
-  coef = objective.token_coefficients(corrected.keep_BL, corrected.denom_BL, cfg, T)
+  corrected, _ = losses.correct_batch(lp_old, lp_mu, mask, cfg)
+  coef = losses.token_coefficients(corrected.keep_BT, corrected.denom_BT, cfg, T)
   lp_ref = lp_old if cfg.mode == "on_policy_recompute" else lp_mu
   total = 0.0
   for rows in np.array_split(np.arange(B), splits):
-    loss, _ = objective.micro_loss(
-        lp[rows], ent[rows], lp_ref[rows], adv[rows], corrected.weights_BL[rows],
-        corrected.keep_BL[rows], coef[rows], mask[rows],
+    loss, _ = losses.micro_loss(
+        lp[rows], ent[rows], lp_ref[rows], adv[rows], corrected.weights_BT[rows],
+        corrected.keep_BT[rows], coef[rows], mask[rows],
         ref[rows] if cfg.kl_coef > 0 else None, cfg)
     total = total + loss
   return total
@@ -73,7 +72,7 @@ def test_bypass_references_lp_mu_and_logs_no_mismatch():
   cfg = losses.LossConfig(mode="bypass",
                           correction=losses.CorrectionConfig.from_preset("none"))
   lp, lp_old, lp_mu, adv, mask, ent, ref = _arrays(1)
-  _, metrics = objective.correct_batch(lp_mu, lp_mu, mask, cfg)
+  _, metrics = losses.correct_batch(lp_mu, lp_mu, mask, cfg)
   assert not set(losses.MISMATCH_METRIC_NAMES) & set(metrics)
   expected = losses.policy_loss(lp, None, lp_mu, adv, mask, cfg)[0]
   np.testing.assert_allclose(
@@ -82,7 +81,7 @@ def test_bypass_references_lp_mu_and_logs_no_mismatch():
 
 def test_on_policy_logs_every_mismatch_and_correction_metric():
   lp, lp_old, lp_mu, adv, mask, *_ = _arrays(2)
-  _, metrics = objective.correct_batch(lp_old, lp_mu, mask, losses.LossConfig())
+  _, metrics = losses.correct_batch(lp_old, lp_mu, mask, losses.LossConfig())
   assert set(losses.MISMATCH_METRIC_NAMES) <= set(metrics)
   assert set(losses.CORRECTION_METRIC_NAMES) <= set(metrics)
   assert all(np.isfinite(v) for v in jax.device_get(metrics).values())
