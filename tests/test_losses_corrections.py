@@ -15,6 +15,7 @@ import pytest
 from mipu_jax import losses
 
 P = "rollout_corr/"
+LN2 = math.log(2.0)
 # 7.0 is garbage in the padding slot: it must be ignored.
 LP_OLD = np.log(np.array([[4.0, 0.25, 1.5], [2.0, 2.0, math.exp(7.0)]],
                          np.float32))
@@ -264,3 +265,82 @@ def test_outputs_are_stop_gradient():
 def test_invalid_arguments_raise(kw, match):
   with pytest.raises(ValueError, match=match):
     _run(**kw)
+
+
+# --- trust-region criteria, hand-computed (docs/method.md §4) ---------------
+# Row 0: δ = [log 2, 0] (2 counted tokens); row 1: δ = [-0.1, -0.1, -0.1].
+# Per token: k1 = -δ, k2 = δ²/2, k3 = exp δ - 1 - δ:
+#   row 0: k1 = [-0.693, 0], k2 = [0.240, 0], k3 = [0.307, 0];
+#   row 1: k1 = 0.1, k2 = 0.005, k3 = 0.00484 (each token).
+_TR_LP_MU = np.array([[-LN2, -1.0, 0.0], [-1.0, -1.0, -1.0]], np.float32)
+_TR_LP_OLD = _TR_LP_MU + np.array([[LN2, 0.0, 0.0], [-0.1, -0.1, -0.1]],
+                                  np.float32)
+_TR_MASK = np.array([[1, 1, 0], [1, 1, 1]], np.float32)
+_DROP_TOKEN0 = [[0, 1, 0], [1, 1, 1]]
+_DROP_ROW0 = [[0, 0, 0], [1, 1, 1]]
+_DROP_ROW1 = [[1, 1, 0], [0, 0, 0]]
+TRUST_REGION_CASES = [
+    # token k1 in [log .8, log 1.25] = ±0.223: token 0 of row 0 (-0.693) out.
+    ("token_k1", "0.8_1.25", _DROP_TOKEN0),
+    ("token_k2", "0.1", _DROP_TOKEN0),  # 0.240 > 0.1
+    ("token_k3", "0.1", _DROP_TOKEN0),  # 0.307 > 0.1
+    # Σ k1: row 0 -0.693 < log .6 = -0.511; row 1 0.3 <= log 2.
+    ("seq_sum_k1", "0.6_2.0", _DROP_ROW0),
+    # Σ k1 in [log .4, log 1.2] = [-0.916, 0.182]: row 1's 0.3 is out.
+    ("seq_sum_k1", "0.4_1.2", _DROP_ROW1),
+    ("seq_sum_k2", "0.02", _DROP_ROW0),  # 0.240 and 0.015
+    ("seq_sum_k3", "0.02", _DROP_ROW0),  # 0.307 and 0.0145
+    # mean k1: row 0 -0.347 < log .75 = -0.288.
+    ("seq_mean_k1", "0.75_1.2", _DROP_ROW0),
+    # mean k1: row 1 0.1 > log 1.05 = 0.049; row 0 -0.347 >= log .6.
+    ("seq_mean_k1", "0.6_1.05", _DROP_ROW1),
+    ("seq_mean_k2", "0.1", _DROP_ROW0),  # 0.120 and 0.005
+    ("seq_mean_k3", "0.1", _DROP_ROW0),  # 0.153 and 0.0048
+    ("seq_max_k2", "0.2", _DROP_ROW0),  # 0.240 and 0.005
+    ("seq_max_k3", "0.2", _DROP_ROW0),  # 0.307 and 0.0048
+    # One upper bound U for k1 means [1/U, U]: token k1 within ±log 1.5.
+    ("token_k1", "1.5", _DROP_TOKEN0),
+    # Two criteria AND-ed: the union of what each rejects.
+    ("token_k2,seq_sum_k1", "0.1,0.4_1.2", [[0, 1, 0], [0, 0, 0]]),
+]
+
+
+@pytest.mark.parametrize("criteria,thresholds,keep", TRUST_REGION_CASES)
+def test_trust_region_criteria(criteria, thresholds, keep):
+  w, m, metrics = losses.correction_weights(
+      _TR_LP_OLD, _TR_LP_MU, _TR_MASK, is_level=None, rs_criteria=criteria,
+      rs_thresholds=thresholds)
+  np.testing.assert_array_equal(m, keep)
+  np.testing.assert_array_equal(w, keep)  # no IS: weight 1 where kept
+  rejected = 1 - np.sum(keep) / np.sum(_TR_MASK)
+  np.testing.assert_allclose(metrics[P + "rollout_rs_masked_fraction"], rejected,
+                             rtol=1e-6)
+  rows = np.mean([np.any((np.array(keep) == 0) & (_TR_MASK > 0), axis=-1)])
+  np.testing.assert_allclose(metrics[P + "rollout_rs_seq_masked_fraction"], rows)
+
+
+def test_trust_region_criterion_statistics():
+  # seq_mean_k3: per-response means 0.1534 and 0.00484; token mean over the
+  # five counted tokens (0.307 + 0 + 3 · 0.00484) / 5.
+  _, _, metrics = losses.correction_weights(
+      _TR_LP_OLD, _TR_LP_MU, _TR_MASK, is_level=None, rs_criteria="seq_mean_k3",
+      rs_thresholds="0.1")
+  k3_row0 = (2 - 1 - LN2) / 2
+  k3_row1 = math.exp(-0.1) - 1 + 0.1
+  name = P + "rollout_rs_seq_mean_k3_"
+  np.testing.assert_allclose(metrics[name + "max"], k3_row0, rtol=1e-5)
+  np.testing.assert_allclose(metrics[name + "min"], k3_row1, rtol=1e-4)
+  np.testing.assert_allclose(metrics[name + "mean"],
+                             (2 * k3_row0 + 3 * k3_row1) / 5, rtol=1e-5)
+  np.testing.assert_allclose(metrics[name + "fraction_high"], 0.5)
+  np.testing.assert_allclose(metrics[name + "masked_fraction"], 2 / 5, rtol=1e-6)
+
+
+def test_trust_region_with_is_and_veto_order():
+  # Token TIS weights survive only where the criterion keeps; the veto then
+  # drops row 1 entirely (δ = -0.1 < log 0.95), leaving row 0's token 1.
+  w, m, _ = losses.correction_weights(
+      _TR_LP_OLD, _TR_LP_MU, _TR_MASK, is_level="token", is_upper=1.5,
+      rs_criteria="token_k2", rs_thresholds="0.1", veto_threshold=0.95)
+  np.testing.assert_array_equal(m, [[0, 1, 0], [0, 0, 0]])
+  np.testing.assert_allclose(w, [[0, 1, 0], [0, 0, 0]], atol=1e-7)
