@@ -11,7 +11,7 @@ Measures, in one run on the same machine (fp32, single device):
     PPO loss, AdamW update, every metric) with corrections off (preset `none`)
     and all on (`mis_miles`: token TIS + token RS + veto + SNIS), interleaved
     so load drifts hit both alike: the corrections' overhead in % of the step;
-  * the corrections alone (SPEC.md §3 weights/masks + §4 metrics + aggregation
+  * the corrections alone (docs/method.md §3 weights/masks + §4 metrics + aggregation
     coefficients, jitted on the same `[B, L]` arrays), as a bound on that overhead.
 Every time is the fastest of `--repeats` runs after a warm-up (the machine may be
 shared; the minimum is the least disturbed measurement).

@@ -1,4 +1,4 @@
-r"""MIPU Step 2's overhead per RL step, and the cost of a rollback (SPEC.md §5, issue 5).
+r"""MIPU Step 2's overhead per RL step, and the cost of a rollback (docs/method.md §5).
 
     python bench/mipu.py [--prompts 16 --group 8 --tokens 64 --probe 8 --repeats 3]
 

@@ -1,4 +1,4 @@
-r"""Shared defaults of every run: the small arithmetic task, SPEC.md algorithm defaults.
+r"""Shared defaults of every run: the small arithmetic task, docs/method.md algorithm defaults.
 
 Not a job by itself; `small_cpu.py` and the table-row configs start from
 `get_config()` and change a few fields. A table row is a function of this base:
@@ -8,7 +8,7 @@ Not a job by itself; `small_cpu.py` and the table-row configs start from
     config.loss.correction.preset = "seq_tis"
     return config
 
-Algorithm defaults (SPEC.md §1–3, the sources): GRPO advantages, PPO clip
+Algorithm defaults (docs/method.md §1–3, the sources): GRPO advantages, PPO clip
 ε_low 0.2 / ε_high 0.28, token-mean aggregation, on-policy recompute with token
 TIS (U = 2), AdamW (weight decay 0.01, gradient clip 1.0), temperature 1.
 """

@@ -8,7 +8,7 @@ Rows: baseline, tis, mis, lr_decay, mipu, step1, step2, random_rollback
 lr 1e-6, RLOO, 16 responses x 64 prompts, clip 0.2 / 0.28, TIS/MIS bound 2,
 wd 0.01, grad clip 1, min LR ratio 0.1, temperature 1, FP8 rollout). The
 sources give no decay period for 1.7B, so the LR-decay row detects the
-length surge online (`auto` mode, `T_decay = round(1.8 t_surge)`, SPEC.md §6).
+length surge online (`auto` mode, `T_decay = round(1.8 t_surge)`, docs/method.md §6).
 
 Hardware: a v5e-16 or v5p-16 slice or larger; see `docs/pods.md`. Memory per
 device is printed by `pytest tests/test_pod.py -s`. Expected time: not

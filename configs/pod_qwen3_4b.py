@@ -8,7 +8,7 @@ Rows: baseline, tis, mis, lr_decay, mipu, step1, step2, random_rollback
 lr 1e-6, RLOO, 16 responses x 64 prompts, clip 0.2 / 0.28, TIS/MIS bound 2,
 wd 0.01, grad clip 1, min LR ratio 0.1, temperature 1, FP8 rollout). The
 LR-decay row uses the length-surge paper's fixed period for Qwen3-4B-Base:
-`T_decay = 204` (surge near step 110, SPEC.md §6).
+`T_decay = 204` (surge near step 110, docs/method.md §6).
 
 Hardware: a v5p-32 slice (16 chips, 4 hosts; `chips=16`) or larger; see
 `docs/pods.md` for the multi-host launch and the mesh per pod size. Memory per

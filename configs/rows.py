@@ -17,7 +17,7 @@ MIPU Step 2 switches), so every row shares the rest of its base.
 | `step2` | + Step 2 | Step 2 only (no correction) |
 | `random_rollback` | Random rollback | Step 1 + rollback with probability p (§5) |
 
-`tis` and `step1` are the same computation: SPEC.md §5 defines Step 1 as the
+`tis` and `step1` are the same computation: docs/method.md §5 defines Step 1 as the
 decoupled mode with token TIS (`mipu_step1` has exactly `token_tis`'s fields).
 Both rows are kept because both tables name them; `mipu_jax.reproduce` runs
 such rows once and reports the result under both names.

@@ -15,7 +15,7 @@ Every table at once, several seeds, with the results table and figures:
 Task: multi-operand addition (`mipu_jax.tasks.arithmetic`), five held-out tiers
 standing in for MATH / AIME / Olympiad / Minerva / AMC23. Sampler μ: FP8 e4m3
 weights and FP8 activations (the sources' "FP8 rollout", a high-mismatch
-setting); learner π: fp32. Everything else is `configs/base.py` (SPEC.md
+setting); learner π: fp32. Everything else is `configs/base.py` (docs/method.md
 defaults: GRPO, clip 0.2 / 0.28, token-mean, AdamW wd 0.01, clip 1,
 temperature 1).
 

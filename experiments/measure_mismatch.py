@@ -1,4 +1,4 @@
-r"""Mismatch lab: sampler precision modes vs the fp32 learner (SPEC.md §4, §7).
+r"""Mismatch lab: sampler precision modes vs the fp32 learner (docs/method.md §4, §7).
 
 Samples with each precision mode of the sampler and prints, per mode, `k3_kl`,
 `log_ppl_abs_diff`, max |Δ log-prob| and the share of tokens with |Δ| > 0.1

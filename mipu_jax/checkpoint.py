@@ -1,9 +1,9 @@
-"""Resumable training checkpoints: the one module that calls orbax (STYLE.md habit 9).
+"""Resumable training checkpoints: the one module that calls orbax.
 
 A checkpoint of step `n` holds two items: `state`, any pytree of arrays (learner
 params, optimizer and schedule state, RNG keys, sampler weights, ...), and
 `metadata`, a JSON object (config, data position, sampler-sync version, MIPU
-counters, ...). Issue 5, "Checkpoints".
+counters, ...).
 
 Atomicity: orbax writes step `n` into `n.orbax-checkpoint-tmp-*` and renames it
 to `n` only after every file (and a commit marker) is written, so a process

@@ -1,6 +1,6 @@
 """The run configuration: `ml_collections.ConfigDict` in, frozen dataclasses out.
 
-The ConfigDict stops here (STYLE.md habit 3). `from_config_dict` converts it
+The ConfigDict stops here. `from_config_dict` converts it
 once into a validated `TrainConfig`; everything below takes these frozen
 dataclasses or explicit arguments. An impossible combination (bypass mode with
 IS weights, an unknown correction preset, a lower bound above an upper one, a
@@ -46,7 +46,7 @@ def _check_tiers(name: str, tiers: tuple[str, ...]) -> None:
 
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
-  """The policy (SPEC.md §7).
+  """The policy (docs/method.md §7).
 
   Attributes:
     preset: `mipu_jax.models.PRESETS` name, used when `init_from` is empty
@@ -85,7 +85,7 @@ class ModelConfig:
 
 @dataclasses.dataclass(frozen=True)
 class SamplingConfig:
-  """The inference policy μ: its precision and how it decodes (SPEC.md §0, §7).
+  """The inference policy μ: its precision and how it decodes (docs/method.md §0, §7).
 
   Attributes:
     dtype: sampler compute dtype.
@@ -94,7 +94,7 @@ class SamplingConfig:
     kv_cache_dtype: None (= dtype), "bf16", "fp8", "int8", ...
     quant_lm_head: quantize the LM head too.
     temperature: sampling temperature (applied on the learner side too).
-    top_k: 0 for off. Truncation biases the PPO ratio (SPEC.md §0).
+    top_k: 0 for off. Truncation biases the PPO ratio (docs/method.md §0).
     top_p: 1.0 for off.
     max_new_tokens: response budget; also the learner's response length.
     max_concurrent_decodes: most samples decoding at once; more are run
@@ -125,7 +125,7 @@ class SamplingConfig:
     if self.truncates:
       warnings.warn("top-k/top-p truncation is on: lp_mu and lp_old are of the "
                     "truncated distribution and the PPO ratio is biased "
-                    "(SPEC.md §0).", stacklevel=2)
+                    "(docs/method.md §0).", stacklevel=2)
 
   @property
   def truncates(self) -> bool:
@@ -252,7 +252,7 @@ class CosineConfig:
 
 @dataclasses.dataclass(frozen=True)
 class LengthSurgeConfig:
-  """`mipu_jax.schedules.length_surge` arguments (SPEC.md §6).
+  """`mipu_jax.schedules.length_surge` arguments (docs/method.md §6).
 
   None leaves the schedule's own default in place.
   """
@@ -324,7 +324,7 @@ class MeshConfig:
 
 @dataclasses.dataclass(frozen=True)
 class LearnerConfig:
-  """How one RL batch becomes updates (SPEC.md §7).
+  """How one RL batch becomes updates (docs/method.md §7).
 
   Attributes:
     ppo_epochs: passes over the batch.
@@ -429,7 +429,7 @@ MIPU_PROBES = ("fresh", "next_batch")
 
 @dataclasses.dataclass(frozen=True)
 class MipuConfig:
-  """MIPU Step 2 and the random-rollback baseline (SPEC.md §5).
+  """MIPU Step 2 and the random-rollback baseline (docs/method.md §5).
 
   Attributes:
     step2: gate every candidate update on `T̂_post ≥ -c` (rollback otherwise).
@@ -568,9 +568,9 @@ def _loss_to_cd(loss: losses.LossConfig) -> config_dict.ConfigDict:
 
 
 def default_config() -> config_dict.ConfigDict:
-  """The full ConfigDict of `TrainConfig()`: the defaults of `SPEC.md`.
+  """The full ConfigDict of `TrainConfig()`: the defaults of docs/method.md.
 
-  The loss correction is the `token_tis` preset (SPEC.md §3, U = 2).
+  The loss correction is the `token_tis` preset (docs/method.md §3, U = 2).
   """
   return _to_cd(TrainConfig())
 

@@ -6,13 +6,13 @@
 `make_config(row, seed, p)` returns the ConfigDict (or `TrainConfig`) of one
 table row (`configs/table.py` for the small CPU task); `p` is the
 random-rollback probability, set to the rejection rate that the MIPU row
-measured with the same seed (SPEC.md §5), which is why seeds are the outer
+measured with the same seed (docs/method.md §5), which is why seeds are the outer
 loop and `mipu` runs before `random_rollback`. Each run goes through
 `mipu_jax.rl.train`, the loop's public entry point, into
 `workdir/runs/<row>_s<seed>/`; a run that finished before (a `summary.json`
 next to its metrics) is read back instead of re-run, so an interrupted
 reproduction resumes. Rows whose validated configs are identical (`tis` and
-`step1`: Step 1 *is* token TIS, SPEC.md §5) run once and are reported under
+`step1`: Step 1 *is* token TIS, docs/method.md §5) run once and are reported under
 both names. A row whose config cannot be built (the MIPU rows before
 `config.mipu` exists) is reported as pending, with the reason.
 

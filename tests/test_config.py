@@ -1,4 +1,4 @@
-"""The config boundary: ConfigDict → validated frozen dataclasses (STYLE.md habit 3)."""
+"""The config boundary: ConfigDict → validated frozen dataclasses."""
 
 import dataclasses
 import os

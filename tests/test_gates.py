@@ -1,4 +1,4 @@
-"""MIPU Step 2 and random rollback in the RL loop, bitwise (SPEC.md §5, issue 5)."""
+"""MIPU Step 2 and random rollback in the RL loop, bitwise (docs/method.md §5)."""
 
 import jax
 import jax.numpy as jnp

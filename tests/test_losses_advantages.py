@@ -1,4 +1,4 @@
-"""SPEC.md §1: advantages and the dynamic-sampling filter, hand-computed.
+"""docs/method.md §1: advantages and the dynamic-sampling filter, hand-computed.
 
 Rewards are `[num_groups, G] = [2, 3]`, the shape all loss tests share (each
 new shape costs fresh XLA compilations on CPU).
@@ -13,7 +13,7 @@ import pytest
 
 from mipu_jax import losses
 
-_EPS = 1e-6  # SPEC.md §1 GRPO std offset.
+_EPS = 1e-6  # docs/method.md §1 GRPO std offset.
 R = np.array([[1.0, 0.0, 0.0], [3.0, 1.0, 2.0]], np.float32)
 
 

@@ -11,7 +11,7 @@ from mipu_jax import losses
 CC = losses.CorrectionConfig
 LC = losses.LossConfig
 
-# SPEC.md §3 presets as documented (fields not listed keep the defaults).
+# docs/method.md §3 presets as documented (fields not listed keep the defaults).
 DOCUMENTED = {
     "none": dict(is_level=None, rs_level=None, veto_threshold=None,
                  self_normalize=False),

@@ -1,4 +1,4 @@
-"""SPEC.md §3: mismatch corrections, hand-computed.
+"""docs/method.md §3: mismatch corrections, hand-computed.
 
 lp_mu is 0 throughout, so δ = lp_old and ρ_token = exp(lp_old):
   row 0: ρ = [4, 0.25, 1.5], all counted → sequence ρ = 1.5, geometric 1.5^(1/3)

@@ -1,4 +1,4 @@
-"""SPEC.md §4: mismatch metrics, hand-computed per response then averaged.
+"""docs/method.md §4: mismatch metrics, hand-computed per response then averaged.
 
 Row 0: lp_old = log [.5, .5], lp_mu = log [.25, .5] → δ = [log 2, 0].
 Row 1: lp_old = log .5, lp_mu = log 1 (one counted token) → δ = -log 2.
@@ -54,7 +54,7 @@ EXTREMES = {
 }
 
 
-mismatch_metrics = jax.jit(losses.mismatch_metrics)  # SPEC: must be jit-able
+mismatch_metrics = jax.jit(losses.mismatch_metrics)  # must be jit-able
 
 
 def _expected(row1_counts):

@@ -1,4 +1,4 @@
-"""SPEC.md §2: PPO clip, aggregation modes, KL and entropy, hand-computed.
+"""docs/method.md §2: PPO clip, aggregation modes, KL and entropy, hand-computed.
 
 Every array is `[B, T] = [2, 3]` and built with numpy: on CPU each new shape
 costs fresh XLA compilations, so the loss tests share one.

@@ -1,4 +1,4 @@
-"""Tests for mipu_jax.mipu: MIPU Step 2 (SPEC.md §5)."""
+"""Tests for mipu_jax.mipu: MIPU Step 2 (docs/method.md §5)."""
 
 import math
 

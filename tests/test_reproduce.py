@@ -53,7 +53,7 @@ def test_small_task_rows_share_the_high_mismatch_base():
     assert other.seed == 3
     same = dict(loss=base.loss, optim=base.optim, seed=0, mipu=base.mipu)
     assert dataclasses.replace(other, **same) == base
-  # Step 1 is token TIS (SPEC.md §5): the two rows are one computation.
+  # Step 1 is token TIS (docs/method.md §5): the two rows are one computation.
   assert _build(table, "tis") == _build(table, "step1")
 
 

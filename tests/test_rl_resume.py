@@ -1,4 +1,4 @@
-"""Kill-and-resume of the full RL loop with MIPU Step 2 (issue 5, SPEC.md §5).
+"""Kill-and-resume of the full RL loop with MIPU Step 2 (docs/method.md §5).
 
 A tiny `rl.train` run with the Step 2 gate, checkpointing every step, is
 SIGKILLed (once right after a save starts, so mid-save, and once at a random

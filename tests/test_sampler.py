@@ -228,7 +228,7 @@ def test_weight_sync_changes_outputs_without_recompiling(model, sampler):
   fresh = Sampler(other, max_prefill_length=32, max_decode_length=32).generate(PROMPTS, **kwargs)
   assert after.tokens == fresh.tokens
   np.testing.assert_array_equal(after.logprobs_array, fresh.logprobs_array)
-  # Rolling back (SPEC.md §5): syncing the old weights restores outputs bitwise.
+  # Rolling back (docs/method.md §5): syncing the old weights restores outputs bitwise.
   sampler.update_weights(model)
   jax.tree.map(np.testing.assert_array_equal, sampler.params, old_params)
   again = sampler.generate(PROMPTS, **kwargs)

@@ -1,4 +1,4 @@
-"""Tests for mipu_jax.schedules (SPEC.md §6)."""
+"""Tests for mipu_jax.schedules (docs/method.md §6)."""
 
 import jax
 import jax.numpy as jnp

@@ -1,6 +1,6 @@
 """The training side π: explicit state, a pure sharded step, log-prob recompute.
 
-SPEC.md §2–4 and §7. Shapes: `B` responses, `L` prompt + response tokens::
+docs/method.md §2–4 and §7. Shapes: `B` responses, `L` prompt + response tokens::
 
   learner = Learner.from_config(cfg, model, mesh)
   state = learner.init_state(params, seed)

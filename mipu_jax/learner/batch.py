@@ -1,4 +1,4 @@
-"""One RL batch as the learner sees it (SPEC.md §0 notation).
+"""One RL batch as the learner sees it (docs/method.md §0 notation).
 
 Every response is one row: prompt and response tokens concatenated and
 right-padded to a fixed length `L`, so a run compiles the step once. Per-token
@@ -29,7 +29,7 @@ class Batch(NamedTuple):
       equal to `lp_mu_BL` in `bypass` mode, which has no recompute.
     advantages_B: per-response advantage.
     response_length: float32 scalar, the step's mean response length (the
-      length-surge schedule's extra argument, SPEC.md §6).
+      length-surge schedule's extra argument, docs/method.md §6).
     lp_ref_model_BL: frozen reference-model log-probs, only with a KL term.
   """
   tokens_BL: jax.Array

@@ -4,7 +4,7 @@ The jitted functions carry explicit in/out shardings (parameters in the
 `train` layout over (data, fsdp, tensor), rows over (data, fsdp)) and the step
 donates the incoming state's buffers — except with `donate=False`, which the
 MIPU Step 2 gate needs because a rollback returns to the pre-update state
-(SPEC.md §5). Each jitted function counts its traces, so a test can check that
+(docs/method.md §5). Each jitted function counts its traces, so a test can check that
 a second call does not recompile.
 """
 

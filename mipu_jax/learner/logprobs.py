@@ -1,6 +1,6 @@
 """Learner log-probs of sampled tokens: `lp` inside the loss, `lp_old` recompute.
 
-The learner must score the distribution the sampler drew from (SPEC.md §0):
+The learner must score the distribution the sampler drew from (docs/method.md §0):
 the same temperature, and, when top-k / top-p truncation is on, the truncated
 and renormalised distribution (`mipu_jax.sampler.truncated_logprobs`).
 """

@@ -1,4 +1,4 @@
-"""The learner's explicit state and its optimizer (SPEC.md §7).
+"""The learner's explicit state and its optimizer (docs/method.md §7).
 
 `LearnerState` is everything a step reads and writes: fp32 master parameters
 (a pure dict with the model's parameter paths), the optimizer state (which
@@ -42,7 +42,7 @@ def make_optimizer(cfg: OptimConfig,
 
   `clip → scale_by_adam → add_decayed_weights → schedule → scale(-1)`: the
   decoupled decay is scaled by the rate, as in `optax.adamw`, and the rate is
-  the schedule's state (SPEC.md §6), which takes `response_length=` as an
+  the schedule's state (docs/method.md §6), which takes `response_length=` as an
   extra argument of `update`.
 
   Args:
@@ -86,7 +86,7 @@ def init_state(params: Any, optimizer: optax.GradientTransformation, mesh: Mesh,
   """A sharded `LearnerState` at step 0 from (host or device) parameters.
 
   The optimizer state is built by a jitted `init` with `out_shardings`, so it
-  is born in place (STYLE.md habit 5).
+  is born in place, never materialised whole on one device.
   """
   shardings = state_shardings(optimizer, params, mesh)
   params = jax.device_put(params, shardings.params)

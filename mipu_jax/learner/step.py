@@ -1,4 +1,4 @@
-"""The pure learner step: PPO epochs × mini-batches × micro-batches (SPEC.md §2–4).
+"""The pure learner step: PPO epochs × mini-batches × micro-batches (docs/method.md §2–4).
 
 `learner_step(state, batch, spec) -> (state, metrics)` is a pure function of
 its inputs; `Learner` jits it once with shardings and donation. Structure:
@@ -83,7 +83,7 @@ def learner_step(state: LearnerState, batch: Batch, *, graphdef: nnx.GraphDef,
     `(new_state, metrics)`: float32 scalars — `actor/*` (loss, PPO clip
     fractions, ratio statistics over all updates and over the first one),
     `actor/grad_norm` (before clipping, mean over updates), `actor/entropy`,
-    `actor/lr` and the `schedule/*` state, `rollout_corr/*` (SPEC.md §4).
+    `actor/lr` and the `schedule/*` state, `rollout_corr/*` (docs/method.md §4).
   """
   cfg = spec.loss
   b = batch.tokens_BL.shape[0]

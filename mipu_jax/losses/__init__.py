@@ -1,6 +1,6 @@
 """RL losses under training–inference mismatch: pure JAX, no model dependency.
 
-SPEC.md §1 advantages, §2 PPO policy loss, §3 mismatch corrections, §4 metrics.
+docs/method.md §1 advantages, §2 PPO policy loss, §3 mismatch corrections, §4 metrics.
 Shapes: `B` responses, `T` response tokens, `N` groups of `G` responses.
 """
 

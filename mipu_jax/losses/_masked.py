@@ -8,12 +8,12 @@ zero returns zero, and its gradient is zero too (the denominator is replaced
 import jax
 import jax.numpy as jnp
 
-# SPEC.md §0: every log-ratio is clamped to [-20, 20] before `exp`.
+# docs/method.md §0: every log-ratio is clamped to [-20, 20] before `exp`.
 LOG_RATIO_BOUND = 20.0
 
 
 def clamp_log_ratio(x: jax.Array) -> jax.Array:
-  """Clamps a log-ratio to [-20, 20] (SPEC.md §0) so that `exp` stays finite."""
+  """Clamps a log-ratio to [-20, 20] (docs/method.md §0) so that `exp` stays finite."""
   return jnp.clip(x, -LOG_RATIO_BOUND, LOG_RATIO_BOUND)
 
 
@@ -61,7 +61,7 @@ def weight_stats(w: jax.Array, mask: jax.Array) -> dict[str, jax.Array]:
   """Mean / std / min / max / ESS of weights over counted entries.
 
   ESS is the Kish fraction `1 / mean((w / mean w)^2) = (mean w)^2 / mean(w^2)`
-  (SPEC.md §4), in (0, 1]; 0 when nothing counts or every weight is 0.
+  (docs/method.md §4), in (0, 1]; 0 when nothing counts or every weight is 0.
 
   Args:
     w: weights, any shape.

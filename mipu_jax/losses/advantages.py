@@ -1,4 +1,4 @@
-"""Group-relative advantages and the dynamic-sampling filter (SPEC.md §1).
+"""Group-relative advantages and the dynamic-sampling filter (docs/method.md §1).
 
 Rewards come either as `[num_groups, G]` (one row per prompt, its `G` responses)
 or flat `[B]` with `group_size=G`, responses of a group contiguous
@@ -14,7 +14,7 @@ import numpy as np
 
 ADVANTAGE_ESTIMATORS = ("grpo", "rloo", "drgrpo")
 
-# SPEC.md §1: the GRPO normaliser is `std + 1e-6`.
+# docs/method.md §1: the GRPO normaliser is `std + 1e-6`.
 _GRPO_STD_EPS = 1e-6
 
 
@@ -30,11 +30,11 @@ def _centered(rewards_NG: jax.Array) -> jax.Array:
 
 
 def grpo_advantages(rewards_NG: jax.Array) -> jax.Array:
-  """`A_i = (R_i - mean_j R_j) / (std_j R_j + 1e-6)` per group (SPEC.md §1).
+  """`A_i = (R_i - mean_j R_j) / (std_j R_j + 1e-6)` per group (docs/method.md §1).
 
   `std` is the population standard deviation (ddof=0) over the group's `G`
   responses. verl and TRL use the unbiased one (ddof=1); the two differ by the
-  factor `sqrt(G / (G - 1))`. SPEC.md writes `std_j R_j` and this follows the
+  factor `sqrt(G / (G - 1))`. docs/method.md writes `std_j R_j` and this follows the
   plain reading. An all-equal group gets exactly 0.
 
   Args:
@@ -50,7 +50,7 @@ def grpo_advantages(rewards_NG: jax.Array) -> jax.Array:
 
 
 def rloo_advantages(rewards_NG: jax.Array) -> jax.Array:
-  """`A_i = R_i - (1/(G-1)) Σ_{j≠i} R_j` per group (SPEC.md §1, the LR-paper's).
+  """`A_i = R_i - (1/(G-1)) Σ_{j≠i} R_j` per group (docs/method.md §1, the LR-paper's).
 
   Args:
     rewards_NG: `[num_groups, G]` rewards, `G >= 2`.
@@ -70,7 +70,7 @@ def rloo_advantages(rewards_NG: jax.Array) -> jax.Array:
 
 
 def drgrpo_advantages(rewards_NG: jax.Array) -> jax.Array:
-  """`A_i = R_i - mean_j R_j` per group (SPEC.md §1, Dr. GRPO: no std division).
+  """`A_i = R_i - mean_j R_j` per group (docs/method.md §1, Dr. GRPO: no std division).
 
   Args:
     rewards_NG: `[num_groups, G]` rewards.
@@ -115,7 +115,7 @@ def compute_advantages(
     *,
     group_size: int | None = None,
 ) -> jax.Array:
-  """Advantages by name, for grouped or flat rewards (SPEC.md §1).
+  """Advantages by name, for grouped or flat rewards (docs/method.md §1).
 
   Args:
     rewards: `[num_groups, G]`, or flat `[B]` with responses of a group

@@ -1,7 +1,7 @@
-"""Token-to-scalar loss aggregation modes (SPEC.md §2).
+"""Token-to-scalar loss aggregation modes (docs/method.md §2).
 
 Two masks take part. `mask_BT` (m') selects the tokens whose loss is summed:
-the response mask after the rejections of SPEC.md §3. `denom_mask_BT` sets the
+the response mask after the rejections of docs/method.md §3. `denom_mask_BT` sets the
 normalisers: the original response mask m when rejected tokens stay in the
 denominator (Miles; keeps the step size stable when many tokens are rejected)
 or m' itself when they leave it (verl). The numerator never counts a token
@@ -33,7 +33,7 @@ def aggregate(
     denom_mask_BT: jax.Array | None = None,
     max_len: int | None = None,
 ) -> jax.Array:
-  """Reduces a per-token quantity to a scalar (SPEC.md §2).
+  """Reduces a per-token quantity to a scalar (docs/method.md §2).
 
   With n_b = Σ_t d_bt (d = `denom_mask_BT`), S = #{b : n_b > 0}:
   - `token_mean`: Σ_bt x m / Σ_bt d.

@@ -1,6 +1,6 @@
 """Frozen, validated loss and correction configs, and the named presets.
 
-The `ml_collections` config stops at the boundary (STYLE.md habit 3): it is
+The `ml_collections` config stops at the boundary: it is
 turned once into these frozen dataclasses, which validate on construction, so
 an impossible combination is a `ValueError` before any compute. Both are
 hashable and can be `static_argnames` of a jitted step.
@@ -17,7 +17,7 @@ from mipu_jax.losses import ppo
 
 MODES = ("on_policy_recompute", "bypass")
 
-# SPEC.md §3 named presets, one per row of the source tables. Unlisted fields
+# docs/method.md §3 named presets, one per row of the source tables. Unlisted fields
 # keep the `CorrectionConfig` defaults (token TIS, U = 2).
 CORRECTION_PRESETS: Mapping[str, Mapping[str, Any]] = types.MappingProxyType({
     "none": {"is_level": None},
@@ -45,7 +45,7 @@ CORRECTION_PRESETS: Mapping[str, Mapping[str, Any]] = types.MappingProxyType({
         "is_level": "token", "is_mode": "truncate", "is_lower": 0.5,
         "is_upper": 2.0, "rs_level": "token", "rs_lower": 0.5,
         "rs_upper": 2.0, "veto_threshold": 1e-4, "self_normalize": True},
-    # SPEC.md §5 Step 1: decoupled mode, w = min(exp(lp_old - lp_mu), 2),
+    # docs/method.md §5 Step 1: decoupled mode, w = min(exp(lp_old - lp_mu), 2),
     # token level by default; override `is_level` for the level option.
     "mipu_step1": {
         "is_level": "token", "is_mode": "truncate", "is_upper": 2.0},
@@ -76,7 +76,7 @@ def _check_fields(cls, names, kind: str) -> None:
 
 @dataclasses.dataclass(frozen=True)
 class CorrectionConfig:
-  """Arguments of `correction_weights` (SPEC.md §3); see it for meanings.
+  """Arguments of `correction_weights` (docs/method.md §3); see it for meanings.
 
   Attributes:
     is_level: None (no IS), "token", "sequence" or "geometric".
@@ -148,7 +148,7 @@ class CorrectionConfig:
 
 @dataclasses.dataclass(frozen=True)
 class LossConfig:
-  """Everything `policy_loss` needs (SPEC.md §1–3).
+  """Everything `policy_loss` needs (docs/method.md §1–3).
 
   Attributes:
     advantage: advantage estimator, one of `ADVANTAGE_ESTIMATORS` (used by the
@@ -166,7 +166,7 @@ class LossConfig:
     entropy_coef: weight of the entropy bonus; 0 turns it off.
     mode: "on_policy_recompute" (decoupled, lp_ref = lp_old) or "bypass"
       (lp_ref = lp_mu; needs the correction off).
-    correction: the SPEC.md §3 correction (default: token TIS, U = 2).
+    correction: the docs/method.md §3 correction (default: token TIS, U = 2).
   """
   advantage: str = "grpo"
   eps_low: float = 0.2
@@ -218,11 +218,11 @@ class LossConfig:
           f"{type(self.correction).__name__}; use "
           f"CorrectionConfig.from_preset(name).")
     self.correction.validate()
-    # SPEC.md §2: bypass has no learner recompute, so nothing of §3 exists.
+    # docs/method.md §2: bypass has no learner recompute, so nothing of §3 exists.
     if self.mode == "bypass" and self.correction.enabled:
       raise ValueError(
           "mode='bypass' uses lp_mu as the PPO reference and has no lp_old: "
-          "the SPEC.md §3 correction must be off (preset 'none'), got "
+          "the docs/method.md §3 correction must be off (preset 'none'), got "
           f"{self.correction}.")
     return self
 

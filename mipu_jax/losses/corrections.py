@@ -16,13 +16,13 @@ a k1 threshold is `"lower_upper"` in ratios, or one upper bound `U` meaning
 `1/U_U`). Everything returned is stop-gradiented. A response left with no counted
 token gets weight 0 and mask 0, never NaN.
 
-Choices SPEC.md leaves open, made here (and mirrored by `CorrectionConfig`):
+Choices docs/method.md leaves open, made here (and mirrored by `CorrectionConfig`):
 - `is_upper=None` means the mode's default: 5 for `icepop`, 2 otherwise.
   `is_lower=None` means 0.5 for `icepop` (IcePop's published bounds) and
-  `1 / upper` otherwise (SPEC.md §3). The signature default `is_upper=2.0`
+  `1 / upper` otherwise (docs/method.md §3). The signature default `is_upper=2.0`
   applies to every mode, icepop included; the `icepop` preset sets [0.5, 5].
 - `rs_upper=None` means the IS upper bound (as Miles' `rs_upper_bound`), and
-  `rs_lower=None` means `1 / rs_upper` (SPEC.md §3).
+  `rs_lower=None` means `1 / rs_upper` (docs/method.md §3).
 - `truncate` is one-sided: a lower bound is accepted (Miles' TIS [0.5, 2]
   carries one to its RS) but does not change the weights.
 - `icepop` zeroes the weight but keeps the token in the mask, as IcePop
@@ -48,10 +48,10 @@ from mipu_jax.losses import metrics as metrics_lib
 IS_LEVELS = ("token", "sequence", "geometric")
 IS_MODES = ("truncate", "clip", "mask", "icepop")
 
-_DEFAULT_UPPER = 2.0  # SPEC.md §3: default U = 2.
-_ICEPOP_LOWER = 0.5  # SPEC.md §3: icepop defaults L = 0.5, U = 5.
+_DEFAULT_UPPER = 2.0  # docs/method.md §3: default U = 2.
+_ICEPOP_LOWER = 0.5  # docs/method.md §3: icepop defaults L = 0.5, U = 5.
 _ICEPOP_UPPER = 5.0
-_SNIS_MIN_MEAN = 1e-8  # SPEC.md §3: SNIS is skipped when the mean is <= 1e-8.
+_SNIS_MIN_MEAN = 1e-8  # docs/method.md §3: SNIS is skipped when the mean is <= 1e-8.
 
 _P = metrics_lib.P
 CRITERIA = ("token_k1", "token_k2", "token_k3", "seq_sum_k1", "seq_sum_k2",
@@ -231,7 +231,7 @@ def resolve_bounds(
 
 def _level_log_ratio(delta_BT: jax.Array, m_BT: jax.Array,
                      level: str) -> jax.Array:
-  """Log-ratio ℓ at a level, broadcast to `[B, T]`, clamped (SPEC.md §3)."""
+  """Log-ratio ℓ at a level, broadcast to `[B, T]`, clamped (docs/method.md §3)."""
   if level == "token":
     return delta_BT
   if level == "sequence":

@@ -1,4 +1,4 @@
-"""PPO clipped surrogate, KL-to-reference estimators (SPEC.md §2).
+"""PPO clipped surrogate, KL-to-reference estimators (docs/method.md §2).
 
 Sign convention: these are *losses* (minimised). Per token
 `ℓ_t = max(-r_t A, -clip(r_t, 1-ε_low, 1+ε_high) A)`, `r_t = exp(lp - lp_ref)`.
@@ -48,11 +48,11 @@ def ppo_token_loss(
     eps_high: float = 0.28,
     dual_clip: float | None = None,
 ) -> PPOTokenLoss:
-  """Per-token asymmetric (and optionally dual) clipped loss (SPEC.md §2).
+  """Per-token asymmetric (and optionally dual) clipped loss (docs/method.md §2).
 
   `ℓ_t = max(-r A, -clip(r, 1-ε_low, 1+ε_high) A)`; with dual clip `c` and
   `A < 0`: `ℓ_t = min(ℓ_t, -c A)`. The log-ratio is clamped to [-20, 20]
-  (SPEC.md §0) and set to 0 on masked tokens first, so padding garbage (even
+  (docs/method.md §0) and set to 0 on masked tokens first, so padding garbage (even
   ±inf) cannot reach the value or the gradient. `lp_ref_BT` is stop-gradiented.
 
   Args:
@@ -101,10 +101,10 @@ def kl_estimate(
     mask_BT: jax.Array,
     estimator: str = "k3",
 ) -> jax.Array:
-  """Per-token estimate of KL(π_θ ‖ π_ref) from samples of π_θ (SPEC.md §2).
+  """Per-token estimate of KL(π_θ ‖ π_ref) from samples of π_θ (docs/method.md §2).
 
   Schulman's estimators (http://joschu.net/blog/kl-approx.html) with
-  `log ρ = clamp(lp_ref - lp, ±20)` (SPEC.md §0):
+  `log ρ = clamp(lp_ref - lp, ±20)` (docs/method.md §0):
   `k1 = -log ρ`, `k2 = (log ρ)^2 / 2`, `k3 = ρ - 1 - log ρ`.
 
   Args:

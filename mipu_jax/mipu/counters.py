@@ -1,4 +1,4 @@
-"""Running MIPU counters and their metrics (SPEC.md §5)."""
+"""Running MIPU counters and their metrics (docs/method.md §5)."""
 
 from typing import NamedTuple
 

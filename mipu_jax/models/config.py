@@ -1,4 +1,4 @@
-"""Qwen3 architecture config and presets (SPEC.md §7).
+"""Qwen3 architecture config and presets (docs/method.md §7).
 
 The presets' dimensions equal the public Hugging Face `config.json` files of
 Qwen/Qwen3-{0.6B,1.7B,4B,8B}; `tiny` is a CPU-sized model for tests and the

@@ -8,7 +8,7 @@ def token_logprobs(logits_BTV: jax.Array, targets_BT: jax.Array, temperature: fl
   """log softmax(logits / temperature)[targets], float32, `[B, T]`.
 
   Temperature is applied on the learner side too, so that the ratio compares
-  the same distribution the sampler drew from (SPEC.md §0).
+  the same distribution the sampler drew from (docs/method.md §0).
   """
   logits_BTV = logits_BTV.astype(jnp.float32) / temperature
   logz_BT = jax.nn.logsumexp(logits_BTV, axis=-1)

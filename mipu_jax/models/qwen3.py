@@ -1,4 +1,4 @@
-"""Qwen3 decoder in Flax NNX (SPEC.md §7).
+"""Qwen3 decoder in Flax NNX (docs/method.md §7).
 
 RMSNorm, RoPE, grouped-query attention with per-head q/k RMSNorm, SwiGLU MLP,
 tied or untied embeddings. Layer weights are stacked on a leading `L` axis and

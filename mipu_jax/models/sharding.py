@@ -1,6 +1,6 @@
 """Sharding tables: parameter names -> `PartitionSpec` over a (data, fsdp, tensor) mesh.
 
-Two layouts (SPEC.md §7): `train` shards every matrix over `fsdp` (ZeRO-3
+Two layouts (docs/method.md §7): `train` shards every matrix over `fsdp` (ZeRO-3
 style) and `tensor` (Megatron style: heads / MLP width); `sampling` keeps only
 the `tensor` split so decode never all-gathers weights. Batches are split over
 (`data`, `fsdp`). `jit` over the mesh shards parameters too, which Qwen3-4B on a

@@ -197,7 +197,7 @@ def sft_loss(model: models.Qwen3, tokens_BT: jax.Array, mask_BT: jax.Array,
              target_BT: jax.Array, norm_len: int) -> tuple[jax.Array, jax.Array]:
   """Summed NLL of the target (completion + EOS) tokens over `B * norm_len`.
 
-  A fixed denominator (SPEC.md §2's `seq_mean_token_sum_norm`), not the batch's
+  A fixed denominator (docs/method.md §2's `seq_mean_token_sum_norm`), not the batch's
   token count: batches are grouped by length, and a per-batch token mean would
   weigh a short direct answer's tokens (its style choice included) several
   times more than a long step-by-step one's, biasing the learnt prior towards
@@ -258,7 +258,7 @@ def train(cfg: PretrainConfig, *, progress: bool = True
       b = next(skill if i < cfg.skill_steps else final_mix)
       params, opt_state, loss = step_fn(params, opt_state, b.tokens_BT,
                                         b.mask_BT, b.target_BT)
-      # Fetch step N-1's loss after dispatching step N (STYLE.md habit 5).
+      # Fetch step N-1's loss after dispatching step N: the host never waits on the device.
       if pending is not None:
         losses.append(float(pending))
         bar.set_postfix(nll=f"{losses[-1]:.4f}", refresh=False)

@@ -1,4 +1,4 @@
-"""The host-side RL loop joining the sampler μ and the learner π (issue 4).
+"""The host-side RL loop joining the sampler μ and the learner π.
 
   run = build_run(cfg)                       # task, policy, learner, sampler
   result = train(cfg, workdir)               # the whole job
@@ -6,7 +6,7 @@
   # = collect(run, k) → learner_batch(...) → loop.update(...) (learner step,
   #   weight sync, optional update gate with sampler rollback)
 
-Hooks: an `UpdateGate` (MIPU Step 2, SPEC.md §5); checkpoints through
+Hooks: an `UpdateGate` (MIPU Step 2, docs/method.md §5); checkpoints through
 `mipu_jax.checkpoint`, resumed from the latest one in the workdir.
 """
 

@@ -1,4 +1,4 @@
-"""Rollout → learner `Batch`: concatenation, alignment, advantages (SPEC.md §0–1).
+"""Rollout → learner `Batch`: concatenation, alignment, advantages (docs/method.md §0–1).
 
 Row `i` is `prompt_ids[i // G] + response_i`, right-padded to a fixed
 `length` (prompt budget + response budget), so the learner compiles once.
@@ -41,7 +41,7 @@ def pack(rollout: Rollout, length: int):
 
 
 def advantages(rollout: Rollout, estimator: str) -> np.ndarray:
-  """Per-response advantages `[N*G]` (SPEC.md §1)."""
+  """Per-response advantages `[N*G]` (docs/method.md §1)."""
   return np.asarray(losses.compute_advantages(
       rollout.rewards_R, estimator, group_size=rollout.group_size), np.float32)
 

@@ -1,4 +1,4 @@
-"""The host-side RL loop (issue 4): rollouts → rewards → filter → recompute → update → sync.
+"""The host-side RL loop: rollouts → rewards → filter → recompute → update → sync.
 
 One step (`rl_step` = `collect` → `learner_batch` → `update`):
 
@@ -61,7 +61,7 @@ class RunResult:
 
 
 def collect(run: setup.Run, step: int):
-  """Step `step`'s groups: sample, reward, dynamic-sampling filter (SPEC.md §1).
+  """Step `step`'s groups: sample, reward, dynamic-sampling filter (docs/method.md §1).
 
   Returns:
     `(chosen, everything, stats)` as `rollout.dynamic_sampling`.
@@ -84,7 +84,7 @@ def collect(run: setup.Run, step: int):
 
 def learner_batch(run: setup.Run, state: LearnerState,
                   chosen: rollout_lib.Rollout, response_length: float):
-  """The learner batch: packed rows, advantages, `lp_old` (SPEC.md §0–2).
+  """The learner batch: packed rows, advantages, `lp_old` (docs/method.md §0–2).
 
   `lp_old` is recomputed under the synced weights in `on_policy_recompute`
   mode; `bypass` keeps `lp_old = lp_mu` (no recompute). Reference-model
@@ -201,7 +201,7 @@ def train(cfg: TrainConfig, workdir: str, *,
   if main:
     with open(files["config"], "w") as f:
       json.dump(dataclasses.asdict(cfg), f, indent=2, default=str)
-  if gate is None:  # MIPU Step 2 / random rollback from `cfg.mipu` (SPEC.md §5)
+  if gate is None:  # MIPU Step 2 / random rollback from `cfg.mipu` (docs/method.md §5)
     gate = gates_lib.from_config(cfg)
   run = setup.build_run(cfg, donate=gate is None)
   params = nnx.to_pure_dict(nnx.state(run.model, nnx.Param))

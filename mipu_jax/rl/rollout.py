@@ -1,8 +1,8 @@
-"""Rollouts: prompts → sampler (G responses each, with lp_mu) → rewards (SPEC.md §0–1).
+"""Rollouts: prompts → sampler (G responses each, with lp_mu) → rewards (docs/method.md §0–1).
 
 Host side. A `Rollout` holds `N` groups of `G` responses, group-major (response
 `i` answers prompt `i // G`), as numpy arrays padded to the response budget
-`T = max_new_tokens`. `dynamic_sampling` implements the SPEC.md §1 filter: it
+`T = max_new_tokens`. `dynamic_sampling` implements the docs/method.md §1 filter: it
 drops groups whose rewards are all equal and over-samples prompts, in rounds of
 `N` prompts (one sampler shape, so no recompilation), until the batch is full.
 """
@@ -143,7 +143,7 @@ def sample_groups(sampler, task: base.Task, problems: Sequence[base.ProblemLike]
 
 def dynamic_sampling(draw: Callable[[int], Rollout], num_groups: int, *,
                      enabled: bool, max_rounds: int):
-  """Fills a batch of `num_groups` informative groups (SPEC.md §1).
+  """Fills a batch of `num_groups` informative groups (docs/method.md §1).
 
   Args:
     draw: `draw(round)` samples and rewards one round of `num_groups` fresh

@@ -1,4 +1,4 @@
-"""Sampler engine: the inference policy μ with its own log-probs (SPEC.md §0, §7)."""
+"""Sampler engine: the inference policy μ with its own log-probs (docs/method.md §0, §7)."""
 
 from mipu_jax.sampler.config import SamplerConfig
 from mipu_jax.sampler.engine import Engine, ResultTokens, SlotData

@@ -1,4 +1,4 @@
-"""Sampler engine configuration and shape buckets (SPEC.md §7).
+"""Sampler engine configuration and shape buckets (docs/method.md §7).
 
 A frozen dataclass, validated once; everything below it takes explicit values.
 Shapes that reach a compiled function are bucketed (powers of two between a
@@ -43,7 +43,7 @@ def bucket(n: int, *, minimum: int, maximum: Optional[int] = None, what: str = "
 
 @dataclasses.dataclass(frozen=True)
 class SamplerConfig:
-  """How the sampler computes (the inference policy μ of SPEC.md §0).
+  """How the sampler computes (the inference policy μ of docs/method.md §0).
 
   Attributes:
     dtype: compute dtype of the matmuls: float32 / bfloat16 / float16.

@@ -1,4 +1,4 @@
-"""The sampler engine behind the JetStream engine interface (SPEC.md §7).
+"""The sampler engine behind the JetStream engine interface (docs/method.md §7).
 
 `Engine` has the method signatures of JetStream's current main branch
 (`jetstream/engine/engine_api.py`, as implemented by MaxText's `MaxEngine`):

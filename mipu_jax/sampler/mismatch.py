@@ -1,11 +1,11 @@
-"""Mismatch lab: how far each sampler precision mode is from the fp32 learner (SPEC.md §4).
+"""Mismatch lab: how far each sampler precision mode is from the fp32 learner (docs/method.md §4).
 
 For every precision mode, the sampler μ draws responses and returns `lp_mu`; the
 learner π (the model as given, normally fp32 master weights) recomputes
 `lp_old` of the same tokens with a full forward, under the same temperature and
 truncation. The table reports, over all generated tokens:
 
-- `k3_kl`, `log_ppl_abs_diff`: SPEC.md §4 definitions (per response, then
+- `k3_kl`, `log_ppl_abs_diff`: docs/method.md §4 definitions (per response, then
   averaged), from `mipu_jax.losses.mismatch_metrics`;
 - `max_abs_diff`: max over all tokens of |lp_old - lp_mu|;
 - `frac_abs_diff_gt_0p1`: share of tokens with |lp_old - lp_mu| > 0.1;

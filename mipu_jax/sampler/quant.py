@@ -1,4 +1,4 @@
-"""Every qwix call of the sampler: weight and activation quantization (SPEC.md §7).
+"""Every qwix call of the sampler: weight and activation quantization (docs/method.md §7).
 
 The sampler's precision is the knob that creates training–inference mismatch on
 purpose, so this module only has to be faithful, not fast.

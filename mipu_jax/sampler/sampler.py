@@ -135,7 +135,7 @@ class Sampler:
       warnings.warn(
           "top-k/top-p sampling: lp_mu is the log-prob of the truncated, renormalised "
           "distribution; compute lp_old with mipu_jax.sampler.truncated_logprobs, and note "
-          "that the PPO ratio of truncated policies is biased (SPEC.md §0).", stacklevel=2)
+          "that the PPO ratio of truncated policies is biased (docs/method.md §0).", stacklevel=2)
     return self._generate(prompts, max_new_tokens, temperature, top_k, top_p,
                           num_samples, seed, eos_ids, first_prompt_index)
 

@@ -1,6 +1,6 @@
-"""Token sampling that returns the log-prob of the distribution it drew from (SPEC.md §0).
+"""Token sampling that returns the log-prob of the distribution it drew from (docs/method.md §0).
 
-`lp_mu` is the denominator of every importance weight (SPEC.md §3), so it must be
+`lp_mu` is the denominator of every importance weight (docs/method.md §3), so it must be
 log μ(token) for exactly the distribution the token was drawn from:
 
 - temperature `t > 0`: the distribution is `softmax(logits / t)`;
@@ -9,7 +9,7 @@ log μ(token) for exactly the distribution the token was drawn from:
   `log_softmax(masked logits / t)`. The learner must then compute `lp_old` of the
   same truncated distribution (`truncated_logprobs` below, on its own logits),
   otherwise `lp_old - lp_mu` measures the truncation, not the mismatch; and even
-  then the PPO ratio is of truncated policies, which is biased (SPEC.md §0: warn);
+  then the PPO ratio is of truncated policies, which is biased (docs/method.md §0: warn);
 - greedy (`t == 0`): the drawn distribution is a point mass whose log-prob (0)
   carries no information, so the returned log-prob is that of the `t = 1`
   distribution (truncated if top-k/p are set). Greedy is for evaluation.

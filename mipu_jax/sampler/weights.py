@@ -1,4 +1,4 @@
-"""Weight sync: learner params → (reshard) → quantize → sampler (SPEC.md §7).
+"""Weight sync: learner params → (reshard) → quantize → sampler (docs/method.md §7).
 
 The sampler's params are a pure nested dict with the model's parameter paths
 (`{'embed': ..., 'layers': {'q': ...}, ...}`), leaves in the sampler's compute

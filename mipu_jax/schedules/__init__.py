@@ -1,4 +1,4 @@
-"""Learning-rate schedules as optax transformations (SPEC.md §6).
+"""Learning-rate schedules as optax transformations (docs/method.md §6).
 
 Each one multiplies incoming updates by its current rate and accepts the
 step's mean response length as the extra argument ``response_length=``; they

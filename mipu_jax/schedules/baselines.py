@@ -1,4 +1,4 @@
-"""Constant and cosine learning rates, the baselines of SPEC.md §6.
+"""Constant and cosine learning rates, the baselines of docs/method.md §6.
 
 They are the same kind of transformation as `length_surge`: they multiply the
 incoming updates by the current rate, keep it in their state (logged and

@@ -1,4 +1,4 @@
-"""Picking a schedule by name and reading it back for logging (SPEC.md §6)."""
+"""Picking a schedule by name and reading it back for logging (docs/method.md §6)."""
 
 from typing import Any
 

@@ -1,6 +1,7 @@
-"""Length-surge learning-rate schedule as an optax transformation (SPEC.md §6).
+"""Length-surge learning-rate schedule as an optax transformation (docs/method.md §6).
 
-Source: the length-decay LR scheduler of ``../shared/seeds/002_…`` (its §3.3 and
+Source: the length-decay LR scheduler of "Beyond Precision: Training-Inference
+Mismatch is an Optimization Problem and Simple LR Scheduling Fixes It" (its §3.3 and
 Algorithm 1). The rate stays at ``η_0`` until decay starts, then at every step
 ``t`` with ``t mod T_decay == 0`` it becomes ``max(η / 2, η_∞)``, with the floor
 ``η_∞ = min_ratio · η_0``.
@@ -19,7 +20,7 @@ Modes:
 * ``fixed``: ``T_decay = decay_period`` from step 1 on. This is Algorithm 1
   exactly (the paper's experiments, e.g. period 204 for Qwen3-4B-Base).
 * ``auto``: the paper picks ``decay_period`` by hand, from the step at which the
-  mean response length surged (≈ 1.8 × that step); SPEC §6 turns that into
+  mean response length surged (≈ 1.8 × that step); docs/method.md §6 turns that into
   online detection, which the paper does not have. A surge is declared at the
   first step ``t ≥ min_steps`` whose length is ``≥ surge_ratio ×`` a baseline;
   then ``T_decay = max(round(period_factor · t), 1)`` and halving happens at the
@@ -53,7 +54,7 @@ _BASELINES = ("window", "ema")
 
 
 class LengthSurgeState(NamedTuple):
-  """State of `length_surge` (SPEC.md §6); all leaves are scalars but one.
+  """State of `length_surge` (docs/method.md §6); all leaves are scalars but one.
 
   Attributes:
     count: int32, RL steps so far; the next step is ``count + 1``.
@@ -119,7 +120,7 @@ def length_surge(
     ema_decay: float = 0.9,
     baseline: str = "window",
 ) -> optax.GradientTransformationExtraArgs:
-  """Scales updates by the length-surge learning rate (SPEC.md §6).
+  """Scales updates by the length-surge learning rate (docs/method.md §6).
 
   ``update(updates, state, params=None, *, response_length=None,
   new_step=True)`` takes the step's mean response length (a scalar) as an extra

@@ -4,7 +4,7 @@ A prompt asks for a sum of 2-digit numbers, `Q:37+48+19=`. A completion answers 
 either directly, `A104.`, or step by step, one two-operand addition at a time,
 `37+48=85;85+19=104;A104.`. The final answer is the digits between `A` and `.`.
 
-Why this shape (issue 4, "the small CPU task"):
+Why this shape:
 - A tiny transformer learns one two-number addition reliably but not a
   many-operand sum in a single shot, so step-by-step answers are more accurate
   than direct ones, and RL that rewards correctness lengthens responses (the
