@@ -114,7 +114,7 @@ def bench_learner_steps(mcfg, a):
     lp_old = np.asarray(learner.logprobs(state.params, tokens, input_mask)) * loss_mask
     lp_mu = (lp_old + rng.normal(0, 0.3, (b, l))) * loss_mask
     batch = learner.shard_batch(host_batch(tokens, input_mask, loss_mask, lp_mu,
-                                           rng.normal(size=b), lp_old_BL=lp_old))
+                                           rng.normal(size=b), lp_old_BT=lp_old))
     state, m = learner.step(state, batch)  # compile
     jax.block_until_ready(m)
     runs[preset] = [learner, state, batch, []]

@@ -13,9 +13,11 @@ tokenizer.json, tokenizer_config.json, generation_config.json; required),
 directory holding `math500.jsonl`, `aime24.parquet`, `amc23.*`,
 `minerva_math.*`, `olympiadbench.*`; the ones present are evaluated), `seed`,
 `steps`, `prompts` (per step), `group` (responses per prompt), `max_new`
-(response budget), `max_prompt` (prompt budget), `micro` (gradient-
-accumulation micro-batches per step), `p` (random-rollback probability),
-`quick` (a CPU smoke budget for tests).
+(response budget), `max_prompt` (prompt budget), `pack` (sequence packing,
+default on: responses share rows of `max_prompt + max_new` tokens, micro-batches
+of one packed row per data-parallel device), `micro` (without packing:
+gradient-accumulation micro-batches per step, default one row each), `p`
+(random-rollback probability), `quick` (a CPU smoke budget for tests).
 
 Defaults are the sources' hyperparameters (MIPU and the length-surge paper):
 lr 1e-6, AdamW wd 0.01, grad clip 1, RLOO, 64 prompts x 16 responses, one
@@ -42,7 +44,7 @@ def get_config(arg=None):
   """The math-RL ConfigDict of `arg` (see module docstring)."""
   arg = common.parse_arg(arg, row="mipu", ckpt="", train="", eval="", seed=0,
                          steps=500, prompts=64, group=16, max_new=8192,
-                         max_prompt=1024, micro=0, p=float, quick=False)
+                         max_prompt=1024, pack=True, micro=0, p=float, quick=False)
   if not arg.ckpt or not arg.train:
     raise ValueError(
         "configs/math.py needs ckpt=DIR (a local Hugging Face Qwen3 directory) and "
@@ -83,9 +85,19 @@ def get_config(arg=None):
 
   config.learner.ppo_epochs = 1
   config.learner.num_minibatches = 1
-  # One row per micro-batch by default: the memory of one (prompt + 8192)-token
-  # row at a time.
-  config.learner.num_microbatches = arg.micro or arg.prompts * arg.group
+  if arg.pack:
+    if arg.micro:
+      raise ValueError("configs/math.py: micro= is for unpacked rows; with pack=True "
+                       "a micro-batch is one packed row per data-parallel device "
+                       "(--config.learner.pack_rows=... to change it).")
+    # Rows of one full-length response each at most; short responses share
+    # them, so a micro-batch still holds one (prompt + 8192)-token row per device.
+    config.learner.pack_length = arg.max_prompt + arg.max_new
+    config.learner.num_microbatches = 1
+  else:
+    # One row per micro-batch by default: the memory of one (prompt + 8192)-token
+    # row at a time.
+    config.learner.num_microbatches = arg.micro or arg.prompts * arg.group
   config.learner.mesh.data = 1
   config.learner.mesh.fsdp = -1
   config.learner.mesh.tensor = 1
@@ -118,6 +130,9 @@ def _quick(config):
   config.data.probe_holdout = 2
   config.data.reward_workers = 1
   config.learner.num_microbatches = 1
+  if config.learner.pack_length:
+    config.learner.pack_length = (config.data.max_prompt_tokens
+                                  + config.sampling.max_new_tokens)
   config.learner.log_entropy = False
   config.learner.mesh.fsdp = 1
   config.eval.every = 0

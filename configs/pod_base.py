@@ -12,12 +12,12 @@ matmuls and per-layer remat). Multi-host launch, mesh shapes per pod size:
 
 Options after the row (`--config configs/pod_qwen3_4b.py:mipu,chips=32,ckpt=...,train=...,eval=...`):
   chips=N      data-parallel devices, chips / tensor (default 16, e.g. v5p-32);
-               sets the gradient-accumulation micro-batches to one row per
-               data-parallel device.
+               a micro-batch is one packed (1024 + 8192)-token row per
+               data-parallel device (pack=False: one response row per device).
   ckpt=DIR     the local Hugging Face Qwen3 checkpoint (required).
   train=FILE   DAPO-Math-17k / MATH-style prompts (required).
   eval=DIR     the benchmark files (math500.jsonl, aime24.parquet, ...).
-  seed=N, steps=N, p=P (random-rollback probability).
+  seed=N, steps=N, p=P (random-rollback probability), pack=True|False.
 """
 
 from configs import common
@@ -37,7 +37,7 @@ def get_config(preset: str, arg=None, *, decay_period: int | None = None):
       (None: the `auto` surge detection of docs/method.md §6).
   """
   arg = common.parse_arg(arg, row="mipu", chips=16, ckpt="", train="", eval="",
-                         seed=0, steps=500, p=float)
+                         seed=0, steps=500, p=float, pack=True)
   rows_per_step = PROMPTS_PER_STEP * ROWS_PER_PROMPT
   if rows_per_step % arg.chips:
     raise ValueError(f"chips={arg.chips} does not divide the {rows_per_step} rows "
@@ -45,7 +45,8 @@ def get_config(preset: str, arg=None, *, decay_period: int | None = None):
   config = math.get_config(
       f"{arg.row},ckpt={arg.ckpt},train={arg.train},eval={arg.eval},seed={arg.seed},"
       f"steps={arg.steps},prompts={PROMPTS_PER_STEP},group={ROWS_PER_PROMPT},"
-      f"micro={rows_per_step // arg.chips}" + (f",p={arg.p}" if arg.p is not None else ""))
+      f"pack={arg.pack}" + ("" if arg.pack else f",micro={rows_per_step // arg.chips}")
+      + (f",p={arg.p}" if arg.p is not None else ""))
   # The architecture the pod's memory plan is for; the weights are the ckpt's.
   config.model.preset = preset
   if decay_period is not None:

@@ -335,7 +335,14 @@ class LearnerConfig:
     log_entropy: compute the policy entropy (a full-vocabulary pass) for the
       `actor/entropy` metric even when `loss.entropy_coef` is 0.
     logits_chunk: log-probs and entropy from the LM head in chunks of this
-      many positions, never holding the `[B, L, V]` logits (0: dense logits).
+      many positions, never holding the `[B, T, V]` logits (0: dense logits).
+    pack_length: > 0: sequence packing — the responses' real tokens are
+      packed into rows of this many tokens (at least prompt + response
+      budget), attention kept within each response (`learner/packing.py`);
+      every update then takes the whole batch (one mini-batch), in
+      micro-batches of `pack_rows` packed rows. 0: one padded row per response.
+    pack_rows: packed rows per micro-batch (its token budget is
+      `pack_rows × pack_length`); 0: the data-parallel size. A multiple of it.
   """
   ppo_epochs: int = 1
   num_minibatches: int = 1
@@ -344,8 +351,18 @@ class LearnerConfig:
   mesh: MeshConfig = MeshConfig()
   log_entropy: bool = True
   logits_chunk: int = 1024
+  pack_length: int = 0
+  pack_rows: int = 0
 
   def __post_init__(self):
+    if self.pack_length < 0 or self.pack_rows < 0:
+      raise ValueError(f"learner.pack_length and learner.pack_rows must be >= 0, "
+                       f"got {self.pack_length}, {self.pack_rows}.")
+    if self.pack_length and (self.num_minibatches, self.num_microbatches) != (1, 1):
+      raise ValueError(
+          "learner.pack_length > 0 takes the whole batch per update, in "
+          "micro-batches of learner.pack_rows packed rows: set num_minibatches=1 "
+          "and num_microbatches=1 (the token budget is pack_rows x pack_length).")
     if self.logits_chunk < 0:
       raise ValueError(f"learner.logits_chunk must be >= 0, got {self.logits_chunk}.")
     if min(self.ppo_epochs, self.num_minibatches, self.num_microbatches) < 1:

@@ -99,8 +99,9 @@ def to_host(tree: Any) -> Any:
 
 def local_copy(x: jax.Array) -> jax.Array:
   """A process-local replica of a global array (its value on this process's
-  first device), for programs that run on this process's devices only."""
-  if x.is_fully_addressable:
+  first device), for programs that run on this process's devices only.
+  Abstract values (under `jax.eval_shape` / tracing) pass through."""
+  if isinstance(x, jax.core.Tracer) or x.is_fully_addressable:
     return x
   replicated = jax.jit(lambda a: a, out_shardings=jax.sharding.NamedSharding(
       x.sharding.mesh, jax.sharding.PartitionSpec()))(x)

@@ -84,15 +84,21 @@ def _abstract_model(cfg: TrainConfig, mesh, layout: str):
 def learner_memory(cfg: TrainConfig, prompt_len: int,
                    cpu_artifacts: bool = False) -> Memory:
   """The learner step of `cfg`: one micro-batch row of `prompt_len +
-  max_new_tokens` tokens per data-parallel device (as the pod configs run)."""
+  max_new_tokens` tokens per data-parallel device (as the pod configs run;
+  with packing, one micro-batch of `pack_rows` packed rows, beside the whole
+  step's unpacked per-token arrays)."""
   mesh = mesh_from_config(cfg.learner.mesh)
   graphdef, params = _abstract_model(cfg, mesh, "train")
   learner = Learner(graphdef, params, spec=step_spec(cfg),
                     optimizer=make_optimizer(cfg.optim, cfg.num_steps), mesh=mesh)
   dp = mesh.shape["data"] * mesh.shape["fsdp"]
+  length = prompt_len + cfg.sampling.max_new_tokens
+  if learner.spec.pack_length:
+    rows = -(-cfg.data.prompts_per_step * cfg.data.group_size // dp) * dp
+    return _memory(learner.lower_step(rows, length, packed_rows=learner.spec.pack_rows),
+                   cpu_artifacts)
   rows = cfg.learner.num_minibatches * cfg.learner.num_microbatches * dp
-  return _memory(learner.lower_step(rows, prompt_len + cfg.sampling.max_new_tokens),
-                 cpu_artifacts)
+  return _memory(learner.lower_step(rows, length), cpu_artifacts)
 
 
 def sampler_memory(cfg: TrainConfig, prompt_len: int, num_slots: int,

@@ -56,7 +56,7 @@ def _run(mesh, steps=2):
   for _ in range(steps):
     lp_old = np.asarray(learner.logprobs(state.params, tokens, input_mask)) * loss_mask
     batch = host_batch(tokens, input_mask, loss_mask, (lp_old + noise) * loss_mask, adv,
-                       lp_old_BL=lp_old)
+                       lp_old_BT=lp_old)
     state, m = learner.step(state, batch)
     metrics.append(jax.device_get(m))
   return jax.device_get(state), metrics, learner

@@ -98,11 +98,11 @@ class _FakeSampler:
 class _FakeLearner:
   donate = False
 
-  def logprobs(self, params, tokens_BL, mask_BL):
-    return jnp.zeros(np.shape(tokens_BL))
+  def logprobs(self, params, tokens_BT, mask_BT):
+    return jnp.zeros(np.shape(tokens_BT))
 
   def step(self, state, batch):
-    assert batch.tokens_BL.shape == (8, 32)
+    assert batch.tokens_BT.shape == (8, 32)
     return state._replace(params=state.params + 1, step=state.step + 1), {"actor/x": 1.0}
 
 

@@ -1,10 +1,10 @@
 """The training side π: explicit state, a pure sharded step, log-prob recompute.
 
-docs/method.md §2–4 and §7. Shapes: `B` responses, `L` prompt + response tokens::
+docs/method.md §2–4 and §7. Shapes: `B` responses, `T` prompt + response tokens::
 
   learner = Learner.from_config(cfg, model, mesh)
   state = learner.init_state(params, seed)
-  lp_old_BL = learner.logprobs(state.params, tokens_BL, input_mask_BL)
+  lp_old_BT = learner.logprobs(state.params, tokens_BT, input_mask_BT)
   state, metrics = learner.step(state, batch)
 """
 

@@ -9,6 +9,7 @@ a second call does not recompile.
 """
 
 import collections
+import dataclasses
 import math
 from typing import Any
 
@@ -22,6 +23,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 from mipu_jax.config import MeshConfig, TrainConfig
 from mipu_jax.learner import batch as batch_lib
 from mipu_jax.learner import logprobs as logprobs_lib
+from mipu_jax.learner import packing
 from mipu_jax.learner import state as state_lib
 from mipu_jax.learner import step as step_lib
 from mipu_jax.models import sharding as sharding_lib
@@ -53,7 +55,9 @@ def step_spec(cfg: TrainConfig) -> step_lib.StepSpec:
       shuffle=cfg.learner.shuffle,
       with_entropy=cfg.learner.log_entropy or cfg.loss.entropy_coef > 0,
       max_response_len=s.max_new_tokens,
-      logits_chunk=cfg.learner.logits_chunk)
+      logits_chunk=cfg.learner.logits_chunk,
+      pack_length=cfg.learner.pack_length,
+      pack_rows=cfg.learner.pack_rows)
 
 
 class Learner:
@@ -78,10 +82,19 @@ class Learner:
     self.abstract_params = jax.tree.map(
         lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), abstract_params)
     self.traces = collections.Counter()
+    dp = mesh.shape["data"] * mesh.shape["fsdp"]
+    if spec.pack_length:
+      if spec.pack_rows == 0:
+        spec = dataclasses.replace(spec, pack_rows=dp)
+        self.spec = spec
+      if spec.pack_rows % dp:
+        raise ValueError(f"learner.pack_rows={spec.pack_rows} must be a multiple "
+                         f"of the {dp} data-parallel devices.")
     self.state_shardings = state_lib.state_shardings(optimizer, abstract_params,
                                                      mesh)
     with_ref = spec.loss.kl_coef > 0
-    self.batch_shardings = batch_lib.batch_shardings(mesh, with_ref)
+    self.batch_shardings = batch_lib.batch_shardings(mesh, with_ref,
+                                                     packed=spec.pack_length > 0)
     row_sh = sharding_lib.batch_sharding(mesh, 2)
     replicated = NamedSharding(mesh, P())
     self._row_constraint = NamedSharding(mesh, P(None, _ROWS))
@@ -94,11 +107,17 @@ class Learner:
       return step_lib.learner_step(state, batch, graphdef=graphdef,
                                    optimizer=optimizer, spec=spec, rows=rows)
 
-    def logprobs(params, tokens_BL, mask_BL):
+    def logprobs(params, tokens_BT, mask_BT):
       self.traces["logprobs"] += 1
       return logprobs_lib.chunked_logprobs(
-          graphdef, params, tokens_BL, mask_BL, spec.scoring,
+          graphdef, params, tokens_BT, mask_BT, spec.scoring,
           spec.num_minibatches * spec.num_microbatches, spec.logits_chunk)
+
+    def packed_logprobs(params, tokens_BT, pack):
+      self.traces["logprobs"] += 1
+      return logprobs_lib.packed_logprobs(graphdef, params, tokens_BT, pack,
+                                          spec.scoring, spec.pack_rows,
+                                          spec.logits_chunk)
 
     self._step = jax.jit(step, in_shardings=(self.state_shardings,
                                              self.batch_shardings),
@@ -106,6 +125,10 @@ class Learner:
                          donate_argnums=(0,) if donate else ())
     self._logprobs = jax.jit(
         logprobs, in_shardings=(self.state_shardings.params, row_sh, row_sh),
+        out_shardings=row_sh)
+    self._packed_logprobs = jax.jit(
+        packed_logprobs, in_shardings=(self.state_shardings.params, row_sh,
+                                       packing.PackPlan(row_sh, row_sh, row_sh)),
         out_shardings=row_sh)
 
   @classmethod
@@ -124,9 +147,17 @@ class Learner:
     return state_lib.init_state(params, self.optimizer, self.mesh, seed)
 
   def shard_batch(self, batch: batch_lib.Batch) -> batch_lib.Batch:
-    """Places a host batch with the step's input shardings."""
-    self._check_rows(batch.tokens_BL.shape[0])
+    """Places a host batch with the step's input shardings (with its packing
+    plan, made here from the input mask, when the learner packs)."""
+    self._check_rows(batch.tokens_BT.shape[0])
+    if self.spec.pack_length and batch.pack is None:
+      batch = batch._replace(pack=self.pack_plan(batch.input_mask_BT))
     return jax.device_put(batch, self.batch_shardings)
+
+  def pack_plan(self, input_mask_BT) -> packing.PackPlan:
+    """The host packing plan of a batch's rows (`learner/packing.py`)."""
+    return packing.plan(np.asarray(input_mask_BT), self.spec.pack_length,
+                        self.spec.pack_rows)
 
   def step(self, state: state_lib.LearnerState, batch: batch_lib.Batch,
            ) -> tuple[state_lib.LearnerState, dict[str, jax.Array]]:
@@ -136,14 +167,17 @@ class Learner:
     with jax.set_mesh(self.mesh):
       return self._step(state, self.shard_batch(batch))
 
-  def logprobs(self, params: Any, tokens_BL, mask_BL) -> jax.Array:
-    """Learner log-probs (`lp_old`, or reference / probe log-probs), `[B, L]`."""
-    self._check_rows(np.shape(tokens_BL)[0])
+  def logprobs(self, params: Any, tokens_BT, mask_BT) -> jax.Array:
+    """Learner log-probs (`lp_old`, or reference / probe log-probs), `[B, T]`."""
+    self._check_rows(np.shape(tokens_BT)[0])
     rows = sharding_lib.batch_sharding(self.mesh, 2)
-    tokens_BL = jax.device_put(np.asarray(tokens_BL, np.int32), rows)
-    mask_BL = jax.device_put(np.asarray(mask_BL, np.float32), rows)
+    pack = self.pack_plan(mask_BT) if self.spec.pack_length else None
+    tokens_BT = jax.device_put(np.asarray(tokens_BT, np.int32), rows)
     with jax.set_mesh(self.mesh):
-      return self._logprobs(params, tokens_BL, mask_BL)
+      if pack is not None:
+        return self._packed_logprobs(params, tokens_BT, jax.device_put(pack, rows))
+      mask_BT = jax.device_put(np.asarray(mask_BT, np.float32), rows)
+      return self._logprobs(params, tokens_BT, mask_BT)
 
   def abstract_state(self) -> state_lib.LearnerState:
     """`ShapeDtypeStruct`s (with shardings) of a state, nothing materialised."""
@@ -155,10 +189,16 @@ class Learner:
         lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh),
         shapes, self.state_shardings)
 
-  def lower_step(self, batch_size: int, length: int) -> jax.stages.Lowered:
-    """Lowers the step on abstract inputs (e.g. to read its memory analysis)."""
-    batch = batch_lib.abstract_batch(batch_size, length,
-                                     self.spec.loss.kl_coef > 0)
+  def lower_step(self, batch_size: int, length: int,
+                 packed_rows: int = 0) -> jax.stages.Lowered:
+    """Lowers the step on abstract inputs (e.g. to read its memory analysis).
+
+    With packing, `packed_rows` is the plan's row count (rows of
+    `pack_length` tokens).
+    """
+    batch = batch_lib.abstract_batch(
+        batch_size, length, self.spec.loss.kl_coef > 0,
+        (packed_rows, self.spec.pack_length) if self.spec.pack_length else None)
     with jax.set_mesh(self.mesh):
       return self._step.lower(self.abstract_state(), batch)
 

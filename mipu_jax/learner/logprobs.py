@@ -13,6 +13,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from mipu_jax import models
+from mipu_jax.learner import packing
 from mipu_jax.sampler import sampling
 
 
@@ -34,17 +35,17 @@ class Scoring:
     return self.top_k > 0 or self.top_p < 1.0
 
 
-def policy_logprobs(model, tokens_BL: jax.Array, mask_BL: jax.Array,
+def policy_logprobs(model, tokens_BT: jax.Array, mask_BT: jax.Array,
                     scoring: Scoring, *, with_entropy: bool = False,
                     entropy_grad: bool = False, logits_chunk: int = 0,
-                    segment_ids_BL: jax.Array | None = None,
-                    positions_BL: jax.Array | None = None):
+                    segment_ids_BT: jax.Array | None = None,
+                    positions_BT: jax.Array | None = None):
   """`lp[:, t] = log π(tokens[t] | tokens[:t])` (0 at t = 0), and the entropy.
 
   Args:
     model: a `Qwen3`.
-    tokens_BL: int token ids.
-    mask_BL: 1 on real tokens.
+    tokens_BT: int token ids.
+    mask_BT: 1 on real tokens.
     scoring: temperature and truncation of the sampled distribution.
     with_entropy: also return the per-token entropy of the tempered
       (untruncated) distribution.
@@ -52,57 +53,81 @@ def policy_logprobs(model, tokens_BL: jax.Array, mask_BL: jax.Array,
       otherwise it is a logged metric computed on stop-gradient logits, which
       keeps it out of the backward pass.
     logits_chunk: > 0: log-probs and entropy from the LM head chunk by chunk
-      of this many positions, never holding `[B, L, V]` logits
+      of this many positions, never holding `[B, T, V]` logits
       (`models.chunked_token_logprobs`); 0: the dense logits. Truncated
       scoring (top-k / top-p) needs the full distribution and uses the dense
       path.
-    segment_ids_BL: packed rows: each token's segment (a position's log-prob
+    segment_ids_BT: packed rows: each token's segment (a position's log-prob
       is meaningful only within its segment; the loss mask drops the rest).
-    positions_BL: packed rows: RoPE positions restarting in each segment.
+    positions_BT: packed rows: RoPE positions restarting in each segment.
 
   Returns:
-    float32 `[B, L]` log-probs, or `(log-probs, entropy)`.
+    float32 `[B, T]` log-probs, or `(log-probs, entropy)`.
   """
-  targets_BT = tokens_BL[:, 1:]
-  kwargs = dict(mask_BT=mask_BL, segment_ids_BT=segment_ids_BL,
-                positions_BT=positions_BL)
+  # U: the T - 1 positions that have a next token (targets shifted by one).
+  targets_BU = tokens_BT[:, 1:]
+  kwargs = dict(mask_BT=mask_BT, segment_ids_BT=segment_ids_BT,
+                positions_BT=positions_BT)
   if logits_chunk and not scoring.truncates:
-    h_BTD = model(tokens_BL, compute_logits=False, **kwargs)[:, :-1]
+    h_BUD = model(tokens_BT, compute_logits=False, **kwargs)[:, :-1]
     out = models.chunked_token_logprobs(
-        model, h_BTD, targets_BT, scoring.temperature, chunk=logits_chunk,
+        model, h_BUD, targets_BU, scoring.temperature, chunk=logits_chunk,
         with_entropy=with_entropy, entropy_grad=entropy_grad)
-    lp_BT, ent_BT = out if with_entropy else (out, None)
+    lp_BU, ent_BU = out if with_entropy else (out, None)
   else:
-    logits_BTV = model(tokens_BL, **kwargs)[:, :-1]
+    logits_BUV = model(tokens_BT, **kwargs)[:, :-1]
     if scoring.truncates:
-      lp_BT = sampling.truncated_logprobs(logits_BTV, targets_BT,
+      lp_BU = sampling.truncated_logprobs(logits_BUV, targets_BU,
                                           scoring.temperature, scoring.top_k,
                                           scoring.top_p)
     else:
-      lp_BT = models.token_logprobs(logits_BTV, targets_BT, scoring.temperature)
-    ent_BT = None
+      lp_BU = models.token_logprobs(logits_BUV, targets_BU, scoring.temperature)
+    ent_BU = None
     if with_entropy:
       if not entropy_grad:
-        logits_BTV = jax.lax.stop_gradient(logits_BTV)
-      ent_BT = models.entropy(logits_BTV, scoring.temperature)
-  lp_BL = jnp.pad(lp_BT, ((0, 0), (1, 0)))
+        logits_BUV = jax.lax.stop_gradient(logits_BUV)
+      ent_BU = models.entropy(logits_BUV, scoring.temperature)
+  lp_BT = jnp.pad(lp_BU, ((0, 0), (1, 0)))
   if not with_entropy:
-    return lp_BL
-  return lp_BL, jnp.pad(ent_BT, ((0, 0), (1, 0)))
+    return lp_BT
+  return lp_BT, jnp.pad(ent_BU, ((0, 0), (1, 0)))
 
 
-def chunked_logprobs(graphdef: nnx.GraphDef, params: Any, tokens_BL: jax.Array,
-                     mask_BL: jax.Array, scoring: Scoring,
+def chunked_logprobs(graphdef: nnx.GraphDef, params: Any, tokens_BT: jax.Array,
+                     mask_BT: jax.Array, scoring: Scoring,
                      num_chunks: int, logits_chunk: int = 0) -> jax.Array:
   """`policy_logprobs` over `num_chunks` row chunks (bounded activation memory).
 
   Pure; `lp_old` is a `stop_gradient` quantity (docs/method.md §0).
   """
   model = nnx.merge(graphdef, params)
-  b, l = tokens_BL.shape
-  xs = (tokens_BL.reshape(num_chunks, b // num_chunks, l),
-        mask_BL.reshape(num_chunks, b // num_chunks, l))
+  b, l = tokens_BT.shape
+  xs = (tokens_BT.reshape(num_chunks, b // num_chunks, l),
+        mask_BT.reshape(num_chunks, b // num_chunks, l))
   lp_CbL = jax.lax.map(
       lambda x: policy_logprobs(model, x[0], x[1], scoring,
                                 logits_chunk=logits_chunk), xs)
   return jax.lax.stop_gradient(lp_CbL.reshape(b, l))
+
+
+def packed_logprobs(graphdef: nnx.GraphDef, params: Any, tokens_BT: jax.Array,
+                    pack: packing.PackPlan, scoring: Scoring, rows_per_chunk: int,
+                    logits_chunk: int = 0) -> jax.Array:
+  """`chunked_logprobs` on packed rows, scattered back to `[B, T]`.
+
+  A segment's first token has no log-prob (0, as unpacked at t = 0): its
+  preceding position belongs to the previous segment.
+  """
+  model = nnx.merge(graphdef, params)
+  r, p = pack.src_RP.shape
+  tokens_RP = packing.gather(tokens_BT, pack.src_RP)
+  mask_RP = (pack.src_RP >= 0).astype(jnp.float32)
+  c = r // rows_per_chunk
+  xs = tuple(x.reshape(c, rows_per_chunk, p) for x in
+             (tokens_RP, mask_RP, pack.segment_ids_RP, pack.positions_RP))
+  lp_CRP = jax.lax.map(
+      lambda x: policy_logprobs(model, x[0], x[1], scoring, logits_chunk=logits_chunk,
+                                segment_ids_BT=x[2], positions_BT=x[3]), xs)
+  lp_RP = jnp.where(pack.positions_RP > 0, lp_CRP.reshape(r, p), 0.0)
+  lp_BT = packing.scatter(lp_RP, pack.src_RP, tokens_BT.shape)
+  return jax.lax.stop_gradient(lp_BT)

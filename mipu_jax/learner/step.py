@@ -23,6 +23,7 @@ from flax import nnx
 from mipu_jax import losses
 from mipu_jax import schedules
 from mipu_jax.learner.batch import Batch
+from mipu_jax.learner import packing
 from mipu_jax.learner.logprobs import policy_logprobs, Scoring
 from mipu_jax.learner.state import LearnerState
 
@@ -44,6 +45,8 @@ class StepSpec:
     max_response_len: the `seq_mean_token_sum_norm` length by default.
     logits_chunk: positions per LM-head chunk of the log-probs (0: dense
       logits; `policy_logprobs`).
+    pack_length: tokens per packed row (0: no sequence packing).
+    pack_rows: packed rows per micro-batch (with `pack_length`).
   """
   loss: losses.LossConfig
   scoring: Scoring = Scoring()
@@ -54,6 +57,8 @@ class StepSpec:
   with_entropy: bool = True
   max_response_len: int = 1
   logits_chunk: int = 0
+  pack_length: int = 0
+  pack_rows: int = 1
 
   @property
   def num_updates(self) -> int:
@@ -86,40 +91,46 @@ def learner_step(state: LearnerState, batch: Batch, *, graphdef: nnx.GraphDef,
     `actor/lr` and the `schedule/*` state, `rollout_corr/*` (docs/method.md §4).
   """
   cfg = spec.loss
-  b = batch.tokens_BL.shape[0]
+  b = batch.tokens_BT.shape[0]
   n_mini, n_micro = spec.num_minibatches, spec.num_microbatches
   b_micro = b // (n_mini * n_micro)
 
   corrected, corr_metrics = losses.correct_batch(
-      batch.lp_old_BL, batch.lp_mu_BL, batch.loss_mask_BL, cfg)
+      batch.lp_old_BT, batch.lp_mu_BT, batch.loss_mask_BT, cfg)
   rows_data = {
-      "tokens": batch.tokens_BL, "input_mask": batch.input_mask_BL,
-      "loss_mask": batch.loss_mask_BL,
-      "lp_ref": losses.reference_logprobs(cfg, batch.lp_old_BL, batch.lp_mu_BL),
+      "tokens": batch.tokens_BT, "input_mask": batch.input_mask_BT,
+      "loss_mask": batch.loss_mask_BT,
+      "lp_ref": losses.reference_logprobs(cfg, batch.lp_old_BT, batch.lp_mu_BT),
       "adv": batch.advantages_B, "weights": corrected.weights_BT,
       "keep": corrected.keep_BT, "denom": corrected.denom_BT,
   }
-  if batch.lp_ref_model_BL is not None:
-    rows_data["lp_ref_model"] = batch.lp_ref_model_BL
+  if batch.lp_ref_model_BT is not None:
+    rows_data["lp_ref_model"] = batch.lp_ref_model_BT
 
   rng, perm_key = jax.random.split(state.rng)
-  if spec.shuffle:
-    keys = jax.random.split(perm_key, spec.ppo_epochs)
-    order_EB = jax.vmap(lambda k: jax.random.permutation(k, b))(keys)
+  if batch.pack is not None:
+    rows_data, order_UCR = _packed_rows(rows_data, batch.pack, corrected, spec,
+                                        batch.tokens_BT.shape[1])
   else:
-    order_EB = jnp.broadcast_to(jnp.arange(b), (spec.ppo_epochs, b))
-  # [updates, micro, rows, ...]: update u is mini-batch u % M of epoch u // M.
-  order_UCR = order_EB.reshape(spec.num_updates, n_micro, b_micro)
+    if spec.shuffle:
+      keys = jax.random.split(perm_key, spec.ppo_epochs)
+      order_EB = jax.vmap(lambda k: jax.random.permutation(k, b))(keys)
+    else:
+      order_EB = jnp.broadcast_to(jnp.arange(b), (spec.ppo_epochs, b))
+    # [updates, micro, rows, ...]: update u is mini-batch u % M of epoch u // M.
+    order_UCR = order_EB.reshape(spec.num_updates, n_micro, b_micro)
 
   def loss_fn(params, mb):
     model = nnx.merge(graphdef, params)
     out = policy_logprobs(model, mb["tokens"], mb["input_mask"], spec.scoring,
                           with_entropy=spec.with_entropy,
                           entropy_grad=cfg.entropy_coef > 0,
-                          logits_chunk=spec.logits_chunk)
-    lp_BL, ent_BL = out if spec.with_entropy else (out, None)
+                          logits_chunk=spec.logits_chunk,
+                          segment_ids_BT=mb.get("segment_ids"),
+                          positions_BT=mb.get("positions"))
+    lp_BT, ent_BT = out if spec.with_entropy else (out, None)
     return losses.micro_loss(
-        lp_BL, ent_BL, mb["lp_ref"], mb["adv"], mb["weights"], mb["keep"],
+        lp_BT, ent_BT, mb["lp_ref"], mb["adv"], mb["weights"], mb["keep"],
         mb["coef"], mb["loss_mask"], mb.get("lp_ref_model"), cfg)
 
   grad_fn = jax.grad(loss_fn, has_aux=True)
@@ -128,10 +139,11 @@ def learner_step(state: LearnerState, batch: Batch, *, graphdef: nnx.GraphDef,
     params, opt_state = carry
     order_CR, index = xs
     mb = {k: rows(v[order_CR]) for k, v in rows_data.items()}
-    flat = lambda x: x.reshape((-1,) + x.shape[2:])
-    coef_BL = losses.token_coefficients(
-        flat(mb["keep"]), flat(mb["denom"]), cfg, spec.max_response_len)
-    mb["coef"] = rows(coef_BL.reshape(mb["keep"].shape))
+    if "coef" not in mb:
+      flat = lambda x: x.reshape((-1,) + x.shape[2:])
+      coef_BT = losses.token_coefficients(
+          flat(mb["keep"]), flat(mb["denom"]), cfg, spec.max_response_len)
+      mb["coef"] = rows(coef_BT.reshape(mb["keep"].shape))
 
     def micro(grads, x):
       g, sums = grad_fn(params, x)
@@ -173,6 +185,28 @@ def learner_step(state: LearnerState, batch: Batch, *, graphdef: nnx.GraphDef,
   new_state = LearnerState(params=params, opt_state=opt_state,
                            step=state.step + 1, rng=rng)
   return new_state, jax.tree.map(lambda x: jnp.asarray(x, jnp.float32), metrics)
+
+
+def _packed_rows(rows_data, pack: packing.PackPlan, corrected: losses.Corrected,
+                 spec: StepSpec, length: int):
+  """The per-token arrays on the packed rows, and the micro-batch order.
+
+  The coefficients are the whole batch's (one mini-batch), taken on the
+  unpacked layout; `keep` / `denom` are then no longer needed.
+  """
+  src_RP = pack.src_RP
+  coef_BT = losses.token_coefficients(corrected.keep_BT, corrected.denom_BT,
+                                      spec.loss, spec.max_response_len)
+  packed = {k: (packing.gather_rows(v, src_RP, length) if k == "adv"
+                else packing.gather(v, src_RP))
+            for k, v in rows_data.items() if k != "denom"}
+  packed["coef"] = packing.gather(coef_BT, src_RP)
+  packed["input_mask"] = (src_RP >= 0).astype(jnp.float32)
+  packed["segment_ids"] = pack.segment_ids_RP
+  packed["positions"] = pack.positions_RP
+  r = src_RP.shape[0]
+  order_CR = jnp.arange(r).reshape(r // spec.pack_rows, spec.pack_rows)
+  return packed, jnp.broadcast_to(order_CR, (spec.num_updates,) + order_CR.shape)
 
 
 def _reduce_micro(sums: losses.MicroTerms) -> losses.MicroTerms:

@@ -16,28 +16,28 @@ def pack(rollout: Rollout, length: int):
   """Token rows and aligned masks / log-probs.
 
   Returns:
-    `(tokens_BL, input_mask_BL, loss_mask_BL, lp_mu_BL)` numpy arrays.
+    `(tokens_BT, input_mask_BT, loss_mask_BT, lp_mu_BT)` numpy arrays.
   """
   g = rollout.group_size
   b, t = rollout.tokens_RT.shape
-  tokens_BL = np.zeros((b, length), np.int32)
-  input_mask_BL = np.zeros((b, length), np.float32)
-  loss_mask_BL = np.zeros((b, length), np.float32)
-  lp_mu_BL = np.zeros((b, length), np.float32)
+  tokens_BT = np.zeros((b, length), np.int32)
+  input_mask_BT = np.zeros((b, length), np.float32)
+  loss_mask_BT = np.zeros((b, length), np.float32)
+  lp_mu_BT = np.zeros((b, length), np.float32)
   for i in range(b):
     prompt = rollout.prompt_ids[i // g]
     p = len(prompt)
     if p + t > length:
       raise ValueError(f"prompt of {p} tokens + response budget {t} exceed the "
                        f"learner length {length}.")
-    tokens_BL[i, :p] = prompt
-    tokens_BL[i, p:p + t] = rollout.tokens_RT[i]
-    input_mask_BL[i, :p] = 1.0
-    input_mask_BL[i, p:p + t] = rollout.mask_RT[i]
-    loss_mask_BL[i, p:p + t] = rollout.mask_RT[i] * rollout.keep_R[i]
-    lp_mu_BL[i, p:p + t] = rollout.lp_mu_RT[i] * rollout.mask_RT[i]
-  tokens_BL *= input_mask_BL.astype(np.int32)  # pad id 0 after each response
-  return tokens_BL, input_mask_BL, loss_mask_BL, lp_mu_BL
+    tokens_BT[i, :p] = prompt
+    tokens_BT[i, p:p + t] = rollout.tokens_RT[i]
+    input_mask_BT[i, :p] = 1.0
+    input_mask_BT[i, p:p + t] = rollout.mask_RT[i]
+    loss_mask_BT[i, p:p + t] = rollout.mask_RT[i] * rollout.keep_R[i]
+    lp_mu_BT[i, p:p + t] = rollout.lp_mu_RT[i] * rollout.mask_RT[i]
+  tokens_BT *= input_mask_BT.astype(np.int32)  # pad id 0 after each response
+  return tokens_BT, input_mask_BT, loss_mask_BT, lp_mu_BT
 
 
 def advantages(rollout: Rollout, estimator: str) -> np.ndarray:
@@ -52,11 +52,11 @@ def make_batch(rollout: Rollout, length: int, estimator: str, *,
 
   Args:
     rollout: the groups to train on.
-    length: learner row length `L`.
+    length: learner row length `T`.
     estimator: advantage estimator name.
     response_length: the step's mean response length, for the schedule.
   """
-  tokens_BL, input_mask_BL, loss_mask_BL, lp_mu_BL = pack(rollout, length)
-  return batch_lib.host_batch(tokens_BL, input_mask_BL, loss_mask_BL, lp_mu_BL,
+  tokens_BT, input_mask_BT, loss_mask_BT, lp_mu_BT = pack(rollout, length)
+  return batch_lib.host_batch(tokens_BT, input_mask_BT, loss_mask_BT, lp_mu_BT,
                               advantages(rollout, estimator),
                               response_length=response_length)

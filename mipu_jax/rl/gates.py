@@ -113,15 +113,15 @@ class MipuGate(_CountingGate):
   def gap(self, run: Any, params: Any, probe: rollout_lib.Rollout,
           ) -> tuple[float, dict[str, float]]:
     """`T̂_post` of `probe` under the learner's `params` (docs/method.md §5)."""
-    tokens_BL, input_mask_BL, loss_mask_BL, lp_mu_BL = batching.pack(
+    tokens_BT, input_mask_BT, loss_mask_BT, lp_mu_BT = batching.pack(
         probe, run.seq_len)
-    b = tokens_BL.shape[0]
+    b = tokens_BT.shape[0]
     padded = _row_multiple(run, b)
     pad = ((0, padded - b), (0, 0))
-    lp_new_BL = run.learner.logprobs(params, np.pad(tokens_BL, pad),
-                                     np.pad(input_mask_BL, pad))
-    lp_new_BL = np.asarray(distributed.to_host(lp_new_BL))[:b]
-    t_post, metrics = mipu.gap_post(lp_new_BL, lp_mu_BL, loss_mask_BL,
+    lp_new_BT = run.learner.logprobs(params, np.pad(tokens_BT, pad),
+                                     np.pad(input_mask_BT, pad))
+    lp_new_BT = np.asarray(distributed.to_host(lp_new_BT))[:b]
+    t_post, metrics = mipu.gap_post(lp_new_BT, lp_mu_BT, loss_mask_BT,
                                     probe.rewards_R, probe.group_size)
     return float(t_post), {k: float(v) for k, v in metrics.items()}
 

@@ -94,11 +94,11 @@ def learner_batch(run: setup.Run, state: LearnerState,
   batch = batching.make_batch(chosen, run.seq_len, cfg.loss.advantage,
                               response_length=response_length)
   if cfg.loss.mode == "on_policy_recompute":
-    batch = batch._replace(lp_old_BL=learner.logprobs(
-        state.params, batch.tokens_BL, batch.input_mask_BL))
+    batch = batch._replace(lp_old_BT=learner.logprobs(
+        state.params, batch.tokens_BT, batch.input_mask_BT))
   if run.ref_params is not None:
-    batch = batch._replace(lp_ref_model_BL=learner.logprobs(
-        run.ref_params, batch.tokens_BL, batch.input_mask_BL))
+    batch = batch._replace(lp_ref_model_BT=learner.logprobs(
+        run.ref_params, batch.tokens_BT, batch.input_mask_BT))
   return batch
 
 
@@ -135,7 +135,7 @@ def rl_step(run: setup.Run, state: LearnerState, step: int,
   state, metrics = update(run, state, batch, step, gate)
   t2 = time.perf_counter()
 
-  tokens = float(batch.input_mask_BL.sum())
+  tokens = float(batch.input_mask_BT.sum())
   metrics.update(data_stats)
   metrics.update(losses.rollout_metrics(everything.rewards_R, everything.lengths_R,
                                         everything.truncated_R, chosen.rewards_R))

@@ -129,7 +129,7 @@ class Run:
     mesh: the device mesh.
     learner: the jitted learner.
     sampler: the inference engine μ.
-    seq_len: learner row length `L` (prompt budget + response budget).
+    seq_len: learner row length `T` (prompt budget + response budget).
     ref_params: frozen reference parameters (only with a KL term).
   """
   cfg: TrainConfig
