@@ -8,8 +8,11 @@ program, one (1024 + 8192)-token row per device per micro-batch), XLA's
 `compiled.memory_analysis()` of (`mipu_jax.memory_plan`):
 
 - the learner step **before** (dense attention: `[B, K, G, T, S]` scores; dense
-  `[B, T, V]` fp32 logits) and **after** (blockwise attention, log-probs from
-  the LM head in 1,024-position chunks), both with per-layer remat;
+  `[B, T, V]` fp32 logits; one padded row per response) and **after**
+  (blockwise attention, log-probs from the LM head in 1,024-position chunks),
+  unpacked and with sequence packing (one packed 9,216-token row per device
+  per micro-batch, beside the step's whole unpacked per-token arrays), all
+  with per-layer remat;
 - the sampler's prefill (one 1,024-token prompt) and decode loop (16 responses
   of 8,192 tokens), KV cache in bf16 and in FP8, sharded over the slots.
 
@@ -49,15 +52,16 @@ def main():
   print("| model | program | peak | args | temp | cpu copy peak |")
   print("|---|---|---:|---:|---:|---:|")
   for preset in args.presets.split(","):
-    cfg = config_lib.from_config_dict(modules[preset].get_config(
-        f"step1,chips={args.devices},ckpt={ckpt},train={train}"))
+    opts = f"step1,chips={args.devices},ckpt={ckpt},train={train}"
+    cfg = config_lib.from_config_dict(modules[preset].get_config(opts))
+    unpacked = config_lib.from_config_dict(modules[preset].get_config(opts + ",pack=False"))
     before = dataclasses.replace(
-        mp.with_model(cfg, attention="dense"),
-        learner=dataclasses.replace(cfg.learner, logits_chunk=0))
-    rows = [("learner before", mp.learner_memory(before, 1024),
-             mp.learner_memory(before, 1024, cpu_artifacts=True)),
-            ("learner after", mp.learner_memory(cfg, 1024),
-             mp.learner_memory(cfg, 1024, cpu_artifacts=True))]
+        mp.with_model(unpacked, attention="dense"),
+        learner=dataclasses.replace(unpacked.learner, logits_chunk=0))
+    rows = [(name, mp.learner_memory(c, 1024), mp.learner_memory(c, 1024, cpu_artifacts=True))
+            for name, c in (("learner before", before),
+                            ("learner after, one row per device", unpacked),
+                            ("learner after, packed (the default)", cfg))]
     for kv in (None, "fp8"):
       pre, dec = mp.sampler_memory(cfg, 1024, 16, kv_cache_dtype=kv)
       pre_c, dec_c = mp.sampler_memory(cfg, 1024, 16, kv_cache_dtype=kv, cpu_artifacts=True)

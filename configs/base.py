@@ -15,9 +15,10 @@ TIS (U = 2), AdamW (weight decay 0.01, gradient clip 1.0), temperature 1.
 
 import os
 
+import mipu_jax
 from mipu_jax import config as config_lib
 
-BASE_POLICY = os.path.join(os.path.dirname(config_lib.__file__), "tasks", "assets",
+BASE_POLICY = os.path.join(os.path.dirname(mipu_jax.__file__), "tasks", "assets",
                            "base_policy")
 
 

@@ -69,7 +69,11 @@ def test_pod_configs_train_the_sources_experiment(math_inputs):
     assert cfg.data.group_size == 16 and cfg.sampling.temperature == 1.0
     assert cfg.loss.correction.is_upper == 2.0
     assert cfg.sampling.weight_quant == "fp8_e4m3" and cfg.sampling.act_quant == "fp8"
-    assert cfg.data.batch_size // cfg.learner.num_microbatches == 32
+    # Packed by default: a micro-batch is one (1024 + 8192)-token row per device.
+    assert cfg.learner.pack_length == 1024 + 8192 and cfg.learner.num_microbatches == 1
+    # Unpacked: one response row per device per micro-batch (1024 rows / 32).
+    unpacked = _build(module, "tis,chips=32,pack=False", math_inputs).learner
+    assert unpacked.pack_length == 0 and unpacked.num_microbatches == 32
   lr4 = _build(pod_qwen3_4b, "lr_decay", math_inputs).optim.length_surge
   assert (lr4.mode, lr4.decay_period, lr4.min_ratio) == ("fixed", 204, 0.1)
   assert _build(pod_qwen3_1p7b, "lr_decay", math_inputs).optim.length_surge.mode == "auto"

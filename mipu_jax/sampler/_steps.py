@@ -19,7 +19,7 @@ from mipu_jax.sampler.state import LENGTH, RUNNING, STOP, DecodeState, Prefix
 
 
 @dataclasses.dataclass(frozen=True)
-class StepSpec:
+class DecodeSpec:
   """Static (compile-time) settings shared by the step functions."""
 
   graphdef: nnx.GraphDef
@@ -29,7 +29,7 @@ class StepSpec:
   pad_id: int
 
 
-def build_model(spec: StepSpec, params):
+def build_model(spec: DecodeSpec, params):
   """The sampling model from its params; `QArray`s (real PTQ storage) are dequantized here."""
   return nnx.merge(spec.graphdef, quant.dequantize_tree(params))
 
@@ -42,7 +42,7 @@ def _is_stop(tokens_B, stop_ids_E):
   return jnp.any(tokens_B[:, None] == stop_ids_E[None, :], axis=-1)
 
 
-def prefill(spec: StepSpec, params, tokens_RP, true_length_R, keys_R, temperature_R, top_k_R,
+def prefill(spec: DecodeSpec, params, tokens_RP, true_length_R, keys_R, temperature_R, top_k_R,
             top_p_R, max_new_R):
   """Prefills R right-padded prompts (JetStream's convention) into a `Prefix`.
 
@@ -73,7 +73,7 @@ def prefill(spec: StepSpec, params, tokens_RP, true_length_R, keys_R, temperatur
   return prefix, tokens_R, lp_R
 
 
-def init_decode_state(spec: StepSpec, model_cfg, num_slots: int, prefill_length: int,
+def init_decode_state(spec: DecodeSpec, model_cfg, num_slots: int, prefill_length: int,
                       decode_length: int, stop_ids_E: jax.Array) -> DecodeState:
   """Empty slots; the cache has `prefill_length + decode_length` slots, index at the first."""
   b, n = num_slots, decode_length
@@ -106,7 +106,7 @@ def _place_rows(full_LBS, part_LMP, slots_M, start, axis_s=2):
   return full_LBS.at[:, slots_M].set(rows, mode="drop")
 
 
-def insert(spec: StepSpec, prefix: Prefix, ds: DecodeState, slots_M, rows_M,
+def insert(spec: DecodeSpec, prefix: Prefix, ds: DecodeState, slots_M, rows_M,
            samples_M) -> DecodeState:
   """Inserts sample `samples_M[m]` of prefilled request `rows_M[m]` into slot `slots_M[m]`.
 
@@ -160,7 +160,7 @@ def live_slots(ds: DecodeState) -> jax.Array:
   return ds.active_B & ~ds.done_B & (ds.cache.index < ds.cache.valid.shape[1])
 
 
-def advance(spec: StepSpec, params, ds: DecodeState):
+def advance(spec: DecodeSpec, params, ds: DecodeState):
   """One decode step for all slots: feed each live slot's last token, draw the next.
 
   Returns the new state and `(tokens_B, logprobs_B, live_B)` of this step.
@@ -189,7 +189,7 @@ def advance(spec: StepSpec, params, ds: DecodeState):
   return ds, (tokens_B, lp_B, live_B)
 
 
-def generate_step(spec: StepSpec, params, ds: DecodeState):
+def generate_step(spec: DecodeSpec, params, ds: DecodeState):
   """`advance` when some slot is live, else nothing (the cache index must not pass S)."""
   b = ds.last_token_B.shape[0]
   idle = (jnp.zeros((b,), jnp.int32), jnp.zeros((b,), jnp.float32), jnp.zeros((b,), bool))
@@ -197,13 +197,13 @@ def generate_step(spec: StepSpec, params, ds: DecodeState):
                       lambda d: (d, idle), ds)
 
 
-def generate_until_done(spec: StepSpec, params, ds: DecodeState) -> DecodeState:
+def generate_until_done(spec: DecodeSpec, params, ds: DecodeState) -> DecodeState:
   """Runs `advance` in one `lax.while_loop` until no slot is live."""
   return jax.lax.while_loop(lambda d: jnp.any(live_slots(d)),
                             lambda d: advance(spec, params, d)[0], ds)
 
 
-def generate_until_free(spec: StepSpec, params, ds: DecodeState,
+def generate_until_free(spec: DecodeSpec, params, ds: DecodeState,
                         min_finished: jax.Array) -> DecodeState:
   """Runs `advance` until at least `min_finished` occupied slots have finished
   (or none is live): the point where a host loop harvests and refills them."""

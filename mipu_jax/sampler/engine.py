@@ -117,7 +117,7 @@ def _as_array(x, dtype, n: int, what: str) -> jax.Array:
 
 
 # Jitted engine functions, shared by all engines: static settings travel in
-# `_steps.StepSpec` (hashable), so two samplers that differ only in weight
+# `_steps.DecodeSpec` (hashable), so two samplers that differ only in weight
 # quantization hit the same compiled code. The counter records traces
 # (a Python side effect that only runs while tracing).
 TRACE_COUNTS = collections.Counter()
@@ -174,7 +174,7 @@ class Engine:
     self.model_config = model.config.replace(dtype=config.dtype, remat=False)
     abstract = nnx.eval_shape(lambda: Qwen3(self.model_config, rngs=nnx.Rngs(0)))
     self._reference = jax.eval_shape(lambda: weights.learner_params(model))
-    self._spec = _steps.StepSpec(
+    self._spec = _steps.DecodeSpec(
         graphdef=nnx.graphdef(abstract), kv_dtype=config.kv_cache_dtype,
         act_quant=quant.make_act_quant(config.act_quant),
         quant_lm_head=config.quant_lm_head, pad_id=config.pad_id)

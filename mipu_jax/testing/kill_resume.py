@@ -50,12 +50,15 @@ class Attempt:
     saves_started: `SAVE_STARTED` lines it printed.
     partial_saves: tmp (uncommitted) step directories left right after the kill.
     seconds: wall time of the attempt.
+    loop_seconds: wall time from its `LOOP_STARTED` line to its end (0 if it
+      never printed one).
   """
 
   killed: bool
   saves_started: int
   partial_saves: int
   seconds: float
+  loop_seconds: float = 0.0
 
 
 def run_attempt(command: Sequence[str], kill: Kill | None, *, ckpt_dir: str,
@@ -69,14 +72,14 @@ def run_attempt(command: Sequence[str], kill: Kill | None, *, ckpt_dir: str,
   env = dict(os.environ, PYTHONUNBUFFERED="1")
   proc = subprocess.Popen(list(command), stdout=subprocess.PIPE,
                           stderr=subprocess.STDOUT, env=env, text=True, bufsize=1)
-  deadline, saves, log = None, 0, []
+  deadline, saves, log, loop_start = None, 0, [], None
   try:
     while True:
       now = time.monotonic()
       if now - start > timeout_s:
         raise RuntimeError(f"Target timed out; output:\n{''.join(log)}")
       if deadline is not None and now >= deadline:
-        return _kill(proc, saves, ckpt_dir, start)
+        return _kill(proc, saves, ckpt_dir, start, loop_start)
       wait = 0.5 if deadline is None else max(deadline - now, 0.0)
       ready, _, _ = select.select([proc.stdout], [], [], min(wait, 0.5))
       if not ready:
@@ -86,14 +89,18 @@ def run_attempt(command: Sequence[str], kill: Kill | None, *, ckpt_dir: str,
         rc = proc.wait()
         if rc != 0:
           raise RuntimeError(f"Target exited with {rc}; output:\n{''.join(log)}")
-        return Attempt(False, saves, 0, time.monotonic() - start)
+        end = time.monotonic()
+        return Attempt(False, saves, 0, end - start,
+                       end - loop_start if loop_start is not None else 0.0)
       log.append(line)
-      if line.startswith("LOOP_STARTED") and kill and kill.delay_s is not None:
-        deadline = time.monotonic() + kill.delay_s
+      if line.startswith("LOOP_STARTED"):
+        loop_start = time.monotonic()
+        if kill and kill.delay_s is not None:
+          deadline = loop_start + kill.delay_s
       if line.startswith("SAVE_STARTED"):
         saves += 1
         if kill and kill.nth_save == saves:
-          return _kill(proc, saves, ckpt_dir, start)
+          return _kill(proc, saves, ckpt_dir, start, loop_start)
   finally:
     if proc.poll() is None:
       proc.kill()
@@ -102,13 +109,15 @@ def run_attempt(command: Sequence[str], kill: Kill | None, *, ckpt_dir: str,
 
 
 def _kill(proc: subprocess.Popen, saves: int, ckpt_dir: str,
-          start: float) -> Attempt:
+          start: float, loop_start: float | None) -> Attempt:
   proc.send_signal(signal.SIGKILL)
   proc.wait()
   partial = 0
   if os.path.isdir(ckpt_dir):
     partial = sum(".orbax-checkpoint-tmp" in n for n in os.listdir(ckpt_dir))
-  return Attempt(True, saves, partial, time.monotonic() - start)
+  end = time.monotonic()
+  return Attempt(True, saves, partial, end - start,
+                 end - loop_start if loop_start is not None else 0.0)
 
 
 def kill_and_resume(command: Sequence[str], kills: Sequence[Kill], *,
