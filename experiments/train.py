@@ -7,7 +7,8 @@ Parses flags, starts JAX's distributed runtime when the job has several
 processes (`--distributed`, `mipu_jax.distributed`: on a TPU slice every host
 runs this same command), validates the config
 (`mipu_jax.config.from_config_dict`) and calls `mipu_jax.rl.train`; the logic
-lives in the library.
+lives in the library. Rerunning the same command resumes the run from its
+newest readable checkpoint (docs/reliability.md).
 """
 
 from absl import app
@@ -23,6 +24,10 @@ _CONFIG = config_flags.DEFINE_config_file(
     "config", None, "Experiment config file (a get_config() module).",
     lock_config=True)
 _WORKDIR = flags.DEFINE_string("workdir", None, "Output directory.")
+_ALLOW_CONFIG_CHANGE = flags.DEFINE_bool(
+    "allow_config_change", False,
+    "Resume WORKDIR with a config that changes what the run computes (both configs "
+    "are kept and the step of the change recorded; docs/reliability.md).")
 _DISTRIBUTED = flags.DEFINE_enum(
     "distributed", "auto", distributed.MODES,
     "Start JAX's distributed runtime: auto (when the environment describes several "
@@ -40,7 +45,7 @@ def main(argv):
                          num_processes=_NUM_PROCESSES.value, process_id=_PROCESS_ID.value)
   logging.set_verbosity(logging.WARNING)  # orbax logs every save at INFO.
   cfg = config_lib.from_config_dict(_CONFIG.value)
-  result = rl.train(cfg, _WORKDIR.value)
+  result = rl.train(cfg, _WORKDIR.value, allow_config_change=_ALLOW_CONFIG_CHANGE.value)
   if distributed.is_main():
     print(result.table)
     print("\n".join(f"{name}: {path}" for name, path in result.files.items()))

@@ -10,8 +10,16 @@ to `n` only after every file (and a commit marker) is written, so a process
 killed at any point, mid-save included, leaves either a complete step or a tmp
 directory. Tmp directories are never listed as steps; the next `Checkpointer`
 on the directory deletes them in the background (done before its first save). A step directory that is complete by
-name but unreadable (a disk fault, a hand-edited file) is skipped by
-`restore(step=None)`, which falls back to the newest step that restores.
+name but unreadable (a disk fault, a torn copy, flipped bytes) is moved aside
+by `restore(step=None)` into `<directory>.unreadable/<step>-<time>` (kept for
+inspection, never listed as a step again, said in the log), which then falls
+back to the newest step that restores; later saves of that step number work
+as usual. Faults and what survives them: docs/reliability.md.
+
+An `OSError` while saving (a full disk, an unwritable directory), raised by
+`save` or by the background write (surfacing in `wait`, `close` or the next
+`save`), becomes a `CheckpointWriteError` that names the newest intact step:
+a failed save never touches the committed steps.
 
 Typed PRNG keys (`jax.random.key`) are stored as their raw `key_data` and
 rewrapped on restore with the target's key implementation, so a state with a
@@ -20,13 +28,17 @@ typed `rng` leaf round-trips bitwise.
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import json
 import logging
 import os
+import time
 from collections.abc import Mapping
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
 
@@ -34,6 +46,25 @@ PyTree = Any
 
 _STATE = "state"
 _METADATA = "metadata"
+_FINGERPRINT = "_state_fingerprint"
+
+
+class CheckpointWriteError(OSError):
+  """A checkpoint could not be written; the committed steps are untouched.
+
+  Attributes:
+    step: the step whose save failed (None when unknown: a background write).
+    intact_step: the newest committed step, the one a rerun resumes from.
+  """
+
+  def __init__(self, message: str, *, err: int | None = None,
+               step: int | None = None, intact_step: int | None = None):
+    super().__init__(err, message)
+    self.step = step
+    self.intact_step = intact_step
+
+  def __str__(self) -> str:
+    return self.strerror
 
 
 class Checkpointer:
@@ -111,11 +142,16 @@ class Checkpointer:
       json.dumps(metadata)
     except (TypeError, ValueError) as e:
       raise TypeError(f"Checkpoint metadata must be JSON-serialisable: {e}") from e
+    data = _keys_to_data(state)
+    # Orbax stores array chunks without a checksum, so flipped bytes would
+    # restore silently as other numbers: the fingerprint catches them.
+    metadata[_FINGERPRINT] = fingerprint(data)
     args = ocp.args.Composite(**{
-        _STATE: ocp.args.StandardSave(_keys_to_data(state)),
+        _STATE: ocp.args.StandardSave(data),
         _METADATA: ocp.args.JsonSave(metadata),
     })
-    return self._manager.save(int(step), args=args, force=force)
+    with self._write_errors(int(step)):
+      return self._manager.save(int(step), args=args, force=force)
 
   def restore(self, step: int | None = None, *,
               target: PyTree | None = None) -> tuple[PyTree, dict[str, Any]]:
@@ -152,22 +188,82 @@ class Checkpointer:
         return self._restore_step(candidate, target)
       except Exception as e:  # pylint: disable=broad-except
         # Corruption surfaces as many error types (tensorstore, JSON, missing
-        # files); any of them means "try the previous step".
-        logging.warning("Skipping unreadable checkpoint step %d in %s: %r",
-                        candidate, self._directory, e)
+        # files); any of them means "try the previous step". The step is moved
+        # aside so that it is never picked again and a later save of the same
+        # step number does not collide with it.
         newest_error = newest_error or e
+        moved = self._move_aside(candidate)
+        logging.warning(
+            "Checkpoint step %d in %s cannot be restored (%r); moved it to %s "
+            "and falling back to the previous step.", candidate, self._directory,
+            e, moved)
     raise ValueError(
-        f"No checkpoint in {self._directory} could be restored (steps {steps})."
+        f"No checkpoint in {self._directory} could be restored (steps {steps}; "
+        f"moved to {self._directory}.unreadable)."
     ) from newest_error
 
   def wait(self) -> None:
-    """Blocks until the in-flight asynchronous save, if any, has committed."""
-    self._manager.wait_until_finished()
+    """Blocks until the in-flight asynchronous save, if any, has committed.
+
+    Raises:
+      CheckpointWriteError: the background write failed with an `OSError`.
+    """
+    with self._write_errors(None):
+      self._manager.wait_until_finished()
 
   def close(self) -> None:
-    """Waits for in-flight saves and releases orbax's resources."""
-    self._manager.wait_until_finished()
-    self._manager.close()
+    """Waits for in-flight saves and releases orbax's resources.
+
+    Resources are released even when the last write failed (then
+    `CheckpointWriteError` is raised afterwards).
+    """
+    try:
+      self.wait()
+    finally:
+      self._manager.close()
+
+  @contextlib.contextmanager
+  def _write_errors(self, step: int | None):
+    """`OSError` (full disk, read-only directory, ...) → `CheckpointWriteError`."""
+    try:
+      yield
+    except CheckpointWriteError:
+      raise
+    except OSError as e:
+      intact = self._committed_steps_safe()
+      what = f"step {step}" if step is not None else "the last checkpoint"
+      reason = e.strerror or str(e) or type(e).__name__
+      if e.errno == errno.ENOSPC:
+        reason = "no space left on the device"
+      raise CheckpointWriteError(
+          f"Could not write {what} to {self._directory}: {reason}. "
+          + (f"The newest intact checkpoint is step {intact[-1]}: free space (or "
+             f"fix the directory) and rerun the same command to resume from it."
+             if intact else "No checkpoint of this run is committed yet."),
+          err=e.errno, step=step, intact_step=intact[-1] if intact else None,
+      ) from e
+
+  def _committed_steps_safe(self) -> list[int]:
+    try:
+      return self.all_steps()
+    except Exception:  # pylint: disable=broad-except
+      return []
+
+  def _move_aside(self, step: int) -> str | None:
+    """Renames unreadable step `step` out of the step namespace; its new path."""
+    src = os.path.join(self._directory, str(step))
+    if not os.path.exists(src):
+      return None
+    aside = self._directory.rstrip(os.sep) + ".unreadable"
+    os.makedirs(aside, exist_ok=True)
+    dst = os.path.join(aside, f"{step}-{time.strftime('%Y%m%dT%H%M%S')}")
+    suffix = 0
+    while os.path.exists(dst + (f".{suffix}" if suffix else "")):
+      suffix += 1
+    dst += f".{suffix}" if suffix else ""
+    os.replace(src, dst)
+    self._manager.reload()
+    return dst
 
   def __enter__(self) -> Checkpointer:
     return self
@@ -176,14 +272,70 @@ class Checkpointer:
     self.close()
 
   def _restore_step(self, step: int, target: PyTree | None):
-    state_args = ocp.args.StandardRestore(
-        None if target is None else _abstract(target))
-    restored = self._manager.restore(step, args=ocp.args.Composite(**{
-        _STATE: state_args, _METADATA: ocp.args.JsonRestore()}))
-    state = restored[_STATE]
+    metadata = dict(self._manager.restore(step, args=ocp.args.Composite(**{
+        _METADATA: ocp.args.JsonRestore()}))[_METADATA])
+    expected = metadata.pop(_FINGERPRINT, None)
+    abstract = None if target is None else _abstract(target)
+    if abstract is not None and expected is not None:
+      # Restored as saved, checked, then cast to the target's dtypes.
+      leaves, treedef = jax.tree.flatten(abstract)
+      if len(leaves) == len(expected):
+        abstract = jax.tree.unflatten(treedef, [
+            jax.ShapeDtypeStruct(a.shape, jnp.dtype(e.split(":")[0]), sharding=a.sharding)
+            if isinstance(a, jax.ShapeDtypeStruct) else a
+            for a, e in zip(leaves, expected)])
+    state = self._manager.restore(step, args=ocp.args.Composite(**{
+        _STATE: ocp.args.StandardRestore(abstract)}))[_STATE]
+    if expected is not None and fingerprint(state) != expected:
+      raise ValueError(f"checkpoint step {step}: the restored arrays do not match "
+                       f"the fingerprint saved with them (corrupted data).")
     if target is not None:
+      wanted = _abstract(target)
+      state = jax.tree.map(
+          lambda x, w: x.astype(w.dtype) if hasattr(w, "dtype") and x.dtype != w.dtype
+          else x, state, wanted)
       state = _data_to_keys(state, target)
-    return state, dict(restored[_METADATA])
+    return state, metadata
+
+
+def fingerprint(tree: PyTree) -> list[str]:
+  """`"<dtype>:<32-bit hex>"` per leaf of `tree` (typed keys as key data).
+
+  `sum_i f(word_i) · w_i mod 2^32` over each leaf's bits, with odd weights
+  `w_i` that depend on the position: any change of a single word changes it,
+  and so does a permutation. Computed where the arrays live (one jitted pass,
+  sharded arrays included), so it costs little next to the save itself.
+  """
+  leaves = [jnp.asarray(x) for x in jax.tree.leaves(_keys_to_data(tree))]
+  sums = jax.device_get(_fingerprint_leaves(leaves))
+  return [f"{x.dtype.name}:{int(v):08x}" for x, v in zip(leaves, sums)]
+
+
+@jax.jit
+def _fingerprint_leaves(leaves):
+  out = []
+  for x in leaves:
+    if x.dtype == jnp.bool_:
+      words = x.astype(jnp.uint32)
+    elif x.dtype.itemsize == 4:
+      words = jax.lax.bitcast_convert_type(x, jnp.uint32)
+    elif x.dtype.itemsize in (1, 2):
+      unsigned = jnp.uint8 if x.dtype.itemsize == 1 else jnp.uint16
+      words = jax.lax.bitcast_convert_type(x, unsigned).astype(jnp.uint32)
+    else:  # 8-byte words: both halves (a new trailing axis).
+      words = jax.lax.bitcast_convert_type(x, jnp.uint32)
+    # Row-major positions, built per axis (no reshape: explicitly sharded
+    # arrays keep their sharding).
+    sharding = jax.typeof(words).sharding
+    index, stride = jnp.zeros((), jnp.uint32), 1
+    for axis in reversed(range(words.ndim)):
+      index = index + jax.lax.broadcasted_iota(
+          jnp.uint32, words.shape, axis, out_sharding=sharding) * jnp.uint32(stride % 2**32)
+      stride *= words.shape[axis]
+    weights = (index * jnp.uint32(0x9E3779B1) + jnp.uint32(0x7F4A7C15)) | jnp.uint32(1)
+    mixed = words ^ (words >> jnp.uint32(15))
+    out.append(jnp.sum(mixed * weights, dtype=jnp.uint32))
+  return out
 
 
 def _is_typed_key(x: Any) -> bool:

@@ -177,28 +177,6 @@ def summarize(rows: Sequence[Mapping[str, float]], tiers: Sequence[str], *,
       k3_kl=float(np.mean(k3[-max(len(k3) // 4, 1):])) if k3 else 0.0)
 
 
-def _flat(cfg: config_lib.TrainConfig) -> dict[str, Any]:
-  """`{"loss.correction.is_level": ..., ...}`: the config as its saved JSON."""
-  return _flat_json(json.loads(json.dumps(dataclasses.asdict(cfg), default=str)))
-
-
-def _flat_json(d: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
-  out = {}
-  for k, v in d.items():
-    key = f"{prefix}.{k}" if prefix else k
-    out.update(_flat_json(v, key) if isinstance(v, Mapping) else {key: v})
-  return out
-
-
-def config_diff(a: config_lib.TrainConfig | Mapping[str, Any],
-                b: config_lib.TrainConfig | Mapping[str, Any]) -> dict[str, tuple]:
-  """`{path: (a's value, b's value)}` for every config leaf that differs."""
-  fa = a if isinstance(a, Mapping) else _flat(a)
-  fb = b if isinstance(b, Mapping) else _flat(b)
-  return {k: (fa.get(k), fb.get(k)) for k in sorted(set(fa) | set(fb))
-          if fa.get(k) != fb.get(k)}
-
-
 def check_like_with_like(configs: Mapping[str, config_lib.TrainConfig]) -> None:
   """Raises unless every two rows differ only in what their rows compare.
 
@@ -216,8 +194,8 @@ def check_like_with_like(configs: Mapping[str, config_lib.TrainConfig]) -> None:
     for b in names[i + 1:]:
       allowed = (ROW_FIELDS + _ROW_EXTRA_FIELDS.get(a, ())
                  + _ROW_EXTRA_FIELDS.get(b, ()))
-      diff = {k: v for k, v in config_diff(configs[a], configs[b]).items()
-              if not k.startswith(allowed)}
+      diff = config_lib.config_diff(configs[a], configs[b])
+      diff = {k: v for k, v in diff.items() if not k.startswith(allowed)}
       if diff:
         raise ValueError(
             f"rows {a!r} and {b!r} differ in more than the compared setting: "
@@ -267,7 +245,7 @@ def run_one(cfg: config_lib.TrainConfig, row: str, seed: int, workdir: str,
   if os.path.exists(done):
     with open(os.path.join(workdir, "config.json")) as f:
       saved = json.load(f)
-    diff = config_diff(_flat(cfg), _flat_json(saved))
+    diff = config_lib.config_diff(cfg, saved)
     if diff:
       raise ValueError(
           f"{workdir} holds a finished run of another config (differences, "
@@ -283,9 +261,8 @@ def run_one(cfg: config_lib.TrainConfig, row: str, seed: int, workdir: str,
   if not train:
     return None
   log(f"[reproduce] {row} seed {seed}: training {cfg.num_steps} steps -> {workdir}")
-  stale = os.path.join(workdir, "metrics.jsonl")
-  if os.path.exists(stale):  # an unfinished earlier attempt: start clean
-    os.remove(stale)
+  # An unfinished earlier attempt resumes from its newest checkpoint (the loop
+  # checks its config and repairs its log: docs/reliability.md).
   start = time.perf_counter()
   result = rl.train(cfg, workdir)
   seconds = time.perf_counter() - start

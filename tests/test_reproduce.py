@@ -151,7 +151,7 @@ def test_rows_must_differ_only_in_the_compared_setting():
                                                                 num_minibatches=1))
   with pytest.raises(ValueError, match="learner.num_minibatches"):
     reproduce.check_like_with_like({"baseline": base, "mipu": other})
-  assert reproduce.config_diff(base, other) == {"learner.num_minibatches": (2, 1)}
+  assert config_lib.config_diff(base, other) == {"learner.num_minibatches": (2, 1)}
   # Only the control may change the sampler's precision.
   fp32 = dataclasses.replace(base, sampling=_build(table, "control").sampling)
   with pytest.raises(ValueError, match="sampling.weight_quant"):

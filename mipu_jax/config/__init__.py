@@ -19,6 +19,10 @@ switch IS or RS off.
 from mipu_jax.config.training import CheckpointConfig
 from mipu_jax.config.training import CosineConfig
 from mipu_jax.config.sections import DataConfig
+from mipu_jax.config.diff import config_diff
+from mipu_jax.config.diff import flatten
+from mipu_jax.config.diff import RESUME_NEUTRAL
+from mipu_jax.config.diff import resume_differences
 from mipu_jax.config._convert import default_config
 from mipu_jax.config.training import EvalConfig
 from mipu_jax.config.training import ExportConfig
@@ -49,9 +53,13 @@ __all__ = [
     "MipuConfig",
     "ModelConfig",
     "OptimConfig",
+    "RESUME_NEUTRAL",
     "SamplingConfig",
     "TASKS",
     "TrainConfig",
+    "config_diff",
     "default_config",
+    "flatten",
     "from_config_dict",
+    "resume_differences",
 ]

@@ -117,6 +117,11 @@ class LearnerConfig:
       micro-batches of `pack_rows` packed rows. 0: one padded row per response.
     pack_rows: packed rows per micro-batch (its token budget is
       `pack_rows × pack_length`); 0: the data-parallel size. A multiple of it.
+    max_nonfinite_steps: an optimizer update whose loss or gradient is not
+      finite is skipped (parameters and moments untouched, counted in
+      `actor/nonfinite_skipped`); after this many consecutive RL steps with a
+      skipped update the run stops with an error, its last checkpoint intact
+      (docs/reliability.md).
   """
   ppo_epochs: int = 1
   num_minibatches: int = 1
@@ -127,8 +132,12 @@ class LearnerConfig:
   logits_chunk: int = 1024
   pack_length: int = 0
   pack_rows: int = 0
+  max_nonfinite_steps: int = 5
 
   def __post_init__(self):
+    if self.max_nonfinite_steps < 1:
+      raise ValueError(f"learner.max_nonfinite_steps must be >= 1, got "
+                       f"{self.max_nonfinite_steps}.")
     if self.pack_length < 0 or self.pack_rows < 0:
       raise ValueError(f"learner.pack_length and learner.pack_rows must be >= 0, "
                        f"got {self.pack_length}, {self.pack_rows}.")

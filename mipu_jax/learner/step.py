@@ -9,7 +9,8 @@ its inputs; `Learner` jits it once with shardings and donation. Structure:
 3. one `lax.scan` over the `epochs × minibatches` optimizer updates, each a
    `lax.scan` accumulating micro-batch gradients (`losses.policy` makes the
    sum exact), then one optimizer update with the step's mean response length
-   (the LR schedule advances once per RL step, on its first update).
+   (the LR schedule advances once per RL step, on its first update); an update
+   with a non-finite loss or gradient is skipped (docs/reliability.md).
 """
 
 import dataclasses
@@ -21,6 +22,7 @@ import optax
 from flax import nnx
 
 from mipu_jax import losses
+from mipu_jax import mipu
 from mipu_jax import schedules
 from mipu_jax.learner.batch import Batch
 from mipu_jax.learner import packing
@@ -88,6 +90,8 @@ def learner_step(state: LearnerState, batch: Batch, *, graphdef: nnx.GraphDef,
     `(new_state, metrics)`: float32 scalars — `actor/*` (loss, PPO clip
     fractions, ratio statistics over all updates and over the first one),
     `actor/grad_norm` (before clipping, mean over updates), `actor/entropy`,
+    `actor/nonfinite_skipped` (updates skipped for a non-finite loss or
+    gradient: parameters and moments kept),
     `actor/lr` and the `schedule/*` state, `rollout_corr/*` (docs/method.md §4).
   """
   cfg = spec.loss
@@ -151,14 +155,33 @@ def learner_step(state: LearnerState, batch: Batch, *, graphdef: nnx.GraphDef,
 
     zeros = jax.tree.map(jnp.zeros_like, params)
     grads, sums = jax.lax.scan(micro, zeros, mb)
+    sums = _reduce_micro(sums)
     grad_norm = optax.tree.norm(grads)
     # The LR schedule counts RL steps: only the step's first update advances
     # it; the others use the rate in force (docs/method.md §6).
-    updates, opt_state = optimizer.update(
-        grads, opt_state, params, response_length=batch.response_length,
-        new_step=index == 0)
-    params = optax.apply_updates(params, updates)
-    return (params, opt_state), (_reduce_micro(sums), grad_norm)
+    def optimizer_update(operands):
+      grads, params, opt_state = operands
+      return optimizer.update(grads, opt_state, params,
+                              response_length=batch.response_length,
+                              new_step=index == 0)
+
+    def apply(operands):
+      updates, new_opt_state = optimizer_update(operands)
+      return optax.apply_updates(operands[1], updates), new_opt_state
+
+    def skip(operands):
+      # Only the schedule's state is taken from the update (XLA drops the rest).
+      _, new_opt_state = optimizer_update(operands)
+      return operands[1], mipu.resolve_opt_state(False, new_opt_state, operands[2])
+
+    # Non-finite guard (docs/reliability.md): an update whose loss or gradient
+    # is NaN / inf leaves the parameters and moments as they were (bitwise);
+    # the schedule still counts the step, as on a Step 2 rollback. A `cond`,
+    # not a select: the update still writes in place (no second copy).
+    finite = jnp.isfinite(grad_norm) & jnp.isfinite(sums.loss)
+    params, opt_state = jax.lax.cond(finite, apply, skip, (grads, params, opt_state))
+    skipped = 1.0 - finite.astype(jnp.float32)
+    return (params, opt_state), (sums, grad_norm, skipped)
 
   carry = (state.params, state.opt_state)
   if spec.num_updates == 1:
@@ -167,10 +190,10 @@ def learner_step(state: LearnerState, batch: Batch, *, graphdef: nnx.GraphDef,
     # second copy of the parameters and moments (a scan carry is double
     # buffered).
     carry, out = update(carry, (order_UCR[0], jnp.zeros([], jnp.int32)))
-    (params, opt_state), (per_update, grad_norm_U) = carry, jax.tree.map(
+    (params, opt_state), (per_update, grad_norm_U, skipped_U) = carry, jax.tree.map(
         lambda x: x[None], out)
   else:
-    (params, opt_state), (per_update, grad_norm_U) = jax.lax.scan(
+    (params, opt_state), (per_update, grad_norm_U, skipped_U) = jax.lax.scan(
         update, carry, (order_UCR, jnp.arange(spec.num_updates)))
 
   metrics = losses.actor_metrics(per_update)
@@ -179,6 +202,7 @@ def learner_step(state: LearnerState, batch: Batch, *, graphdef: nnx.GraphDef,
   if cfg.kl_coef == 0:
     del metrics["actor/kl_loss"]
   metrics["actor/grad_norm"] = jnp.mean(grad_norm_U)
+  metrics["actor/nonfinite_skipped"] = jnp.sum(skipped_U)
   metrics.update(schedules.schedule_metrics(opt_state))
   metrics["actor/lr"] = schedules.current_learning_rate(opt_state)
   metrics.update(corr_metrics)

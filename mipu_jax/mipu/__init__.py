@@ -17,6 +17,7 @@ from mipu_jax.mipu.acceptance import accept
 from mipu_jax.mipu.acceptance import DEFAULT_C
 from mipu_jax.mipu.acceptance import margin
 from mipu_jax.mipu.acceptance import random_accept
+from mipu_jax.mipu.acceptance import resolve_opt_state
 from mipu_jax.mipu.acceptance import resolve_update
 from mipu_jax.mipu.acceptance import select_tree
 from mipu_jax.mipu.counters import counter_metrics
@@ -35,6 +36,7 @@ __all__ = [
     "init_counters",
     "margin",
     "random_accept",
+    "resolve_opt_state",
     "resolve_update",
     "rollback_rate",
     "select_tree",

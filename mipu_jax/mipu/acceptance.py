@@ -135,8 +135,21 @@ def resolve_update(accepted: bool | jax.Array, candidate: _State,
     A state of the candidate's type.
   """
   params = select_tree(accepted, candidate.params, previous.params)
-  opt_state = select_tree(accepted, candidate.opt_state, previous.opt_state)
-  if schedules.has_schedule_state(candidate.opt_state):
-    opt_state = schedules.replace_schedule_state(
-        opt_state, schedules.find_schedule_state(candidate.opt_state))
+  opt_state = resolve_opt_state(accepted, candidate.opt_state, previous.opt_state)
   return candidate._replace(params=params, opt_state=opt_state)
+
+
+def resolve_opt_state(accepted: bool | jax.Array, candidate: Any, previous: Any) -> Any:
+  """The optimizer state after a decision on an update: the candidate's if
+  accepted; otherwise the previous moments and counts (bitwise) with the
+  candidate's learning-rate schedule state, which counts every RL step the
+  sampler saw, rejected ones included (docs/method.md §6).
+
+  Used by Step 2's rollback (`resolve_update`) and by the learner's skip of a
+  non-finite update (docs/reliability.md).
+  """
+  opt_state = select_tree(accepted, candidate, previous)
+  if schedules.has_schedule_state(candidate):
+    opt_state = schedules.replace_schedule_state(
+        opt_state, schedules.find_schedule_state(candidate))
+  return opt_state

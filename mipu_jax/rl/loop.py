@@ -16,8 +16,9 @@ checkpoints, plots) live in `train` only.
 """
 
 import dataclasses
-import json
+import errno
 import logging
+import math
 import os
 import time
 from typing import Optional
@@ -25,6 +26,7 @@ from typing import Optional
 import tqdm
 from flax import nnx
 
+from mipu_jax import checkpoint
 from mipu_jax import distributed
 from mipu_jax import losses
 from mipu_jax.config import TrainConfig
@@ -35,6 +37,7 @@ from mipu_jax.rl import export
 from mipu_jax.rl import gates as gates_lib
 from mipu_jax.rl import hooks
 from mipu_jax.rl import report
+from mipu_jax.rl import resume
 from mipu_jax.rl import rollout as rollout_lib
 from mipu_jax.rl import seeds
 from mipu_jax.rl import setup
@@ -163,60 +166,24 @@ def _evaluate(run: setup.Run, sets) -> dict[str, float]:
       max_new_tokens=cfg.sampling.max_new_tokens, seed=cfg.eval.seed)
 
 
-def _restore(ckpt, run: setup.Run, state: LearnerState, rows_path: str,
+def _restore(ckpt, run: setup.Run, state: LearnerState,
              gate: Optional[hooks.UpdateGate] = None):
-  """(state, step, rows) from the latest checkpoint, or the fresh start."""
+  """(state, step, metadata) from the newest readable checkpoint, or the fresh start."""
   if ckpt is None or ckpt.latest_step() is None:
-    return state, 0, []
+    return state, 0, {}
   state, meta = ckpt.restore(target=run.learner.abstract_state())
   if gate is not None:
     gate.load_state_dict(meta["gate_state"])  # MIPU counters (docs/method.md §5)
   step = int(meta["step"])
   run.sampler.update_weights(state.params)
-  rows = [r for r in writer_lib.read_jsonl(rows_path) if r["step"] <= step]
   _log.info("Resumed from the checkpoint of step %d", step)
-  return state, step, rows
+  return state, step, meta
 
 
-def train(cfg: TrainConfig, workdir: str, *,
-          gate: Optional[hooks.UpdateGate] = None) -> RunResult:
-  """Runs `cfg.num_steps` RL steps; writes metrics, table, plots, checkpoints.
-
-  Resumes from the latest checkpoint in `workdir/checkpoints` if there is one.
-
-  Args:
-    cfg: a validated run config.
-    workdir: output directory.
-    gate: optional update gate (MIPU Step 2); the learner then keeps (does not
-      donate) the pre-update state.
-
-  Returns:
-    A `RunResult`.
-  """
-  main = distributed.is_main()  # only process 0 writes files
-  os.makedirs(workdir, exist_ok=True)
-  files = {"config": os.path.join(workdir, "config.json"),
-           "metrics": os.path.join(workdir, "metrics.jsonl"),
-           "table": os.path.join(workdir, "results.md")}
-  if main:
-    with open(files["config"], "w") as f:
-      json.dump(dataclasses.asdict(cfg), f, indent=2, default=str)
-  if gate is None:  # MIPU Step 2 / random rollback from `cfg.mipu` (docs/method.md §5)
-    gate = gates_lib.from_config(cfg)
-  run = setup.build_run(cfg, donate=gate is None)
-  params = nnx.to_pure_dict(nnx.state(run.model, nnx.Param))
-  state = run.learner.init_state(params, cfg.seed)
-  # Sync the sharded learner copy now: the sampler then compiles once, for
-  # the parameter shardings that every later sync produces.
-  run.sampler.update_weights(state.params)
-  ckpt = hooks.open_checkpoints(workdir, cfg.checkpoint)
-  state, start, rows = _restore(ckpt, run, state, files["metrics"], gate)
-  if start and main:  # Rewrite the log without the rows after the checkpoint.
-    os.replace(files["metrics"], files["metrics"] + ".before_resume")
-  writer = (writer_lib.MetricWriter(workdir, tensorboard=cfg.logging.tensorboard)
-            if main else writer_lib.NullWriter())
-  for r in rows:
-    writer.write(int(r["step"]), {k: v for k, v in r.items() if k != "step"})
+def _train_steps(cfg, workdir, run, state, start, rows, writer, ckpt, gate,
+                 streak, files, best_eval):
+  """Steps `start + 1 … num_steps` with evaluation, logging and checkpoints."""
+  main = distributed.is_main()
   eval_sets = run.task.eval_sets(cfg.eval.seed)
 
   def log(step, metrics):
@@ -227,7 +194,10 @@ def train(cfg: TrainConfig, workdir: str, *,
     log(0, _evaluate(run, eval_sets))
   evals = [r["eval/avg"] for r in rows if "eval/avg" in r]
   last_eval = evals[-1] if evals else float("nan")
-  best_eval = max(evals, default=float("-inf"))
+  # Every process decides on the best export alike (it gathers parameters),
+  # so the best score so far travels in the checkpoint, not in the log.
+  if best_eval is None:
+    best_eval = max(evals, default=float("-inf"))
   bar = tqdm.trange(start + 1, cfg.num_steps + 1, desc="rl", unit="step",
                     initial=start, total=cfg.num_steps,
                     disable=not (cfg.logging.progress_bar and main))
@@ -244,9 +214,13 @@ def train(cfg: TrainConfig, workdir: str, *,
     bar.set_postfix(reward=f"{metrics['rollout/reward_mean']:.3f}",
                     len=f"{metrics['rollout/response_length_mean']:.1f}",
                     eval=f"{last_eval:.3f}")
+    # Skipped updates leave the parameters as they were, so the checkpoint
+    # of the last step before the error is still a good one.
+    streak.update(step, metrics, lambda: _newest(ckpt))
     if ckpt is not None and hooks.should_save(step, cfg.num_steps, cfg.checkpoint):
       meta = {"step": step, "data_position": step,
-              "config": dataclasses.asdict(cfg)}
+              "config": dataclasses.asdict(cfg), "nonfinite_streak": streak.count,
+              "best_eval": best_eval if math.isfinite(best_eval) else None}
       rollbacks = 0
       if gate is not None:  # MIPU counters (docs/method.md §5)
         meta["gate_state"] = gate.state_dict()
@@ -254,9 +228,104 @@ def train(cfg: TrainConfig, workdir: str, *,
       # Syncs that stand: the sampler holds the weights of this many updates.
       meta["sampler_sync_version"] = step - rollbacks
       ckpt.save(step, state, meta)
-  writer.close()
-  if ckpt is not None:
-    ckpt.close()
+  return state, rows
+
+
+def _newest(ckpt) -> str:
+  if ckpt is None:
+    return "none (checkpoint.enabled=False)"
+  ckpt.wait()
+  step = ckpt.latest_step()
+  return (f"step {step} in {ckpt.directory}" if step is not None
+          else f"none yet in {ckpt.directory}")
+
+
+def _write_error(e: OSError, workdir: str, ckpt) -> OSError:
+  """A write failure as an error that says what is intact and what to do."""
+  if isinstance(e, checkpoint.CheckpointWriteError):
+    return e
+  try:
+    newest = _newest(ckpt)
+  except OSError:
+    newest = "unknown (the checkpoint directory cannot be read)"
+  reason = "no space left on the device" if e.errno == errno.ENOSPC else (
+      e.strerror or str(e))
+  return OSError(e.errno, f"Could not write to {workdir} ({getattr(e, 'filename', None) or 'a log file'}): "
+                 f"{reason}. The newest intact checkpoint is {newest}: free space "
+                 "(or fix the directory) and rerun the same command to resume from it.")
+
+
+def train(cfg: TrainConfig, workdir: str, *,
+          gate: Optional[hooks.UpdateGate] = None,
+          allow_config_change: bool = False) -> RunResult:
+  """Runs `cfg.num_steps` RL steps; writes metrics, table, plots, checkpoints.
+
+  Resumes from the newest readable checkpoint in `workdir/checkpoints` if
+  there is one; what a resume checks and repairs, and what every fault leaves
+  behind, is docs/reliability.md.
+
+  Args:
+    cfg: a validated run config.
+    workdir: output directory.
+    gate: optional update gate (MIPU Step 2); the learner then keeps (does not
+      donate) the pre-update state.
+    allow_config_change: resuming with a config that changes what the run
+      computes is intended (otherwise `resume.ConfigChangedError`); both
+      configs are kept and the step of the change recorded.
+
+  Returns:
+    A `RunResult`.
+
+  Raises:
+    resume.ConfigChangedError: see `allow_config_change`.
+    FloatingPointError: `learner.max_nonfinite_steps` consecutive steps had a
+      non-finite update.
+    OSError: a log or checkpoint could not be written (a full disk, an
+      unwritable workdir); the message names the newest intact checkpoint.
+  """
+  main = distributed.is_main()  # only process 0 writes files
+  os.makedirs(workdir, exist_ok=True)
+  files = {"config": os.path.join(workdir, "config.json"),
+           "metrics": os.path.join(workdir, "metrics.jsonl"),
+           "table": os.path.join(workdir, "results.md")}
+  if gate is None:  # MIPU Step 2 / random rollback from `cfg.mipu` (docs/method.md §5)
+    gate = gates_lib.from_config(cfg)
+  run = setup.build_run(cfg, donate=gate is None)
+  params = nnx.to_pure_dict(nnx.state(run.model, nnx.Param))
+  state = run.learner.init_state(params, cfg.seed)
+  # Sync the sharded learner copy now: the sampler then compiles once, for
+  # the parameter shardings that every later sync produces.
+  run.sampler.update_weights(state.params)
+  ckpt = hooks.open_checkpoints(workdir, cfg.checkpoint)
+  state, start, meta = _restore(ckpt, run, state, gate)
+  diff = {}
+  if start:
+    diff = resume.check_config(meta["config"], cfg, allow_change=allow_config_change,
+                               workdir=workdir)
+  streak = resume.NonFiniteStreak(cfg.learner.max_nonfinite_steps,
+                                  int(meta.get("nonfinite_streak", 0)))
+  writer = writer_lib.NullWriter()
+  rows = []
+  try:
+    if main:
+      files["config"] = resume.record_config(workdir, cfg, start, diff)
+      rows = resume.metrics_rows(files["metrics"], start)
+      writer = writer_lib.MetricWriter(workdir, tensorboard=cfg.logging.tensorboard)
+    for r in rows:
+      writer.write(int(r["step"]), {k: v for k, v in r.items() if k != "step"})
+    state, rows = _train_steps(cfg, workdir, run, state, start, rows, writer,
+                               ckpt, gate, streak, files, meta.get("best_eval"))
+    if ckpt is not None:
+      ckpt.wait()  # the last save's write error, if any, surfaces here
+  except OSError as e:
+    raise _write_error(e, workdir, ckpt) from e
+  finally:
+    writer.close()
+    if ckpt is not None:
+      try:
+        ckpt.close()
+      except OSError:
+        pass  # already raised by `wait` above, or superseded by the error in flight
 
   if cfg.export.final:
     files["export_final"] = export.export_policy(

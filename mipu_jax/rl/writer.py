@@ -1,6 +1,7 @@
 """Metric sinks: JSONL (always) and TensorBoard (tensorboardX)."""
 
 import json
+import logging
 import math
 import os
 from typing import Mapping
@@ -50,11 +51,41 @@ class NullWriter:
     pass
 
 
-def read_jsonl(path: str) -> list[dict[str, float]]:
-  """The rows of a `metrics.jsonl` (non-finite values as floats again)."""
+def read_jsonl(path: str, *, repair: bool = False) -> list[dict[str, float]]:
+  """The rows of a `metrics.jsonl` (non-finite values as floats again).
+
+  Args:
+    path: the file.
+    repair: drop a last line that a kill cut short (not valid JSON, or no
+      newline at its end), with a warning, instead of raising.
+
+  Raises:
+    ValueError: a line that is not a JSON row (the last one too, unless
+      `repair`), naming the file and the line.
+  """
   rows = []
   with open(path) as f:
-    for line in f:
-      row = json.loads(line)
-      rows.append({k: float(v) for k, v in row.items()})
+    lines = f.read().split("\n")
+  # A complete file ends with a newline: its last element is "".
+  torn = lines.pop() if lines else ""
+  for i, line in enumerate(lines, start=1):
+    rows.append(_parse_row(line, path, i))
+  if torn.strip():
+    try:
+      row = _parse_row(torn, path, len(lines) + 1)
+    except ValueError:
+      if not repair:
+        raise
+      logging.getLogger(__name__).warning(
+          "%s: dropped its last line, cut short by an interruption: %r", path, torn[:80])
+    else:
+      rows.append(row)
   return rows
+
+
+def _parse_row(line: str, path: str, number: int) -> dict[str, float]:
+  try:
+    row = json.loads(line)
+    return {k: float(v) for k, v in row.items()}
+  except (ValueError, TypeError, AttributeError) as e:
+    raise ValueError(f"{path}, line {number}: not a metrics row ({e}): {line[:80]!r}") from e

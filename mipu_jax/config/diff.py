@@ -1,0 +1,75 @@
+"""Comparing run configs: which settings differ, and which may differ on resume.
+
+A config is compared as its saved JSON (`config.json`, checkpoint metadata):
+`flatten` turns it into `{"loss.correction.is_level": ..., ...}`, so a
+`TrainConfig` and a config read back from disk compare alike (tuples as lists,
+`None` as `null`).
+
+Resuming a run with another config changes what its record describes. Only
+`RESUME_NEUTRAL` settings may change on resume without saying so: how long the
+run lasts and what it writes, never what a step computes (docs/reliability.md).
+"""
+
+import dataclasses
+import json
+from typing import Any, Mapping
+
+# Settings that change neither the parameters a step produces nor the data it
+# sees: the run's length (unless it sets the cosine schedule's horizon), what
+# is logged, evaluated, checkpointed and exported, and the non-finite patience.
+# Prefixes end with "." (a whole section); others are exact paths.
+RESUME_NEUTRAL = ("num_steps", "logging.", "eval.every", "checkpoint.every",
+                  "checkpoint.keep", "export.", "learner.max_nonfinite_steps")
+
+
+def flatten(cfg: Any) -> dict[str, Any]:
+  """A config (`TrainConfig`, or its saved JSON mapping) as `{dotted.path: value}`."""
+  if dataclasses.is_dataclass(cfg):
+    cfg = json.loads(json.dumps(dataclasses.asdict(cfg), default=str))
+  return _flatten(cfg)
+
+
+def _flatten(d: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+  out = {}
+  for k, v in d.items():
+    key = f"{prefix}.{k}" if prefix else k
+    out.update(_flatten(v, key) if isinstance(v, Mapping) else {key: v})
+  return out
+
+
+def config_diff(a: Any, b: Any) -> dict[str, tuple[Any, Any]]:
+  """`{path: (a's value, b's value)}` for every setting that differs.
+
+  Args:
+    a, b: `TrainConfig`s, saved JSON mappings, or already flat mappings.
+  """
+  fa, fb = flatten(a), flatten(b)
+  return {k: (fa.get(k), fb.get(k)) for k in sorted(set(fa) | set(fb))
+          if fa.get(k) != fb.get(k)}
+
+
+def resume_differences(saved: Any, new: Any) -> dict[str, tuple[Any, Any]]:
+  """The differences between a run's saved config and a resuming one that change
+  what the run computes (`config_diff` less `RESUME_NEUTRAL`).
+
+  `num_steps` counts too when the cosine schedule takes its horizon from it.
+
+  Args:
+    saved: the config the run's checkpoint was written with.
+    new: the config it is resumed with.
+
+  Returns:
+    `{path: (saved value, new value)}`; empty when the resume is like the run.
+  """
+  diff = config_diff(saved, new)
+  flat = flatten(new)
+  horizon_from_steps = (flat.get("optim.schedule") == "cosine"
+                        and not flat.get("optim.cosine.total_steps"))
+
+  def neutral(path):
+    if path == "num_steps" and horizon_from_steps:
+      return False
+    return any(path == p or (p.endswith(".") and path.startswith(p))
+               for p in RESUME_NEUTRAL)
+
+  return {k: v for k, v in diff.items() if not neutral(k)}

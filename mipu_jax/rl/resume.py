@@ -1,0 +1,150 @@
+"""What a resumed run checks and repairs before its first step (docs/reliability.md).
+
+- **Its config**: the checkpoint's saved config against the new one
+  (`check_config`); a difference that changes what the run computes is an
+  error unless the caller says it is intended, in which case both configs are
+  kept on disk and the step of the change is recorded (`record_config`).
+- **Its metrics log**: rows after the checkpoint's step (steps that will run
+  again) and a last line torn by a kill are dropped, the file rewritten
+  (`metrics_rows`); a fresh start moves an earlier attempt's log aside.
+- **The non-finite guard's patience** (`NonFiniteStreak`): consecutive RL steps
+  with a skipped update, checkpointed with the run.
+"""
+
+import dataclasses
+import json
+import logging
+import os
+from typing import Any, Callable, Mapping
+
+from mipu_jax import config as config_lib
+from mipu_jax.rl import writer as writer_lib
+
+_log = logging.getLogger(__name__)
+
+CHANGES_FILE = "config_changes.json"
+
+
+class ConfigChangedError(ValueError):
+  """A run was resumed with a config that changes what it computes."""
+
+
+def check_config(saved: Mapping[str, Any], cfg: config_lib.TrainConfig, *,
+                 allow_change: bool, workdir: str) -> dict[str, tuple]:
+  """The differences between the checkpoint's config and `cfg` that matter.
+
+  Args:
+    saved: the config saved in the checkpoint (JSON).
+    cfg: the config the run is resumed with.
+    allow_change: differences are intended (`--allow_config_change`).
+    workdir: the run directory (for the message).
+
+  Returns:
+    `{path: (saved, new)}`, empty if the resume is like the run.
+
+  Raises:
+    ConfigChangedError: there are differences and `allow_change` is False.
+  """
+  diff = config_lib.resume_differences(saved, cfg)
+  if diff and not allow_change:
+    lines = "\n".join(f"  {k}: {a!r} (saved) -> {b!r} (now)" for k, (a, b) in diff.items())
+    raise ConfigChangedError(
+        f"{workdir} holds a run with another config; resuming it with this one "
+        f"would change what the run computes:\n{lines}\nUse the same config, "
+        "another --workdir, or --allow_config_change to continue this run with "
+        "the new settings (both configs are then kept and the step of the "
+        "change recorded). Settings that may change on resume: "
+        f"{', '.join(config_lib.RESUME_NEUTRAL)}.")
+  return diff
+
+
+def record_config(workdir: str, cfg: config_lib.TrainConfig, start: int,
+                  diff: Mapping[str, tuple]) -> str:
+  """Writes the run's config record; returns the path of the config in force.
+
+  A fresh run (or a resume that changes nothing that matters) writes
+  `config.json`. An intended change keeps `config.json` (the config of the
+  run's first steps) and writes `config.from_step_<k+1>.json`, appending
+  `{step, file, differences}` to `config_changes.json`.
+  """
+  text = json.dumps(_as_json(cfg), indent=2)
+  path = os.path.join(workdir, "config.json")
+  if diff:
+    path = os.path.join(workdir, f"config.from_step_{start + 1}.json")
+    changes_path = os.path.join(workdir, CHANGES_FILE)
+    changes = []
+    if os.path.exists(changes_path):
+      with open(changes_path) as f:
+        changes = json.load(f)
+    changes.append({"step": start + 1, "file": os.path.basename(path),
+                    "differences": {k: {"before": a, "after": b}
+                                    for k, (a, b) in diff.items()}})
+    with open(changes_path, "w") as f:
+      json.dump(changes, f, indent=2)
+    _log.warning("Config changed at step %d (intended): %s; both configs kept.",
+                 start + 1, sorted(diff))
+  with open(path, "w") as f:
+    f.write(text)
+  return path
+
+
+def _as_json(cfg: config_lib.TrainConfig) -> Any:
+  return json.loads(json.dumps(dataclasses.asdict(cfg), default=str))
+
+
+def metrics_rows(path: str, start: int) -> list[dict[str, float]]:
+  """The logged rows a run starting after step `start` keeps; repairs the file.
+
+  Resume (`start > 0`): rows of steps `<= start` are kept; later ones (steps
+  that run again) and a torn last line are dropped; the old file is kept as
+  `metrics.jsonl.before_resume` and the caller rewrites the kept rows. Fresh
+  start: an earlier attempt's file (killed before its first checkpoint) is
+  moved to `metrics.jsonl.before_restart`; nothing is kept.
+  """
+  if not os.path.exists(path):
+    if start:
+      _log.warning("Resuming at step %d without %s: earlier rows are lost.", start, path)
+    return []
+  if not start:
+    os.replace(path, path + ".before_restart")
+    _log.warning("Moved an earlier attempt's %s aside (.before_restart).", path)
+    return []
+  rows = [r for r in writer_lib.read_jsonl(path, repair=True) if r["step"] <= start]
+  os.replace(path, path + ".before_resume")
+  return rows
+
+
+class NonFiniteStreak:
+  """Counts consecutive RL steps with a skipped (non-finite) update.
+
+  Args:
+    limit: the streak at which the run stops (`learner.max_nonfinite_steps`).
+    count: the streak so far (from the checkpoint on resume).
+  """
+
+  def __init__(self, limit: int, count: int = 0):
+    self.limit, self.count = limit, count
+
+  def update(self, step: int, metrics: Mapping[str, float],
+             newest_checkpoint: Callable[[], str]) -> None:
+    """Advances the streak with step `step`'s metrics.
+
+    Args:
+      step: the RL step.
+      metrics: its metrics (`actor/nonfinite_skipped`).
+      newest_checkpoint: describes the newest checkpoint (called only for
+        the error message).
+
+    Raises:
+      FloatingPointError: the streak reached the limit.
+    """
+    skipped = metrics.get("actor/nonfinite_skipped", 0.0)
+    self.count = self.count + 1 if skipped > 0 else 0
+    if self.count >= self.limit:
+      raise FloatingPointError(
+          f"Step {step}: {self.count} consecutive RL steps had a non-finite loss "
+          f"or gradient (learner.max_nonfinite_steps={self.limit}); their updates "
+          "were skipped, so the parameters are those of the last finite update. "
+          f"Stopping. The newest checkpoint is {newest_checkpoint()}. Look at "
+          "rollout_corr/* (extreme IS weights), actor/grad_norm and the learning "
+          "rate before resuming.")
