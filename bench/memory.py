@@ -13,8 +13,9 @@ program, one (1024 + 8192)-token row per device per micro-batch), XLA's
   unpacked and with sequence packing (one packed 9,216-token row per device
   per micro-batch, beside the step's whole unpacked per-token arrays), all
   with per-layer remat;
-- the sampler's prefill (one 1,024-token prompt) and decode loop (16 responses
-  of 8,192 tokens), KV cache in bf16 and in FP8, sharded over the slots.
+- the sampler's prefill (one 1,024-token prompt) and decode loop (the
+  config's `max_concurrent_decodes` = 2 slots per device, responses of 8,192
+  tokens), KV cache in bf16 and in FP8, sharded over the slots.
 
 Peak = arguments + temporaries + non-aliased outputs, per device. `cpu copy`
 is the same program with XLA:CPU's hoisted f32 copies of the bf16 weights
@@ -62,11 +63,14 @@ def main():
             for name, c in (("learner before", before),
                             ("learner after, one row per device", unpacked),
                             ("learner after, packed (the default)", cfg))]
+    slots = cfg.sampling.max_concurrent_decodes  # the config's: 2 per device
     for kv in (None, "fp8"):
-      pre, dec = mp.sampler_memory(cfg, 1024, 16, kv_cache_dtype=kv)
-      pre_c, dec_c = mp.sampler_memory(cfg, 1024, 16, kv_cache_dtype=kv, cpu_artifacts=True)
+      pre, dec = mp.sampler_memory(cfg, 1024, slots, kv_cache_dtype=kv)
+      pre_c, dec_c = mp.sampler_memory(cfg, 1024, slots, kv_cache_dtype=kv,
+                                       cpu_artifacts=True)
       name = "bf16" if kv is None else kv
-      rows += [(f"prefill (KV {name})", pre, pre_c), (f"decode 16 x 9216 (KV {name})", dec, dec_c)]
+      rows += [(f"prefill (KV {name})", pre, pre_c),
+               (f"decode {slots} x 9216 (KV {name})", dec, dec_c)]
     for name, m, c in rows:
       print(f"| {preset} | {name} | {m.peak / gib:.2f} | {m.arguments / gib:.2f} | "
             f"{m.temporaries / gib:.2f} | {c.peak / gib:.2f} |", flush=True)

@@ -16,8 +16,12 @@ directory holding `math500.jsonl`, `aime24.parquet`, `amc23.*`,
 (response budget), `max_prompt` (prompt budget), `pack` (sequence packing,
 default on: responses share rows of `max_prompt + max_new` tokens, micro-batches
 of one packed row per data-parallel device), `micro` (without packing:
-gradient-accumulation micro-batches per step, default one row each), `p`
-(random-rollback probability), `quick` (a CPU smoke budget for tests).
+gradient-accumulation micro-batches per step, default one row each), `slots`
+(sampler rows decoding at once, `sampling.max_concurrent_decodes`, default
+32: the KV cache holds `slots x (max_prompt + max_new)` tokens, for Qwen3-0.6B
+and 1.7B 112 KiB per token in bf16, so 32 GiB at the defaults; finished rows
+are refilled, so fewer slots cost speed, not results), `p` (random-rollback
+probability), `quick` (a CPU smoke budget for tests).
 
 Defaults are the sources' hyperparameters (MIPU and the length-surge paper):
 lr 1e-6, AdamW wd 0.01, grad clip 1, RLOO, 64 prompts x 16 responses, one
@@ -44,7 +48,8 @@ def get_config(arg=None):
   """The math-RL ConfigDict of `arg` (see module docstring)."""
   arg = common.parse_arg(arg, row="mipu", ckpt="", train="", eval="", seed=0,
                          steps=500, prompts=64, group=16, max_new=8192,
-                         max_prompt=1024, pack=True, micro=0, p=float, quick=False)
+                         max_prompt=1024, pack=True, micro=0, slots=32, p=float,
+                         quick=False)
   if not arg.ckpt or not arg.train:
     raise ValueError(
         "configs/math.py needs ckpt=DIR (a local Hugging Face Qwen3 directory) and "
@@ -66,6 +71,8 @@ def get_config(arg=None):
   config.sampling.act_quant = "fp8"
   config.sampling.temperature = 1.0
   config.sampling.max_new_tokens = arg.max_new
+  # The KV cache's rows: its memory, not the batch, bounds them (docstring).
+  config.sampling.max_concurrent_decodes = arg.slots
 
   config.data.task = "math"
   config.data.train_file = arg.train

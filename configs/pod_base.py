@@ -17,6 +17,9 @@ Options after the row (`--config configs/pod_qwen3_4b.py:mipu,chips=32,ckpt=...,
   ckpt=DIR     the local Hugging Face Qwen3 checkpoint (required).
   train=FILE   DAPO-Math-17k / MATH-style prompts (required).
   eval=DIR     the benchmark files (math500.jsonl, aime24.parquet, ...).
+  slots=N      sampler rows decoding at once per data-parallel device (default
+               2: with the learner's state on the same chips, two 9,216-token
+               KV-cache rows of Qwen3-4B per v5e chip is what fits, docs/pods.md).
   seed=N, steps=N, p=P (random-rollback probability), pack=True|False.
 """
 
@@ -37,7 +40,7 @@ def get_config(preset: str, arg=None, *, decay_period: int | None = None):
       (None: the `auto` surge detection of docs/method.md §6).
   """
   arg = common.parse_arg(arg, row="mipu", chips=16, ckpt="", train="", eval="",
-                         seed=0, steps=500, p=float, pack=True)
+                         seed=0, steps=500, p=float, pack=True, slots=2)
   rows_per_step = PROMPTS_PER_STEP * ROWS_PER_PROMPT
   if rows_per_step % arg.chips:
     raise ValueError(f"chips={arg.chips} does not divide the {rows_per_step} rows "
@@ -45,7 +48,8 @@ def get_config(preset: str, arg=None, *, decay_period: int | None = None):
   config = math.get_config(
       f"{arg.row},ckpt={arg.ckpt},train={arg.train},eval={arg.eval},seed={arg.seed},"
       f"steps={arg.steps},prompts={PROMPTS_PER_STEP},group={ROWS_PER_PROMPT},"
-      f"pack={arg.pack}" + ("" if arg.pack else f",micro={rows_per_step // arg.chips}")
+      f"pack={arg.pack},slots={arg.slots * arg.chips}"
+      + ("" if arg.pack else f",micro={rows_per_step // arg.chips}")
       + (f",p={arg.p}" if arg.p is not None else ""))
   # The architecture the pod's memory plan is for; the weights are the ckpt's.
   config.model.preset = preset

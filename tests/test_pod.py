@@ -27,7 +27,6 @@ from mipu_jax.models import sharding
 
 GIB = 2**30
 PROMPT_LEN = 1024  # math prompts; the learner row is prompt + response budget
-DECODE_SLOTS = 16  # one prompt's group of responses
 BUDGET = 16 * GIB  # a v5e chip
 
 
@@ -53,7 +52,11 @@ def test_pod_rl_step_fits_a_v5e_chip(module, math_inputs):
   assert per_device < total / 7
 
   learner = memory_plan.learner_memory(cfg, PROMPT_LEN)
-  prefill, decode = memory_plan.sampler_memory(cfg, PROMPT_LEN, DECODE_SLOTS)
+  # The slots the config decodes at once (2 per device: one prompt's group of
+  # 16 responses over the 8 devices).
+  assert cfg.sampling.max_concurrent_decodes == 16
+  prefill, decode = memory_plan.sampler_memory(cfg, PROMPT_LEN,
+                                               cfg.sampling.max_concurrent_decodes)
   for name, m in (("learner", learner), ("prefill", prefill), ("decode", decode)):
     print(f"  {name:8s} per device: {m.gib()}")
     assert m.peak <= BUDGET, (name, m.gib())

@@ -174,7 +174,7 @@ def test_tables_have_the_sources_layout():
   assert "| ✘ (1/2) |" in md
   assert "| 60.00 ± 0.00 | 2.00 | 61.00 | ✔ | 1.00e-03 | 25.0% |" in md
   assert "| + Step 2 | — |" in md and "pending — not run" in md
-  assert reproduce._order(["random_rollback", "baseline", "mipu"]) == [
+  assert reproduce.order_rows(["random_rollback", "baseline", "mipu"]) == [
       "mipu", "random_rollback", "baseline"]
 
 

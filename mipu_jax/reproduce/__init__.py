@@ -1,0 +1,78 @@
+"""Reproduce the sources' tables: table rows x seeds through the RL loop, then a table and figures.
+
+    result = run_table(make_config, ROWS, seeds=(0, 1), workdir="results/small_cpu")
+    print(result.markdown)
+
+`make_config(row, seed, p)` returns the ConfigDict (or `TrainConfig`) of one
+table row (`configs/table.py` for the small CPU task); `p` is the
+random-rollback probability, set to the rejection rate that the MIPU row
+measured with the same seed (docs/method.md §5), which is why seeds are the outer
+loop and `mipu` runs before `random_rollback`. Each run goes through
+`mipu_jax.rl.train`, the loop's public entry point, into
+`workdir/runs/<row>_s<seed>/`; a run that finished before (a `summary.json`
+next to its metrics) is read back instead of re-run, so an interrupted
+reproduction resumes. Rows whose validated configs are identical (`tis` and
+`step1`: Step 1 *is* token TIS, docs/method.md §5) run once and are reported under
+both names. A row whose config cannot be built (the MIPU rows before
+`config.mipu` exists) is reported as pending, with the reason.
+
+Scores are the loop's periodic evaluation of the inference policy μ: pass@1
+averaged over k samples on the five held-out tiers (`eval/<tier>`,
+`eval/avg`), the stand-ins of MATH / AIME / Olympiad / Minerva / AMC23.
+
+**Stable** (the sources' last column, whose criterion they do not publish),
+fixed before any run: a run is stable when each of its last two evaluations
+reaches its peak evaluation minus `STABLE_SES` (2) standard errors of that
+peak evaluation (`eval/avg_se`: the sampling noise of pass@1 over the eval
+problems, `mipu_jax.rl.evaluation`), and no metric went non-finite. A run
+that peaks early and then falls back by more than its eval noise is not
+stable. A row is stable when every seed is.
+
+Like with like. Every row of a table must hold every setting equal except the
+one it is about (the correction preset, the LR schedule, the MIPU switches):
+`run_table` checks the rows' validated configs against each other
+(`check_like_with_like`) before training anything, and a finished run is read
+back only if its saved `config.json` equals the config the row asks for now
+(`run_one` refuses otherwise: delete the run directory or fix the config).
+
+Outputs in `workdir`: `table.md` (the tables asked for: by default the MIPU
+main table, its ablation, and the random-rollback comparison, in the sources'
+layout: tiers, Avg., Stable, plus the eval SE, `k3_kl` and the rollback rate),
+`summary.json`, `curves_<table>.png` (reward, eval accuracy, `k3_kl`,
+response length, gradient norm, learning rate, rollback rate over steps; mean
+over seeds, min-max band) and, when a row ran MIPU Step 2, `gap_post.png`
+(the distribution of `T̂_post` and of `T̂_post / SE`, with the rejection
+rate).
+"""
+
+from mipu_jax.reproduce.report import plot_curves
+from mipu_jax.reproduce.report import plot_gap
+from mipu_jax.reproduce.report import tables_markdown
+from mipu_jax.reproduce.runs import check_like_with_like
+from mipu_jax.reproduce.runs import enable_compilation_cache
+from mipu_jax.reproduce.runs import order_rows
+from mipu_jax.reproduce.runs import run_one
+from mipu_jax.reproduce.runs import run_table
+from mipu_jax.reproduce.spec import ABLATION_ROWS
+from mipu_jax.reproduce.spec import COMPARE_ROWS
+from mipu_jax.reproduce.spec import COMPARE_TABLES
+from mipu_jax.reproduce.spec import LABELS
+from mipu_jax.reproduce.spec import MAIN_ROWS
+from mipu_jax.reproduce.spec import MakeConfig
+from mipu_jax.reproduce.spec import PANELS
+from mipu_jax.reproduce.spec import PRECISION_FIELDS
+from mipu_jax.reproduce.spec import ROLLBACK_ROWS
+from mipu_jax.reproduce.spec import ROW_FIELDS
+from mipu_jax.reproduce.spec import RunSummary
+from mipu_jax.reproduce.spec import SOURCE_TABLES
+from mipu_jax.reproduce.spec import STABLE_SES
+from mipu_jax.reproduce.spec import summarize
+from mipu_jax.reproduce.spec import TableResult
+
+__all__ = [
+    "ABLATION_ROWS", "COMPARE_ROWS", "COMPARE_TABLES", "LABELS", "MAIN_ROWS",
+    "MakeConfig", "PANELS", "PRECISION_FIELDS", "ROLLBACK_ROWS", "ROW_FIELDS",
+    "RunSummary", "SOURCE_TABLES", "STABLE_SES", "TableResult",
+    "check_like_with_like", "enable_compilation_cache", "order_rows", "plot_curves",
+    "plot_gap", "run_one", "run_table", "summarize", "tables_markdown",
+]

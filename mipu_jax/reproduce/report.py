@@ -1,0 +1,169 @@
+"""The reproduced tables as markdown and figures (curves over steps, MIPU's
+post-update gap)."""
+
+import os
+from typing import Mapping, Optional, Sequence
+
+import numpy as np
+
+from mipu_jax import rl
+from mipu_jax.reproduce.spec import LABELS
+from mipu_jax.reproduce.spec import PANELS
+from mipu_jax.reproduce.spec import RunSummary
+from mipu_jax.reproduce.spec import SOURCE_TABLES
+from mipu_jax.reproduce.spec import STABLE_SES
+from mipu_jax.rl import report
+
+# --- Table -----------------------------------------------------------------
+
+
+def _row_cells(runs: Sequence[RunSummary], tiers: Sequence[str]) -> list[str]:
+  """Per-tier means, Avg mean ± sd over seeds, eval SE, peak Avg, Stable (%)."""
+  def mean(key):
+    return 100 * float(np.mean([r.final[key] for r in runs]))
+  cells = [f"{mean(t):.2f}" for t in tiers]
+  avgs = 100 * np.array([r.final["avg"] for r in runs])
+  sd = f" ± {avgs.std(ddof=1):.2f}" if len(runs) > 1 else ""
+  cells.append(f"{avgs.mean():.2f}{sd}")
+  cells.append(f"{100 * np.mean([r.final_se for r in runs]):.2f}")
+  cells.append(f"{100 * np.mean([r.peak_avg for r in runs]):.2f}")
+  n_stable = sum(r.stable for r in runs)
+  mark = "✔" if n_stable == len(runs) else "✘"
+  cells.append(mark if n_stable in (0, len(runs)) else f"{mark} ({n_stable}/{len(runs)})")
+  return cells
+
+
+def _table(title: str, names: Sequence[str], by_row: Mapping[str, list],
+           pending: Mapping[str, str], tiers: Sequence[str]) -> list[str]:
+  head = ["Method", *tiers, "Avg.", "Eval SE", "Peak Avg.", "Stable", "k3_kl",
+          "Rollback rate"]
+  lines = [f"### {title}", "", "| " + " | ".join(head) + " |",
+           "|" + "---|" * len(head)]
+  for name in names:
+    rs = by_row.get(name)
+    if rs:
+      cells = _row_cells(rs, tiers)
+      cells.append(f"{np.mean([r.k3_kl for r in rs]):.2e}")
+      cells.append(f"{100 * np.mean([r.rollback_rate for r in rs]):.1f}%")
+    elif name in pending:
+      cells = ["—"] * (len(tiers) + 3) + ["pending", "—", "—"]
+    else:
+      continue
+    lines.append(f"| {LABELS.get(name, name)} | " + " | ".join(cells) + " |")
+  return lines + [""]
+
+
+def tables_markdown(runs: Sequence[RunSummary], pending: Mapping[str, str],
+                    tiers: Sequence[str], *,
+                    tables: Sequence[tuple[str, str, Sequence[str]]] = SOURCE_TABLES,
+                    skipped: Optional[Mapping[str, list]] = None) -> str:
+  """The tables (default: the sources' main, ablation, random rollback) as markdown."""
+  by_row: dict[str, list[RunSummary]] = {}
+  for r in runs:
+    by_row.setdefault(r.row, []).append(r)
+  seeds = sorted({r.seed for r in runs})
+  lines = [
+      f"Pass@1 (%) at the last evaluation, mean over seeds {seeds} "
+      f"(Avg.: mean ± sd over seeds). Eval SE: standard error of one "
+      f"evaluation's Avg. (sampling noise over the eval problems, mean over "
+      f"seeds). Peak Avg.: best evaluation of the run (mean over seeds). "
+      f"Stable: the last two evaluations within {STABLE_SES:g} eval SEs of the "
+      "run's peak, for every seed (✘ (k/n): k of n seeds stable). k3_kl: the "
+      "mismatch over the last quarter of the steps. Rollback rate: MIPU Step 2 "
+      "or random rollback.", ""]
+  for _, title, names in tables:
+    lines += _table(title, names, by_row, pending, tiers)
+  notes = sorted({f"{LABELS.get(r.row, r.row)}: {r.note}" for r in runs if r.note})
+  notes += [f"{LABELS.get(k, k)}: pending — {v}" for k, v in sorted(pending.items())]
+  notes += [f"{LABELS.get(k, k)}: seeds {v} did not finish in the budget; not included"
+            for k, v in sorted((skipped or {}).items()) if k not in pending]
+  if notes:
+    lines += ["Notes:", ""] + [f"- {n}" for n in notes] + [""]
+  return "\n".join(lines)
+
+
+# --- Figures ---------------------------------------------------------------
+
+
+def _series(workdir: str, name: str) -> tuple[np.ndarray, np.ndarray]:
+  rows = rl.read_jsonl(os.path.join(workdir, "metrics.jsonl"))
+  pts = [(r["step"], r[name]) for r in rows if name in r]
+  return np.array([p[0] for p in pts]), np.array([p[1] for p in pts])
+
+
+def plot_curves(runs: Sequence[RunSummary], names: Sequence[str],
+                path: str, title: str = "") -> Optional[str]:
+  """Sources-style panels over steps, one line per row (mean over seeds,
+  min-max band); returns the path, or None when no row has a run."""
+  import matplotlib  # pylint: disable=g-import-not-at-top
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+
+  names = [n for n in names if any(r.row == n for r in runs)]
+  if not names:
+    return None
+  fig, axes = plt.subplots(2, 4, figsize=(17, 7.5))
+  for ax, (metric, panel) in zip(axes.flat, PANELS):
+    drawn = False
+    for name in names:
+      curves = [_series(r.workdir, metric) for r in runs if r.row == name]
+      curves = [c for c in curves if len(c[0])]
+      if not curves:
+        continue
+      n = min(len(c[0]) for c in curves)
+      xs, ys = curves[0][0][:n], np.stack([c[1][:n] for c in curves])
+      # One colour per row in every panel, whichever rows log the metric.
+      color = f"C{names.index(name)}"
+      ax.plot(xs, ys.mean(0), label=LABELS.get(name, name), color=color,
+              marker="o" if n < 15 else None, markersize=3)
+      drawn = True
+      if len(curves) > 1:
+        ax.fill_between(xs, ys.min(0), ys.max(0), alpha=0.15, color=color)
+    if not drawn:
+      ax.text(0.5, 0.5, "not logged by these rows", ha="center", va="center",
+              transform=ax.transAxes, color="gray")
+    ax.set_title(panel, fontsize=10)
+    ax.set_xlabel("step")
+    ax.grid(alpha=0.3)
+  handles, labels = axes.flat[0].get_legend_handles_labels()
+  axes.flat[-1].axis("off")
+  axes.flat[-1].legend(handles, labels, loc="center", fontsize=11)
+  return report.save_figure(fig, path, title)
+
+
+def plot_gap(runs: Sequence[RunSummary], path: str) -> Optional[str]:
+  """MIPU Step 2's statistic: the distribution of `T̂_post` and of `T̂_post / SE`
+  per MIPU-gated row (all seeds pooled), with its margin and rejection rate.
+
+  Returns the path, or None when no run logged `mipu/gap_post`.
+  """
+  import matplotlib  # pylint: disable=g-import-not-at-top
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+
+  by_row: dict[str, list[dict[str, float]]] = {}
+  for r in runs:
+    if r.note.startswith("same run"):
+      continue
+    rows = [x for x in rl.read_jsonl(os.path.join(r.workdir, "metrics.jsonl"))
+            if "mipu/gap_post" in x]
+    if rows:
+      by_row.setdefault(r.row, []).extend(rows)
+  if not by_row:
+    return None
+  fig, axes = plt.subplots(1, 2, figsize=(12, 4))
+  for i, (name, rows) in enumerate(by_row.items()):
+    gap = np.array([x["mipu/gap_post"] for x in rows])
+    se = np.array([x.get("mipu/gap_post_se", np.nan) for x in rows])
+    c = np.array([x.get("mipu/c", np.nan) for x in rows])
+    rejected = 1.0 - np.mean([x["mipu/accepted"] for x in rows])
+    label = (f"{LABELS.get(name, name)}: {len(rows)} decisions, "
+             f"{100 * rejected:.0f}% rejected, median c {np.nanmedian(c):.1e}")
+    axes[0].hist(gap, bins=30, alpha=0.5, color=f"C{i}", label=label)
+    axes[1].hist(gap / np.where(se > 0, se, np.nan), bins=30, alpha=0.5, color=f"C{i}")
+  axes[0].axvline(0.0, color="k", lw=0.8)
+  axes[0].set_title("T̂_post (accept iff T̂_post ≥ -c)", fontsize=10)
+  axes[0].legend(fontsize=8)
+  axes[1].axvline(0.0, color="k", lw=0.8)
+  axes[1].set_title("T̂_post / SE(T̂_post) (SE over probe groups)", fontsize=10)
+  return report.save_figure(fig, path, "MIPU Step 2: the post-update gap on the probes")

@@ -1,0 +1,218 @@
+"""Running a table: rows x seeds through the RL loop, like with like, resumable
+(the package docstring has the whole procedure)."""
+
+import dataclasses
+import json
+import os
+import time
+from typing import Callable, Mapping, Optional, Sequence
+
+from mipu_jax import config as config_lib
+from mipu_jax import rl
+from mipu_jax.reproduce.report import plot_curves
+from mipu_jax.reproduce.report import plot_gap
+from mipu_jax.reproduce.report import tables_markdown
+from mipu_jax.reproduce.spec import _ROW_EXTRA_FIELDS
+from mipu_jax.reproduce.spec import MakeConfig
+from mipu_jax.reproduce.spec import ROW_FIELDS
+from mipu_jax.reproduce.spec import RunSummary
+from mipu_jax.reproduce.spec import SOURCE_TABLES
+from mipu_jax.reproduce.spec import STABLE_SES
+from mipu_jax.reproduce.spec import summarize
+from mipu_jax.reproduce.spec import TableResult
+
+
+def check_like_with_like(configs: Mapping[str, config_lib.TrainConfig]) -> None:
+  """Raises unless every two rows differ only in what their rows compare.
+
+  Two rows may differ in `ROW_FIELDS`, and in the sampler precision when one
+  of them is the no-mismatch `control`.
+
+  Args:
+    configs: row name -> validated config, all of one seed.
+
+  Raises:
+    ValueError: naming the rows and the settings that differ.
+  """
+  names = list(configs)
+  for i, a in enumerate(names):
+    for b in names[i + 1:]:
+      allowed = (ROW_FIELDS + _ROW_EXTRA_FIELDS.get(a, ())
+                 + _ROW_EXTRA_FIELDS.get(b, ()))
+      diff = config_lib.config_diff(configs[a], configs[b])
+      diff = {k: v for k, v in diff.items() if not k.startswith(allowed)}
+      if diff:
+        raise ValueError(
+            f"rows {a!r} and {b!r} differ in more than the compared setting: "
+            f"{diff}. A table compares like with like; make every other setting "
+            "equal.")
+
+
+def enable_compilation_cache(path: Optional[str], workdir: str = "") -> None:
+  """JAX's persistent compilation cache at `path`: runs of a row share compiles.
+
+  Each run builds a new learner whose jitted step would otherwise recompile;
+  with the cache, seeds of a row (and rows with the same learner program)
+  compile once. Call before the first compilation.
+
+  Args:
+    path: the cache directory; None for `workdir/.jax_cache`, "" for no cache.
+    workdir: the job's output directory.
+  """
+  import jax  # pylint: disable=g-import-not-at-top
+  if path is None:
+    path = os.path.join(workdir, ".jax_cache")
+  if not path:
+    return
+  os.makedirs(path, exist_ok=True)
+  jax.config.update("jax_compilation_cache_dir", path)
+  jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
+  jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+
+
+def _as_train_config(cfg) -> config_lib.TrainConfig:
+  if isinstance(cfg, config_lib.TrainConfig):
+    return cfg
+  return config_lib.from_config_dict(cfg)
+
+
+def run_one(cfg: config_lib.TrainConfig, row: str, seed: int, workdir: str,
+             log: Callable[[str], None],
+             train: bool = True) -> Optional[RunSummary]:
+  """Trains one run (or reads back a finished one) and summarises it.
+
+  Returns None for an unfinished run when `train` is False.
+
+  Raises:
+    ValueError: a finished run whose saved config differs from `cfg`.
+  """
+  done = os.path.join(workdir, "summary.json")
+  if os.path.exists(done):
+    with open(os.path.join(workdir, "config.json")) as f:
+      saved = json.load(f)
+    diff = config_lib.config_diff(cfg, saved)
+    if diff:
+      raise ValueError(
+          f"{workdir} holds a finished run of another config (differences, "
+          f"(wanted, saved): {diff}); delete it or restore the config.")
+    with open(done) as f:
+      seconds = float(json.load(f)["seconds"])
+    log(f"[reproduce] {row} seed {seed}: finished before, read back")
+    # Summarised again from its metrics, so a summary always follows the
+    # current criterion.
+    rows = rl.read_jsonl(os.path.join(workdir, "metrics.jsonl"))
+    return RunSummary(row=row, seed=seed, workdir=workdir, seconds=seconds,
+                      **summarize(rows, cfg.eval.tiers))
+  if not train:
+    return None
+  log(f"[reproduce] {row} seed {seed}: training {cfg.num_steps} steps -> {workdir}")
+  # An unfinished earlier attempt resumes from its newest checkpoint (the loop
+  # checks its config and repairs its log: docs/reliability.md).
+  start = time.perf_counter()
+  result = rl.train(cfg, workdir)
+  seconds = time.perf_counter() - start
+  s = RunSummary(row=row, seed=seed, workdir=workdir, seconds=seconds,
+                 **summarize(result.rows, cfg.eval.tiers))
+  with open(done, "w") as f:
+    json.dump(dataclasses.asdict(s), f, indent=2)
+  log(f"[reproduce] {row} seed {seed}: Avg {s.final['avg']:.3f} (peak "
+      f"{s.peak_avg:.3f} ± {s.peak_se:.3f} @ {s.peak_step}), stable={s.stable}, "
+      f"rollback {s.rollback_rate:.2f}, {seconds:.0f} s")
+  return s
+
+
+def order_rows(rows: Sequence[str]) -> list[str]:
+  """`mipu` before `random_rollback`, which needs its measured rate."""
+  rows = list(dict.fromkeys(rows))
+  if "mipu" in rows and "random_rollback" in rows:
+    rows.remove("mipu")
+    rows.insert(rows.index("random_rollback"), "mipu")
+  return rows
+
+
+def run_table(make_config: MakeConfig, rows: Sequence[str],
+              seeds: Sequence[int], workdir: str, *,
+              tables: Sequence[tuple[str, str, Sequence[str]]] = SOURCE_TABLES,
+              log: Callable[[str], None] = print,
+              train: bool = True) -> TableResult:
+  """Runs `rows` x `seeds`, writes the tables and figures into `workdir`.
+
+  Args:
+    make_config: `(row, seed, p) -> ConfigDict | TrainConfig`; `p` is None
+      except for `random_rollback` (see module docstring).
+    rows: table rows (`configs/rows.py` names).
+    seeds: seeds; the outer loop, so the first seed's table is complete first.
+    workdir: output directory.
+    tables: `(key, title, rows)` of the tables to write (`SOURCE_TABLES`, the
+      sources' three; `COMPARE_TABLES`, the main job's), each with its figure
+      `curves_<key>.png`.
+    log: progress sink.
+    train: False to only tabulate runs that finished before (a budget cut
+      short: unfinished runs are left out and their seeds listed in the
+      notes).
+
+  Returns:
+    A `TableResult`.
+
+  Raises:
+    ValueError: rows that differ in more than their compared setting
+      (`check_like_with_like`), or a finished run of another config.
+  """
+  os.makedirs(workdir, exist_ok=True)
+  runs, skipped, tiers = [], {}, None
+  for seed in seeds:
+    seen: dict[config_lib.TrainConfig, RunSummary] = {}
+    built: dict[str, config_lib.TrainConfig] = {}
+    for row in order_rows(rows):
+      p = None
+      if row == "random_rollback":
+        mipu = [r for r in runs if r.row == "mipu" and r.seed == seed]
+        if not mipu:
+          raise ValueError("the random_rollback row needs the mipu row (its p "
+                           "is MIPU's measured rejection rate): add it to rows.")
+        p = mipu[0].rollback_rate
+      if p == 0.0:  # MIPU rejected nothing: random rollback is Step 1.
+        cfg = _as_train_config(make_config("step1", seed, None))
+      else:
+        cfg = _as_train_config(make_config(row, seed, p))
+      built[row] = cfg
+      check_like_with_like(built)
+      tiers = cfg.eval.tiers
+      if cfg in seen:
+        twin = seen[cfg]
+        runs.append(dataclasses.replace(twin, row=row,
+                                        note=f"same run as {twin.row}"))
+        log(f"[reproduce] {row} seed {seed}: identical config to {twin.row}, reused")
+        continue
+      s = run_one(cfg, row, seed, os.path.join(workdir, "runs", f"{row}_s{seed}"),
+                   log, train)
+      if s is None:
+        skipped.setdefault(row, []).append(seed)
+        continue
+      if p is not None:
+        s = dataclasses.replace(s, note=f"p = {p:.3f} (MIPU's rejection rate)")
+      seen[cfg] = s
+      runs.append(s)
+  pending = {row: f"not run (seeds {missing} did not finish in the budget)"
+             for row, missing in skipped.items()
+             if not any(r.row == row for r in runs)}
+  markdown = tables_markdown(runs, pending, tiers or (), tables=tables,
+                             skipped=skipped)
+  files = {"table": os.path.join(workdir, "table.md"),
+           "summary": os.path.join(workdir, "summary.json")}
+  with open(files["table"], "w") as f:
+    f.write(markdown)
+  with open(files["summary"], "w") as f:
+    json.dump({"runs": [dataclasses.asdict(r) for r in runs], "pending": pending,
+               "stable_ses": STABLE_SES, "seeds": list(seeds)}, f, indent=2)
+  seeds_run = sorted({r.seed for r in runs})
+  for key, title, group in tables:
+    path = plot_curves(runs, [r for r in group if r in rows],
+                       os.path.join(workdir, f"curves_{key}.png"),
+                       title=f"{title}: mean over seeds {seeds_run} (band: min-max)")
+    if path:
+      files[f"curves_{key}"] = path
+  path = plot_gap(runs, os.path.join(workdir, "gap_post.png"))
+  if path:
+    files["gap_post"] = path
+  return TableResult(runs=runs, pending=pending, markdown=markdown, files=files)

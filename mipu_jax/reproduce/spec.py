@@ -1,0 +1,127 @@
+"""What a reproduced table is: its rows and labels, what rows may differ in,
+the tables and their panels, a run's summary and the Stable criterion
+(the package docstring has the whole procedure)."""
+
+import dataclasses
+import math
+from typing import Any, Callable, Mapping, Optional, Sequence
+
+import numpy as np
+
+# The one table of row names and their labels in the sources' tables
+# (`configs/rows.py` builds one config per row).
+LABELS = {
+    "control": "No mismatch (fp32 sampler)", "baseline": "Baseline", "tis": "TIS", "mis": "MIS", "lr_decay": "LR-decay",
+    "mipu": "Ours (MIPU)", "step1": "+ Step 1", "step2": "+ Step 2",
+    "random_rollback": "Random rollback",
+}
+# What a row may change relative to the others (dotted config paths): the
+# settings the tables compare. Everything else must be equal across rows; the
+# no-mismatch control also changes the sampler's precision.
+ROW_FIELDS = ("loss.correction", "optim.schedule", "optim.length_surge",
+              "mipu.step2", "mipu.random_rollback_p")
+PRECISION_FIELDS = ("sampling.dtype", "sampling.weight_quant", "sampling.act_quant",
+                    "sampling.kv_cache_dtype", "sampling.quant_lm_head")
+_ROW_EXTRA_FIELDS = {"control": PRECISION_FIELDS}
+# The sources' tables: MIPU's main table (plus TIS), its ablation, and the
+# "Step 2 is not random rollback" comparison.
+MAIN_ROWS = ("control", "baseline", "tis", "mis", "lr_decay", "mipu")
+ABLATION_ROWS = ("baseline", "step1", "step2", "mipu")
+ROLLBACK_ROWS = ("mipu", "random_rollback", "step2")
+# The main job's side-by-side comparison (`experiments/compare.py`).
+COMPARE_ROWS = ("control", "baseline", "tis", "mipu")
+# (file key, title, rows) of each table; each gets `curves_<key>.png`.
+SOURCE_TABLES = (
+    ("main", "Main results (MIPU table, + TIS)", MAIN_ROWS),
+    ("ablation", "Ablation (Step 1 and Step 2)", ABLATION_ROWS),
+    ("rollback", "Step 2 is not random rollback", ROLLBACK_ROWS),
+)
+COMPARE_TABLES = (
+    ("compare", "Side by side under a high-mismatch sampler", COMPARE_ROWS),)
+PANELS = (
+    ("rollout/reward_mean", "training reward"),
+    ("eval/avg", "eval pass@1 (Avg of 5 tiers)"),
+    ("rollout_corr/k3_kl", "k3_kl (sampler vs learner)"),
+    ("rollout/response_length_mean", "response length"),
+    ("actor/grad_norm", "grad norm"),
+    ("actor/lr", "learning rate"),
+    ("mipu/rollback_rate", "rollback rate"),
+)
+STABLE_SES = 2.0
+
+MakeConfig = Callable[[str, int, Optional[float]], Any]
+
+
+@dataclasses.dataclass(frozen=True)
+class RunSummary:
+  """One (row, seed) run, reduced to what the tables need.
+
+  Attributes:
+    row: table row name.
+    seed: run seed.
+    workdir: the run's directory (or the one it shares with a twin row).
+    final: `{tier: pass@1, "avg": ...}` at the last evaluation.
+    final_se: standard error of the last evaluation's Avg.
+    peak_avg: best eval Avg over all evaluations (step 0 included).
+    peak_step: step of `peak_avg`.
+    peak_se: standard error of the peak evaluation's Avg.
+    stable: the criterion in the module docstring.
+    rollback_rate: the run's final `mipu/rollback_rate` (0 without MIPU).
+    k3_kl: mean `rollout_corr/k3_kl` over the last quarter of the steps.
+    seconds: wall time of the run.
+    note: e.g. "same run as tis" for a deduplicated row.
+  """
+  row: str
+  seed: int
+  workdir: str
+  final: Mapping[str, float]
+  final_se: float
+  peak_avg: float
+  peak_step: int
+  peak_se: float
+  stable: bool
+  rollback_rate: float
+  k3_kl: float
+  seconds: float
+  note: str = ""
+
+
+@dataclasses.dataclass
+class TableResult:
+  """What `run_table` returns: per-run summaries, pending rows, outputs."""
+  runs: list[RunSummary]
+  pending: dict[str, str]
+  markdown: str
+  files: dict[str, str]
+
+
+def summarize(rows: Sequence[Mapping[str, float]], tiers: Sequence[str], *,
+              num_ses: float = STABLE_SES) -> dict[str, Any]:
+  """Final / peak eval and the Stable flag of one run's logged rows.
+
+  Stable: each of the last two evaluations after step 0's is ≥ peak −
+  `num_ses` × the peak evaluation's standard error, and every logged value is
+  finite.
+  """
+  evals = [r for r in rows if "eval/avg" in r]
+  if not evals:
+    raise ValueError("the run has no evaluation rows (eval/avg).")
+  if any("eval/avg_se" not in r for r in evals):
+    raise ValueError("the run's evaluations carry no eval/avg_se (a run from "
+                     "before standard errors were logged): re-run it.")
+  last = evals[-1]
+  peak = max(evals, key=lambda r: r["eval/avg"])
+  floor = peak["eval/avg"] - num_ses * peak["eval/avg_se"]
+  finite = all(math.isfinite(v) for r in rows for v in r.values())
+  tail = evals[1:][-2:] or evals[-1:]  # the last two after step 0's
+  held = all(r["eval/avg"] >= floor for r in tail)
+  rate = [r["mipu/rollback_rate"] for r in rows if "mipu/rollback_rate" in r]
+  k3 = [r["rollout_corr/k3_kl"] for r in rows if "rollout_corr/k3_kl" in r]
+  return dict(
+      final={**{t: last[f"eval/{t}"] for t in tiers}, "avg": last["eval/avg"]},
+      final_se=float(last["eval/avg_se"]),
+      peak_avg=peak["eval/avg"], peak_step=int(peak["step"]),
+      peak_se=float(peak["eval/avg_se"]),
+      stable=bool(finite and held),
+      rollback_rate=float(rate[-1]) if rate else 0.0,
+      k3_kl=float(np.mean(k3[-max(len(k3) // 4, 1):])) if k3 else 0.0)
