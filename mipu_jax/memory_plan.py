@@ -110,7 +110,7 @@ def sampler_memory(cfg: TrainConfig, prompt_len: int, num_slots: int,
   _, params = _abstract_model(cfg, mesh, "train")
   engine = Engine(nnx.eval_shape(lambda: models.Qwen3(models.get_config(
       cfg.model.preset, dtype=cfg.model.dtype), rngs=nnx.Rngs(0))), SamplerConfig(
-          **{**cfg.sampling.engine_kwargs(),
+          **{**cfg.sampling.precision_kwargs(),
              **{k: v for k, v in sampler_overrides.items() if v is not None}},
           max_prefill_length=prompt_len, max_decode_length=cfg.sampling.max_new_tokens),
       mesh=mesh)

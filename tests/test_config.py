@@ -38,7 +38,7 @@ def test_configdict_is_frozen_and_lockable():
     cd.loss.not_a_field = 1
   cfg = config_lib.from_config_dict(cd)
   assert cfg.loss.correction.is_level == "sequence"
-  assert cfg.sampling.engine_kwargs()["weight_quant"] == "fp8_e4m3"
+  assert cfg.sampling.precision_kwargs()["weight_quant"] == "fp8_e4m3"
   with pytest.raises(dataclasses.FrozenInstanceError):
     cfg.num_steps = 3
 

@@ -148,6 +148,20 @@ def test_engine_errors(sampler):
     engine.insert(prefix, ds, 0)
 
 
+def test_jetstream_catch_all_arguments_are_rejected(sampler):
+  # JetStream declares `*args, **kwargs` on these two; a misspelt keyword must
+  # not be swallowed silently.
+  engine = sampler.engine
+  with pytest.raises(TypeError, match="load_params"):
+    engine.load_params(None, "extra")
+  with pytest.raises(TypeError, match="load_params"):
+    engine.load_params(dtype="bfloat16")
+  with pytest.raises(TypeError, match="init_decode_state"):
+    engine.init_decode_state(8)
+  with pytest.raises(TypeError, match="init_decode_state"):
+    engine.init_decode_state(num_slots=8, max_slots=8)
+
+
 def test_load_params_reshards_to_the_sampling_layout():
   from mipu_jax.models import sharding  # pylint: disable=g-import-not-at-top
   mesh = sharding.make_mesh(data=1, fsdp=-1, tensor=2)

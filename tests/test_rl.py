@@ -16,8 +16,8 @@ from mipu_jax.rl import setup
 from mipu_jax.tasks import Problem
 
 
-def _rollout(rewards_NG, *, lengths=None, prompts=None):
-  n, g = np.shape(rewards_NG)
+def _rollout(rewards_PG, *, lengths=None, prompts=None):
+  n, g = np.shape(rewards_PG)
   t = 5
   lengths = np.full(n * g, 3) if lengths is None else np.asarray(lengths)
   mask = (np.arange(t)[None, :] < lengths[:, None]).astype(np.float32)
@@ -27,7 +27,7 @@ def _rollout(rewards_NG, *, lengths=None, prompts=None):
       tokens_RT=(np.arange(n * g * t).reshape(n * g, t) % 17 + 3) * mask.astype(np.int32),
       lp_mu_RT=-np.ones((n * g, t), np.float32) * mask, mask_RT=mask,
       lengths_R=lengths.astype(np.int32), truncated_R=np.zeros(n * g, bool),
-      rewards_R=np.asarray(rewards_NG, np.float32).reshape(-1), group_size=g)
+      rewards_R=np.asarray(rewards_PG, np.float32).reshape(-1), group_size=g)
 
 
 def test_dynamic_sampling_drops_all_equal_groups_and_oversamples():

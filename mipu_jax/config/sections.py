@@ -62,35 +62,27 @@ class ModelConfig:
 
 
 @dataclasses.dataclass(frozen=True)
-class SamplingConfig:
+class SamplingConfig(sampler_config.SamplerPrecision):
   """The inference policy μ: its precision and how it decodes (docs/method.md §0, §7).
 
+  The precision fields (dtype, weight_quant, act_quant, kv_cache_dtype,
+  quant_lm_head, max_concurrent_decodes) and their validation are
+  `mipu_jax.sampler.config.SamplerPrecision`'s; `precision_kwargs()` hands them
+  to the sampler. Here they stay names (strings), as in the ConfigDict.
+
   Attributes:
-    dtype: sampler compute dtype.
-    weight_quant: None, "int8", "fp8_e4m3", "fp8_e5m2" or "int4".
-    act_quant: None, "int8", "fp8" or "fp8_e5m2".
-    kv_cache_dtype: None (= dtype), "bf16", "fp8", "int8", ...
-    quant_lm_head: quantize the LM head too.
     temperature: sampling temperature (applied on the learner side too).
     top_k: 0 for off. Truncation biases the PPO ratio (docs/method.md §0).
     top_p: 1.0 for off.
     max_new_tokens: response budget; also the learner's response length.
-    max_concurrent_decodes: most samples decoding at once; more are run
-      through the same slots as earlier ones finish (continuous batching).
   """
-  dtype: str = "float32"
-  weight_quant: str | None = None
-  act_quant: str | None = None
-  kv_cache_dtype: str | None = None
-  quant_lm_head: bool = False
   temperature: float = 1.0
   top_k: int = 0
   top_p: float = 1.0
   max_new_tokens: int = 64
-  max_concurrent_decodes: int = 256
 
   def __post_init__(self):
-    sampler_config.SamplerConfig(**self.engine_kwargs())
+    super().__post_init__()
     if not self.temperature > 0:
       raise ValueError(f"sampling.temperature must be > 0 for training, got "
                        f"{self.temperature}.")
@@ -108,13 +100,6 @@ class SamplingConfig:
   @property
   def truncates(self) -> bool:
     return self.top_k > 0 or self.top_p < 1.0
-
-  def engine_kwargs(self) -> dict[str, Any]:
-    """Keyword arguments of `mipu_jax.sampler.Sampler` for the precision."""
-    return dict(dtype=self.dtype, weight_quant=self.weight_quant,
-                act_quant=self.act_quant, kv_cache_dtype=self.kv_cache_dtype,
-                quant_lm_head=self.quant_lm_head,
-                max_concurrent_decodes=self.max_concurrent_decodes)
 
 
 @dataclasses.dataclass(frozen=True)

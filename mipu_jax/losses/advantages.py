@@ -1,8 +1,8 @@
 """Group-relative advantages and the dynamic-sampling filter (docs/method.md §1).
 
-Rewards come either as `[num_groups, G]` (one row per prompt, its `G` responses)
-or flat `[B]` with `group_size=G`, responses of a group contiguous
-(`B = num_groups * G`). The advantage has the shape of the rewards; it is one
+Rewards come either as `[P, G]` (one row per prompt, its `G` responses; P is
+`num_groups`) or flat `[B]` with `group_size=G`, responses of a group contiguous
+(`B = P * G`). The advantage has the shape of the rewards; it is one
 value per response, which the policy loss broadcasts over the response's tokens.
 """
 
@@ -18,18 +18,18 @@ ADVANTAGE_ESTIMATORS = ("grpo", "rloo", "drgrpo")
 _GRPO_STD_EPS = 1e-6
 
 
-def _centered(rewards_NG: jax.Array) -> jax.Array:
+def _centered(rewards_PG: jax.Array) -> jax.Array:
   """Rewards minus each group's first reward, in float32.
 
   Every estimator is shift-invariant, and the shift makes an all-equal group
   exactly zero before any mean is taken, so its advantage is exactly 0 (a float
   mean of G equal values need not round back to that value).
   """
-  r_NG = jnp.asarray(rewards_NG, jnp.float32)
-  return r_NG - r_NG[:, :1]
+  r_PG = jnp.asarray(rewards_PG, jnp.float32)
+  return r_PG - r_PG[:, :1]
 
 
-def grpo_advantages(rewards_NG: jax.Array) -> jax.Array:
+def grpo_advantages(rewards_PG: jax.Array) -> jax.Array:
   """`A_i = (R_i - mean_j R_j) / (std_j R_j + 1e-6)` per group (docs/method.md §1).
 
   `std` is the population standard deviation (ddof=0) over the group's `G`
@@ -38,48 +38,48 @@ def grpo_advantages(rewards_NG: jax.Array) -> jax.Array:
   plain reading. An all-equal group gets exactly 0.
 
   Args:
-    rewards_NG: `[num_groups, G]` rewards.
+    rewards_PG: `[P, G]` rewards.
 
   Returns:
-    `[num_groups, G]` float32 advantages.
+    `[P, G]` float32 advantages.
   """
-  r_NG = _centered(rewards_NG)
-  mean_N1 = jnp.mean(r_NG, axis=-1, keepdims=True)
-  std_N1 = jnp.std(r_NG, axis=-1, keepdims=True)
-  return (r_NG - mean_N1) / (std_N1 + _GRPO_STD_EPS)
+  r_PG = _centered(rewards_PG)
+  mean_P1 = jnp.mean(r_PG, axis=-1, keepdims=True)
+  std_P1 = jnp.std(r_PG, axis=-1, keepdims=True)
+  return (r_PG - mean_P1) / (std_P1 + _GRPO_STD_EPS)
 
 
-def rloo_advantages(rewards_NG: jax.Array) -> jax.Array:
+def rloo_advantages(rewards_PG: jax.Array) -> jax.Array:
   """`A_i = R_i - (1/(G-1)) Σ_{j≠i} R_j` per group (docs/method.md §1, the LR-paper's).
 
   Args:
-    rewards_NG: `[num_groups, G]` rewards, `G >= 2`.
+    rewards_PG: `[P, G]` rewards, `G >= 2`.
 
   Returns:
-    `[num_groups, G]` float32 advantages.
+    `[P, G]` float32 advantages.
 
   Raises:
     ValueError: if `G < 2` (the leave-one-out baseline needs another response).
   """
-  g = jnp.shape(rewards_NG)[-1]
+  g = jnp.shape(rewards_PG)[-1]
   if g < 2:
     raise ValueError(f"rloo needs at least 2 responses per group, got G={g}.")
-  r_NG = _centered(rewards_NG)
-  others_NG = jnp.sum(r_NG, axis=-1, keepdims=True) - r_NG
-  return r_NG - others_NG / (g - 1)
+  r_PG = _centered(rewards_PG)
+  others_PG = jnp.sum(r_PG, axis=-1, keepdims=True) - r_PG
+  return r_PG - others_PG / (g - 1)
 
 
-def drgrpo_advantages(rewards_NG: jax.Array) -> jax.Array:
+def drgrpo_advantages(rewards_PG: jax.Array) -> jax.Array:
   """`A_i = R_i - mean_j R_j` per group (docs/method.md §1, Dr. GRPO: no std division).
 
   Args:
-    rewards_NG: `[num_groups, G]` rewards.
+    rewards_PG: `[P, G]` rewards.
 
   Returns:
-    `[num_groups, G]` float32 advantages.
+    `[P, G]` float32 advantages.
   """
-  r_NG = _centered(rewards_NG)
-  return r_NG - jnp.mean(r_NG, axis=-1, keepdims=True)
+  r_PG = _centered(rewards_PG)
+  return r_PG - jnp.mean(r_PG, axis=-1, keepdims=True)
 
 
 _ESTIMATORS: dict[str, Callable[[jax.Array], jax.Array]] = {
@@ -90,7 +90,7 @@ _ESTIMATORS: dict[str, Callable[[jax.Array], jax.Array]] = {
 
 
 def _as_groups(rewards, group_size: int | None):
-  """Reshapes flat `[B]` rewards to `[B // G, G]`; passes `[N, G]` through."""
+  """Reshapes flat `[B]` rewards to `[B // G, G]`; passes `[P, G]` through."""
   if rewards.ndim == 2:
     if group_size is not None and group_size != rewards.shape[1]:
       raise ValueError(
@@ -118,7 +118,7 @@ def compute_advantages(
   """Advantages by name, for grouped or flat rewards (docs/method.md §1).
 
   Args:
-    rewards: `[num_groups, G]`, or flat `[B]` with responses of a group
+    rewards: `[P, G]`, or flat `[B]` with responses of a group
       contiguous.
     estimator: one of `ADVANTAGE_ESTIMATORS`.
     group_size: `G`; required for flat rewards, checked against 2-D ones.
@@ -134,8 +134,8 @@ def compute_advantages(
         f"unknown advantage estimator {estimator!r}; "
         f"choose one of {ADVANTAGE_ESTIMATORS}.")
   r = jnp.asarray(rewards)
-  adv_NG = _ESTIMATORS[estimator](_as_groups(r, group_size))
-  return adv_NG.reshape(r.shape)
+  adv_PG = _ESTIMATORS[estimator](_as_groups(r, group_size))
+  return adv_PG.reshape(r.shape)
 
 
 def all_equal_groups(rewards, *, group_size: int | None = None):
@@ -147,7 +147,7 @@ def all_equal_groups(rewards, *, group_size: int | None = None):
   a jax array gives a jax array (usable under jit).
 
   Args:
-    rewards: `[num_groups, G]`, or flat `[B]` with `group_size`.
+    rewards: `[P, G]`, or flat `[B]` with `group_size`.
     group_size: `G`, for flat rewards.
 
   Returns:
@@ -156,5 +156,5 @@ def all_equal_groups(rewards, *, group_size: int | None = None):
   """
   if not isinstance(rewards, jax.Array):
     rewards = np.asarray(rewards)
-  r_NG = _as_groups(rewards, group_size)
-  return (r_NG == r_NG[:, :1]).all(axis=-1)
+  r_PG = _as_groups(rewards, group_size)
+  return (r_PG == r_PG[:, :1]).all(axis=-1)

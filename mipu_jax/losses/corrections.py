@@ -253,7 +253,7 @@ def correction_weights(
     is_level: str | None = "token",
     is_mode: str = "truncate",
     is_lower: float | None = None,
-    is_upper: float | None = 2.0,
+    is_upper: float | None = _DEFAULT_UPPER,
     rs_level: str | None = None,
     rs_lower: float | None = None,
     rs_upper: float | None = None,
@@ -347,7 +347,7 @@ def correction_weights(
         keep_BT = keep_BT * inside_BT
       else:  # icepop
         w_BT = applied_BT
-        metrics[_P + "rollout_is_oob_ratio"] = frac["is_masked"]
+        frac["oob"] = frac["is_masked"]
   metrics.update(metrics_lib.is_metrics(applied_BT, rho_BT, level_log_B, m_BT,
                                         upper=up, lower=lo))
 
@@ -384,16 +384,6 @@ def correction_weights(
     w_BT = w_BT / norm
 
   w_BT = w_BT * keep_BT
-  rejected = 1.0 - _masked.safe_div(jnp.sum(keep_BT), jnp.sum(m_BT))
-  rejected = jnp.where(jnp.sum(m_BT) > 0, rejected, 0.0)
-  metrics.update({
-      _P + "rollout_is_truncated_fraction": frac["truncated"],
-      _P + "rollout_is_clipped_low_fraction": frac["clipped_low"],
-      _P + "rollout_is_clipped_high_fraction": frac["clipped_high"],
-      _P + "rollout_is_masked_fraction": frac["is_masked"],
-      _P + "rollout_is_veto_fraction": frac["veto"],
-      _P + "rollout_is_batch_norm_factor": norm,
-      _P + "rejected_token_fraction": rejected,
-  })
+  metrics.update(metrics_lib.correction_metrics(frac, norm, keep_BT, m_BT))
   return (jax.lax.stop_gradient(w_BT), jax.lax.stop_gradient(keep_BT),
           jax.tree.map(lambda x: jax.lax.stop_gradient(jnp.asarray(x, jnp.float32)), metrics))

@@ -265,6 +265,35 @@ def rs_combined_metrics(mask_BT: jax.Array, rs_keep_BT: jax.Array) -> dict[str, 
           P + "rollout_rs_seq_masked_fraction": _over(rejected_B, has_B, "mean")}
 
 
+def correction_metrics(frac: Mapping[str, jax.Array], norm: jax.Array,
+                       keep_BT: jax.Array, mask_BT: jax.Array) -> dict[str, jax.Array]:
+  """What the correction did, once its final mask is known (docs/method.md §4).
+
+  Args:
+    frac: token fractions of the IS mode and veto (`truncated`, `clipped_low`,
+      `clipped_high`, `is_masked`, `veto`; `oob` for IcePop only).
+    norm: the self-normalisation factor (1 when off).
+    keep_BT: the final keep mask (rejection, IS mask, veto).
+    mask_BT: the response mask.
+
+  Returns:
+    `rollout_is_{truncated,clipped_low,clipped_high,masked,veto}_fraction`,
+    `rollout_is_batch_norm_factor`, `rejected_token_fraction` (of the response
+    tokens, 0 for an empty batch) and, for IcePop, `rollout_is_oob_ratio`.
+  """
+  m = _masked.as_float_mask(mask_BT)
+  rejected = 1.0 - _masked.safe_div(jnp.sum(keep_BT), jnp.sum(m))
+  out = {P + f"rollout_is_{k}_fraction": frac[k]
+         for k in ("truncated", "clipped_low", "clipped_high")}
+  out[P + "rollout_is_masked_fraction"] = frac["is_masked"]
+  out[P + "rollout_is_veto_fraction"] = frac["veto"]
+  out[P + "rollout_is_batch_norm_factor"] = norm
+  out[P + "rejected_token_fraction"] = jnp.where(jnp.sum(m) > 0, rejected, 0.0)
+  if "oob" in frac:
+    out[P + "rollout_is_oob_ratio"] = frac["oob"]
+  return out
+
+
 # --- training metrics -------------------------------------------------------
 
 

@@ -73,11 +73,11 @@ def gap_post(
   rho_B = jnp.exp(log_rho_B)
   adv_B = losses.grpo_advantages(
       rewards_B.astype(jnp.float32).reshape(-1, group_size)).reshape(batch)
-  gap_NG = -(rho_B * adv_B).reshape(-1, group_size)
-  t_post = jnp.mean(gap_NG)
-  num_groups = gap_NG.shape[0]
-  gap_N = jnp.mean(gap_NG, axis=1)
-  se = (jnp.std(gap_N, ddof=1) / jnp.sqrt(num_groups) if num_groups > 1
+  gap_PG = -(rho_B * adv_B).reshape(-1, group_size)
+  t_post = jnp.mean(gap_PG)
+  num_groups = gap_PG.shape[0]
+  gap_P = jnp.mean(gap_PG, axis=1)
+  se = (jnp.std(gap_P, ddof=1) / jnp.sqrt(num_groups) if num_groups > 1
         else jnp.zeros([], jnp.float32))
 
   has_tokens_B = (num_tokens_B > 0).astype(jnp.float32)

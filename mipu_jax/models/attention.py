@@ -13,7 +13,7 @@ is by slot, and RoPE positions may restart in each packed segment. A query
 whose every key is masked (a padding query) averages all keys uniformly in
 every implementation; callers ignore its output.
 
-- `dense`: scores `[B, K, G, T, S]` in fp32, masked softmax; the reference the
+- `dense`: scores `[B, K, Q, T, S]` in fp32, masked softmax; the reference the
   others are tested against.
 - `blockwise`: flash-style tiles of `block_q x block_k`, an online softmax over
   key tiles, and a custom VJP whose backward recomputes each tile from the
@@ -28,7 +28,8 @@ every implementation; callers ignore its output.
   use `blockwise`.
 
 Shape letters: B batch, T query slots, S key slots, N query heads, K kv heads,
-G = N // K, H head dim.
+Q = N // K query heads per kv head, H head dim; in the flash kernel I query
+blocks, t / s the query / key positions of one tile.
 """
 
 from __future__ import annotations
@@ -120,27 +121,27 @@ def attend(q_BTNH: jax.Array, k_BSKH: jax.Array, v_BSKH: jax.Array,
                      f"{IMPLEMENTATIONS}.")
   b, t, n, h = q_BTNH.shape
   kh = k_BSKH.shape[2]
-  q_BTKGH = q_BTNH.reshape(b, t, kh, n // kh, h)
+  q_BTKQH = q_BTNH.reshape(b, t, kh, n // kh, h)
   if implementation == "dense" or t == 1:
-    # One query row (decode) holds [B, K, G, 1, S] scores: nothing to tile.
-    out = _dense(q_BTKGH, k_BSKH, v_BSKH, mask.dense_BTS())
+    # One query row (decode) holds [B, K, Q, 1, S] scores: nothing to tile.
+    out = _dense(q_BTKQH, k_BSKH, v_BSKH, mask.dense_BTS())
   elif implementation == "cudnn" and prefix_rows:
     out = _cudnn(q_BTNH, k_BSKH, v_BSKH, mask)
     return out
   elif implementation == "splash" and mask.q_slot_BT.shape == mask.k_slot_BS.shape:
     return _splash(q_BTNH, k_BSKH, v_BSKH, mask, block_q, block_k)
   else:
-    out = _blockwise(q_BTKGH, k_BSKH, v_BSKH, mask, block_q, block_k)
+    out = _blockwise(q_BTKQH, k_BSKH, v_BSKH, mask, block_q, block_k)
   return out.reshape(b, t, n, h)
 
 
-def _dense(q_BTKGH, k_BSKH, v_BSKH, mask_BTS):
-  h = q_BTKGH.shape[-1]
-  scores_BKGTS = jnp.einsum("BTKGH,BSKH->BKGTS", q_BTKGH, k_BSKH,
+def _dense(q_BTKQH, k_BSKH, v_BSKH, mask_BTS):
+  h = q_BTKQH.shape[-1]
+  scores_BKQTS = jnp.einsum("BTKQH,BSKH->BKQTS", q_BTKQH, k_BSKH,
                             preferred_element_type=jnp.float32) * (h ** -0.5)
-  scores_BKGTS = jnp.where(mask_BTS[:, None, None], scores_BKGTS, NEG_INF)
-  probs_BKGTS = jax.nn.softmax(scores_BKGTS, axis=-1).astype(v_BSKH.dtype)
-  return jnp.einsum("BKGTS,BSKH->BTKGH", probs_BKGTS, v_BSKH)
+  scores_BKQTS = jnp.where(mask_BTS[:, None, None], scores_BKQTS, NEG_INF)
+  probs_BKQTS = jax.nn.softmax(scores_BKQTS, axis=-1).astype(v_BSKH.dtype)
+  return jnp.einsum("BKQTS,BSKH->BTKQH", probs_BKQTS, v_BSKH)
 
 
 # --- blockwise ------------------------------------------------------------
@@ -156,11 +157,11 @@ def _pad_to(x, axis: int, multiple: int, value=0):
   return jnp.pad(x, widths, constant_values=value)
 
 
-def _blockwise(q_BTKGH, k_BSKH, v_BSKH, mask: AttentionMask, block_q: int,
+def _blockwise(q_BTKQH, k_BSKH, v_BSKH, mask: AttentionMask, block_q: int,
                block_k: int):
-  t, s = q_BTKGH.shape[1], k_BSKH.shape[1]
+  t, s = q_BTKQH.shape[1], k_BSKH.shape[1]
   bq, bk = min(block_q, t), min(block_k, s)
-  q = _pad_to(q_BTKGH, 1, bq)
+  q = _pad_to(q_BTKQH, 1, bq)
   k, v = _pad_to(k_BSKH, 1, bk), _pad_to(v_BSKH, 1, bk)
   m = AttentionMask(_pad_to(mask.q_slot_BT, 1, bq), _pad_to(mask.q_seg_BT, 1, bq),
                     _pad_to(mask.k_slot_BS, 1, bk), _pad_to(mask.k_seg_BS, 1, bk),
@@ -170,96 +171,96 @@ def _blockwise(q_BTKGH, k_BSKH, v_BSKH, mask: AttentionMask, block_q: int,
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5))
-def _flash(q_BTKGH, k_BSKH, v_BSKH, mask, bq, bk):
-  return _flash_fwd(q_BTKGH, k_BSKH, v_BSKH, mask, bq, bk)[0]
+def _flash(q_BTKQH, k_BSKH, v_BSKH, mask, bq, bk):
+  return _flash_fwd(q_BTKQH, k_BSKH, v_BSKH, mask, bq, bk)[0]
 
 
-def _tile_scores(q_BtKGH, k_BsKH, mask: AttentionMask, qi, kj, bq, bk):
-  """Scaled, masked fp32 scores of one tile, `[B, K, G, bq, bk]`."""
-  h = q_BtKGH.shape[-1]
-  s_BKGts = jnp.einsum("BTKGH,BSKH->BKGTS", q_BtKGH, k_BsKH,
+def _tile_scores(q_BtKQH, k_BsKH, mask: AttentionMask, qi, kj, bq, bk):
+  """Scaled, masked fp32 scores of one tile, `[B, K, Q, bq, bk]`."""
+  h = q_BtKQH.shape[-1]
+  s_BKQts = jnp.einsum("BTKQH,BSKH->BKQTS", q_BtKQH, k_BsKH,
                        preferred_element_type=jnp.float32) * (h ** -0.5)
   rows = qi * bq + jnp.arange(bq)
   cols = kj * bk + jnp.arange(bk)
-  return jnp.where(mask.tile(rows, cols)[:, None, None], s_BKGts, NEG_INF)
+  return jnp.where(mask.tile(rows, cols)[:, None, None], s_BKQts, NEG_INF)
 
 
-def _flash_fwd(q_BTKGH, k_BSKH, v_BSKH, mask, bq, bk):
-  b, t, kh, g, h = q_BTKGH.shape
+def _flash_fwd(q_BTKQH, k_BSKH, v_BSKH, mask, bq, bk):
+  b, t, kh, per_kv, h = q_BTKQH.shape
   nq, nk = t // bq, k_BSKH.shape[1] // bk
 
   def q_block(qi):
-    q_b = jax.lax.dynamic_slice_in_dim(q_BTKGH, qi * bq, bq, axis=1)
+    q_b = jax.lax.dynamic_slice_in_dim(q_BTKQH, qi * bq, bq, axis=1)
 
     def k_step(carry, kj):
-      m_BKGt, l_BKGt, acc_BKGtH = carry
+      m_BKQt, l_BKQt, acc_BKQtH = carry
       k_b = jax.lax.dynamic_slice_in_dim(k_BSKH, kj * bk, bk, axis=1)
       v_b = jax.lax.dynamic_slice_in_dim(v_BSKH, kj * bk, bk, axis=1)
       s = _tile_scores(q_b, k_b, mask, qi, kj, bq, bk)
-      m_new = jnp.maximum(m_BKGt, s.max(-1))
+      m_new = jnp.maximum(m_BKQt, s.max(-1))
       p = jnp.exp(s - m_new[..., None])
-      corr = jnp.exp(m_BKGt - m_new)
-      l_new = l_BKGt * corr + p.sum(-1)
-      acc = acc_BKGtH * corr[..., None] + jnp.einsum(
-          "BKGTS,BSKH->BKGTH", p.astype(v_b.dtype), v_b,
+      corr = jnp.exp(m_BKQt - m_new)
+      l_new = l_BKQt * corr + p.sum(-1)
+      acc = acc_BKQtH * corr[..., None] + jnp.einsum(
+          "BKQTS,BSKH->BKQTH", p.astype(v_b.dtype), v_b,
           preferred_element_type=jnp.float32)
       return (m_new, l_new, acc), None
 
-    init = (jnp.full((b, kh, g, bq), NEG_INF, jnp.float32),
-            jnp.zeros((b, kh, g, bq), jnp.float32),
-            jnp.zeros((b, kh, g, bq, h), jnp.float32))
+    init = (jnp.full((b, kh, per_kv, bq), NEG_INF, jnp.float32),
+            jnp.zeros((b, kh, per_kv, bq), jnp.float32),
+            jnp.zeros((b, kh, per_kv, bq, h), jnp.float32))
     (m, l, acc), _ = jax.lax.scan(k_step, init, jnp.arange(nk))
-    out_BKGtH = acc / l[..., None]
-    return out_BKGtH, m + jnp.log(l)
+    out_BKQtH = acc / l[..., None]
+    return out_BKQtH, m + jnp.log(l)
 
-  out_QBKGtH, lse_QBKGt = jax.lax.map(q_block, jnp.arange(nq))
-  out_BTKGH = jnp.moveaxis(out_QBKGtH, (0, 4), (1, 2)).reshape(b, t, kh, g, h)
-  out_BTKGH = out_BTKGH.astype(v_BSKH.dtype)
-  lse_BKGT = jnp.moveaxis(lse_QBKGt, 0, 3).reshape(b, kh, g, t)
-  return out_BTKGH, (q_BTKGH, k_BSKH, v_BSKH, mask, out_BTKGH, lse_BKGT)
+  out_IBKQtH, lse_IBKQt = jax.lax.map(q_block, jnp.arange(nq))
+  out_BTKQH = jnp.moveaxis(out_IBKQtH, (0, 4), (1, 2)).reshape(b, t, kh, per_kv, h)
+  out_BTKQH = out_BTKQH.astype(v_BSKH.dtype)
+  lse_BKQT = jnp.moveaxis(lse_IBKQt, 0, 3).reshape(b, kh, per_kv, t)
+  return out_BTKQH, (q_BTKQH, k_BSKH, v_BSKH, mask, out_BTKQH, lse_BKQT)
 
 
 def _flash_bwd(bq, bk, residuals, d_out_BTKGH):
-  q_BTKGH, k_BSKH, v_BSKH, mask, out_BTKGH, lse_BKGT = residuals
-  b, t, kh, g, h = q_BTKGH.shape
+  q_BTKQH, k_BSKH, v_BSKH, mask, out_BTKQH, lse_BKQT = residuals
+  b, t, kh, per_kv, h = q_BTKQH.shape
   nq, nk = t // bq, k_BSKH.shape[1] // bk
   scale = h ** -0.5
   d_out = d_out_BTKGH.astype(jnp.float32)
-  delta_BKGT = jnp.einsum("BTKGH,BTKGH->BKGT", d_out, out_BTKGH.astype(jnp.float32))
+  delta_BKQT = jnp.einsum("BTKQH,BTKQH->BKQT", d_out, out_BTKQH.astype(jnp.float32))
 
   def q_step(carry, qi):
     dk_BSKH, dv_BSKH = carry
-    q_b = jax.lax.dynamic_slice_in_dim(q_BTKGH, qi * bq, bq, axis=1)
+    q_b = jax.lax.dynamic_slice_in_dim(q_BTKQH, qi * bq, bq, axis=1)
     do_b = jax.lax.dynamic_slice_in_dim(d_out, qi * bq, bq, axis=1)
-    lse_b = jax.lax.dynamic_slice_in_dim(lse_BKGT, qi * bq, bq, axis=3)
-    delta_b = jax.lax.dynamic_slice_in_dim(delta_BKGT, qi * bq, bq, axis=3)
+    lse_b = jax.lax.dynamic_slice_in_dim(lse_BKQT, qi * bq, bq, axis=3)
+    delta_b = jax.lax.dynamic_slice_in_dim(delta_BKQT, qi * bq, bq, axis=3)
 
     def k_step(inner, kj):
-      dq_BtKGH, dk_BSKH, dv_BSKH = inner
+      dq_BtKQH, dk_BSKH, dv_BSKH = inner
       k_b = jax.lax.dynamic_slice_in_dim(k_BSKH, kj * bk, bk, axis=1)
       v_b = jax.lax.dynamic_slice_in_dim(v_BSKH, kj * bk, bk, axis=1)
       s = _tile_scores(q_b, k_b, mask, qi, kj, bq, bk)
-      p = jnp.exp(s - lse_b[..., None])  # [B, K, G, bq, bk]
-      dv = jnp.einsum("BKGTS,BTKGH->BSKH", p, do_b)
-      dp = jnp.einsum("BTKGH,BSKH->BKGTS", do_b, v_b.astype(jnp.float32))
+      p = jnp.exp(s - lse_b[..., None])  # [B, K, Q, bq, bk]
+      dv = jnp.einsum("BKQTS,BTKQH->BSKH", p, do_b)
+      dp = jnp.einsum("BTKQH,BSKH->BKQTS", do_b, v_b.astype(jnp.float32))
       ds = p * (dp - delta_b[..., None]) * scale
-      dq = jnp.einsum("BKGTS,BSKH->BTKGH", ds, k_b.astype(jnp.float32))
-      dk = jnp.einsum("BKGTS,BTKGH->BSKH", ds, q_b.astype(jnp.float32))
+      dq = jnp.einsum("BKQTS,BSKH->BTKQH", ds, k_b.astype(jnp.float32))
+      dk = jnp.einsum("BKQTS,BTKQH->BSKH", ds, q_b.astype(jnp.float32))
       at = kj * bk
       dk_BSKH = jax.lax.dynamic_update_slice_in_dim(
           dk_BSKH, jax.lax.dynamic_slice_in_dim(dk_BSKH, at, bk, 1) + dk, at, 1)
       dv_BSKH = jax.lax.dynamic_update_slice_in_dim(
           dv_BSKH, jax.lax.dynamic_slice_in_dim(dv_BSKH, at, bk, 1) + dv, at, 1)
-      return (dq_BtKGH + dq, dk_BSKH, dv_BSKH), None
+      return (dq_BtKQH + dq, dk_BSKH, dv_BSKH), None
 
-    init = (jnp.zeros((b, bq, kh, g, h), jnp.float32), dk_BSKH, dv_BSKH)
+    init = (jnp.zeros((b, bq, kh, per_kv, h), jnp.float32), dk_BSKH, dv_BSKH)
     (dq_b, dk_BSKH, dv_BSKH), _ = jax.lax.scan(k_step, init, jnp.arange(nk))
     return (dk_BSKH, dv_BSKH), dq_b
 
   zeros = jnp.zeros(k_BSKH.shape, jnp.float32)
-  (dk, dv), dq_QBtKGH = jax.lax.scan(q_step, (zeros, zeros), jnp.arange(nq))
-  dq = jnp.moveaxis(dq_QBtKGH, 0, 1).reshape(b, t, kh, g, h)
-  return (dq.astype(q_BTKGH.dtype), dk.astype(k_BSKH.dtype),
+  (dk, dv), dq_IBtKQH = jax.lax.scan(q_step, (zeros, zeros), jnp.arange(nq))
+  dq = jnp.moveaxis(dq_IBtKQH, 0, 1).reshape(b, t, kh, per_kv, h)
+  return (dq.astype(q_BTKQH.dtype), dk.astype(k_BSKH.dtype),
           dv.astype(v_BSKH.dtype), None)
 
 

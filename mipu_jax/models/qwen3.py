@@ -9,7 +9,7 @@ each layer is rematerialised by the config's policy (`remat`), and packed rows
 (segment ids, per-segment positions) attend within their segment.
 
 Shape letters: B batch, T query positions, S key positions (cache slots),
-D hidden, N query heads, K kv heads, G = N // K, H head dim, F MLP width,
+D hidden, N query heads, K kv heads, Q = N // K, H head dim, F MLP width,
 V vocab, L layers.
 """
 

@@ -34,9 +34,9 @@ def evaluate(sampler, task: base.Task,
     r = sample_groups(sampler, task, problems, group_size=k,
                       max_new_tokens=max_new_tokens, temperature=temperature,
                       seed=seed + index, score="correct")
-    correct_PK = r.rewards_NG()
-    metrics[f"eval/{name}"] = grading.pass_at_1(correct_PK)
-    ses.append(grading.pass_at_1_se(correct_PK))
+    correct_PG = r.rewards_NG()
+    metrics[f"eval/{name}"] = grading.pass_at_1(correct_PG)
+    ses.append(grading.pass_at_1_se(correct_PG))
     lengths.append(r.lengths_R)
   metrics["eval/avg"] = float(np.mean([metrics[f"eval/{n}"] for n in sets]))
   metrics["eval/avg_se"] = float(np.sqrt(np.sum(np.square(ses))) / len(ses))

@@ -57,6 +57,7 @@ class Rollout:
     return len(self.problems)
 
   def rewards_NG(self) -> np.ndarray:
+    """The rewards as `[P, G]`: one row per prompt (group), its G responses."""
     return self.rewards_R.reshape(self.num_groups, self.group_size)
 
   def select(self, groups: Sequence[int]) -> "Rollout":

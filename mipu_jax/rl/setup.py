@@ -115,7 +115,7 @@ def make_sampler(model: models.Qwen3, cfg: TrainConfig, task: base.Task,
   return sampler_lib.Sampler(
       model, eos_ids=list(tok.stop_ids), mesh=mesh if mesh.size > 1 else None,
       max_prefill_length=task.prompt_budget, max_decode_length=s.max_new_tokens,
-      pad_id=tok.pad_id, **s.engine_kwargs())
+      pad_id=tok.pad_id, **s.precision_kwargs())
 
 
 @dataclasses.dataclass

@@ -41,37 +41,77 @@ def bucket(n: int, *, minimum: int, maximum: Optional[int] = None, what: str = "
   return size if maximum is None else min(size, maximum)
 
 
+_COMPUTE_DTYPES = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
+
+
 @dataclasses.dataclass(frozen=True)
-class SamplerConfig:
-  """How the sampler computes (the inference policy μ of docs/method.md §0).
+class SamplerPrecision:
+  """How μ computes: the precision fields of the engine and of the run config.
+
+  The one declaration of these fields: `SamplerConfig` (the engine's config) and
+  the run config's `sampling` section (`mipu_jax.config.SamplingConfig`) both
+  inherit it, so `sampling.weight_quant` and `SamplerConfig.weight_quant` are the
+  same field with the same validation. Names are kept here; `SamplerConfig`
+  resolves `dtype` and `kv_cache_dtype` to dtypes.
 
   Attributes:
-    dtype: compute dtype of the matmuls: float32 / bfloat16 / float16.
+    dtype: compute dtype of the matmuls: 'float32' / 'bfloat16' / 'float16'
+      (or 'fp32' / 'bf16' / 'fp16', or a dtype).
     weight_quant: None, 'int8', 'fp8_e4m3', 'fp8_e5m2' or 'int4' (per-channel absmax).
     act_quant: None, 'int8' or 'fp8' (= 'fp8_e4m3'), 'fp8_e5m2' (per-token absmax).
-    kv_cache_dtype: None (= compute dtype), 'bf16', 'fp16', 'fp32', 'fp8', 'fp8_e5m2', 'int8'.
+    kv_cache_dtype: None (= compute dtype), 'bf16', 'fp16', 'fp32', 'fp8', 'fp8_e5m2',
+      'int8' (or a dtype).
     quant_lm_head: also quantize the LM head weight and its input activation.
       Off by default, as in common FP8/INT8 serving recipes.
+    max_concurrent_decodes: decode slots of an engine: the most samples decoding
+      at once; more run through the same slots as earlier ones finish
+      (continuous batching).
+  """
+
+  dtype: Any = "float32"
+  weight_quant: Optional[str] = None
+  act_quant: Optional[str] = None
+  kv_cache_dtype: Optional[str] = None
+  quant_lm_head: bool = False
+  max_concurrent_decodes: int = 256
+
+  def __post_init__(self):
+    if as_dtype(self.dtype) not in _COMPUTE_DTYPES:
+      raise ValueError(f"Sampler dtype must be float32, bfloat16 or float16, got {self.dtype}.")
+    if self.kv_cache_dtype is not None:
+      kv_dtype(self.kv_cache_dtype)
+    quant.check_weight_quant(self.weight_quant)
+    quant.check_act_quant(self.act_quant)
+    if self.max_concurrent_decodes <= 0:
+      raise ValueError(
+          f"max_concurrent_decodes must be positive, got {self.max_concurrent_decodes}.")
+
+  def precision_kwargs(self) -> dict[str, Any]:
+    """The precision fields as keyword arguments of `SamplerConfig` or `Sampler`."""
+    return {f.name: getattr(self, f.name) for f in dataclasses.fields(SamplerPrecision)}
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplerConfig(SamplerPrecision):
+  """How the sampler computes (the inference policy μ of docs/method.md §0).
+
+  The precision fields are `SamplerPrecision`'s; here `dtype` and
+  `kv_cache_dtype` become dtypes (`kv_cache_dtype` None becomes `dtype`).
+
+  Attributes:
     quant_storage: 'fake' (float tree of dequantized values) or 'real' (QArrays,
       dequantized inside each step); see `mipu_jax/sampler/quant.py`.
     max_prefill_length: longest prompt accepted; longer prompts are an error.
     max_decode_length: largest `max_new_tokens` accepted.
-    max_concurrent_decodes: default number of decode slots of an engine.
     min_prefill_bucket / min_decode_bucket / min_slot_bucket: bucket floors.
     stop_ids: token ids that end a response (EOS / stop ids); at most `max_stop_ids`.
     max_stop_ids: size of the fixed stop-id buffer (changing ids never recompiles).
     pad_id: id written in the padding of token buffers.
   """
 
-  dtype: Any = jnp.float32
-  weight_quant: Optional[str] = None
-  act_quant: Optional[str] = None
-  kv_cache_dtype: Any = None
-  quant_lm_head: bool = False
   quant_storage: str = "fake"
   max_prefill_length: int = 512
   max_decode_length: int = 1024
-  max_concurrent_decodes: int = 256
   min_prefill_bucket: int = 16
   min_decode_bucket: int = 16
   min_slot_bucket: int = 8
@@ -80,19 +120,15 @@ class SamplerConfig:
   pad_id: int = 0
 
   def __post_init__(self):
+    super().__post_init__()
     object.__setattr__(self, "dtype", as_dtype(self.dtype))
-    if self.dtype not in (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16),
-                          jnp.dtype(jnp.float16)):
-      raise ValueError(f"Sampler dtype must be float32, bfloat16 or float16, got {self.dtype}.")
     kv = self.dtype if self.kv_cache_dtype is None else kv_dtype(self.kv_cache_dtype)
     object.__setattr__(self, "kv_cache_dtype", kv)
-    quant.check_weight_quant(self.weight_quant)
-    quant.check_act_quant(self.act_quant)
     if self.quant_storage not in quant.STORAGES:
       raise ValueError(
           f"quant_storage must be one of {quant.STORAGES}, got {self.quant_storage!r}.")
-    for name in ("max_prefill_length", "max_decode_length", "max_concurrent_decodes",
-                 "min_prefill_bucket", "min_decode_bucket", "min_slot_bucket", "max_stop_ids"):
+    for name in ("max_prefill_length", "max_decode_length", "min_prefill_bucket",
+                 "min_decode_bucket", "min_slot_bucket", "max_stop_ids"):
       if getattr(self, name) <= 0:
         raise ValueError(f"SamplerConfig.{name} must be positive, got {getattr(self, name)}.")
     object.__setattr__(self, "stop_ids", tuple(int(i) for i in self.stop_ids))

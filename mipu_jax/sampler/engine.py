@@ -11,17 +11,9 @@ Like MaxText we add keyword-only extensions: per-request `rng`, `temperature`,
 `top_k`, `top_p`, `max_new_tokens` on `prefill`; batched prefill (`padded_tokens`
 of shape `[R, P]`); `rows` / `sample_ids` on `bulk_insert`; and
 `generate_until_done`, the same decode step in one `lax.while_loop`.
-`ResultTokens` carries `log_prob` as a pytree field (JetStream's is a static
-field that `get_result_at_slot` drops); here it also comes back through
-single-slot access, because `lp_mu` is the point of this engine.
-
-Why not depend on JetStream. The PyPI package `google-jetstream` (0.2.2, 2024)
-has the old signatures (no `request_id`, `bulk_insert`, chunked prefill), no
-log-probs in `ResultTokens`, pulls TensorFlow into the install, its orchestrator
-does not run on current JAX, and the project is archived. So we own the
-interface (this module is its single touchpoint) and, when a `jetstream` package
-is importable, register `Engine` and `ResultTokens` as virtual subclasses of its
-ABCs so JetStream-typed code accepts them.
+`ResultTokens`, and why we do not depend on JetStream, are in `jetstream.py`,
+which registers `Engine` with JetStream's ABCs when a `jetstream` package is
+importable (`JETSTREAM_REGISTERED`).
 
 The engine is stateless with respect to weights (JetStream style): `params`
 from `load_params` are passed to every call, so a weight sync never invalidates
@@ -30,74 +22,20 @@ a compiled function or leaves stale weights in one.
 
 import collections
 import contextlib
-from typing import Any, Optional, Sequence, Union
+from typing import Any, Optional, Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-from flax import nnx, struct
+from flax import nnx
 
 from mipu_jax.models.qwen3 import Qwen3
-from mipu_jax.sampler import _steps, quant, weights
+from mipu_jax.sampler import _steps, jetstream, quant, weights
 from mipu_jax.sampler.config import SamplerConfig
+from mipu_jax.sampler.jetstream import ResultTokens
 from mipu_jax.sampler.state import DecodeState, Prefix
 
 Params = Any
-
-
-@struct.dataclass
-class SlotData:
-  """Tokens, validity, lengths and log-probs of one slot's samples."""
-
-  tokens: Union[jax.Array, np.ndarray]
-  valid: Union[jax.Array, np.ndarray]
-  lengths: Union[jax.Array, np.ndarray]
-  log_prob: Union[jax.Array, np.ndarray, None] = None
-
-
-@struct.dataclass
-class ResultTokens:
-  """One step's tokens for every slot, JetStream layout plus `log_prob`.
-
-  `data[:, tokens_idx]` are the tokens, `data[:, valid_idx]` 1 where the slot
-  produced a token this step, `data[:, length_idx]` the number of tokens the
-  slot has generated so far (including this one). `log_prob[b, 0]` is the
-  token's log-prob under the distribution it was drawn from.
-  """
-
-  data: Union[jax.Array, np.ndarray]
-  log_prob: Union[jax.Array, np.ndarray]
-  tokens_idx: tuple[int, int] = struct.field(pytree_node=False, default=(0, 1))
-  valid_idx: tuple[int, int] = struct.field(pytree_node=False, default=(1, 2))
-  length_idx: tuple[int, int] = struct.field(pytree_node=False, default=(2, 3))
-  samples_per_slot: int = struct.field(pytree_node=False, default=1)
-
-  @classmethod
-  def from_step(cls, tokens_B, valid_B, lengths_B, log_prob_B) -> "ResultTokens":
-    data = jnp.stack([tokens_B.astype(jnp.int32), valid_B.astype(jnp.int32),
-                      lengths_B.astype(jnp.int32)], axis=1)
-    return cls(data=data, log_prob=log_prob_B.astype(jnp.float32)[:, None])
-
-  def copy_to_host_async(self) -> None:
-    for x in (self.data, self.log_prob):
-      if isinstance(x, jax.Array):
-        x.copy_to_host_async()
-
-  def convert_to_numpy(self) -> "ResultTokens":
-    return self.replace(data=np.asarray(self.data), log_prob=np.asarray(self.log_prob))
-
-  def get_result_at_slot(self, slot: int) -> SlotData:
-    lo, hi = slot * self.samples_per_slot, (slot + 1) * self.samples_per_slot
-    return self._slot_data(slice(lo, hi))
-
-  def get_result_at_slots(self, slots: Sequence[int]) -> SlotData:
-    return self._slot_data(np.asarray(slots))
-
-  def _slot_data(self, rows) -> SlotData:
-    return SlotData(tokens=self.data[rows, self.tokens_idx[0]:self.tokens_idx[1]],
-                    valid=self.data[rows, self.valid_idx[0]:self.valid_idx[1]],
-                    lengths=self.data[rows, self.length_idx[0]:self.length_idx[1]][:, 0],
-                    log_prob=self.log_prob[rows])
 
 
 def _reject_unknown(method: str, args, kwargs) -> None:
@@ -341,7 +279,6 @@ class Engine:
     """
     if self._mesh is None:
       return None
-    from mipu_jax.models import sharding as sharding_lib  # pylint: disable=g-import-not-at-top
     mesh = self._mesh
     rows = tuple(a for a in ("data", "fsdp") if a in mesh.shape)
     n_rows = int(np.prod([mesh.shape[a] for a in rows]))
@@ -359,7 +296,6 @@ class Engine:
         axes[3] = "tensor"
       return jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(*axes))
 
-    del sharding_lib
     cache = decode_state.cache
     cache_sh = type(cache)(*[None if leaf is None else spec(leaf, True) for leaf in cache])
     rest = {k: spec(v, False) for k, v in decode_state._asdict().items()
@@ -432,15 +368,4 @@ class Engine:
     return self.config.max_prefill_length
 
 
-def _register_with_jetstream() -> bool:
-  """Registers our classes as virtual subclasses of JetStream's ABCs, if importable."""
-  try:
-    from jetstream.engine import engine_api  # pylint: disable=g-import-not-at-top
-  except Exception:  # noqa: BLE001 - absent or broken install: nothing to register with
-    return False
-  engine_api.Engine.register(Engine)
-  engine_api.ResultTokens.register(ResultTokens)
-  return True
-
-
-JETSTREAM_REGISTERED = _register_with_jetstream()
+JETSTREAM_REGISTERED = jetstream.register(Engine)
