@@ -26,9 +26,9 @@ def get_config():
   """The shared base ConfigDict (every field present, so CLI overrides reach it)."""
   config = config_lib.default_config()
   config.seed = 0
-  # The pretrained base policy when it has been shipped, else a random init.
-  has_base = os.path.exists(os.path.join(BASE_POLICY, "config.json"))
-  config.model.init_from = BASE_POLICY if has_base else ""
+  # The pretrained base policy shipped with the package
+  # (`experiments/pretrain_base.py` rebuilds it).
+  config.model.init_from = BASE_POLICY
   config.model.preset = "tiny"
 
   config.data.train_tiers = ("tier1", "tier2", "tier3")

@@ -40,7 +40,7 @@ SETTING = "precision=int4_all,lr=1e-3,tiers=45"
 
 def get_config(arg=None):
   """The small-CPU-task ConfigDict of table row `arg` (see module docstring)."""
-  arg = common.parse_arg(arg, row="baseline", seed=0, steps=120, prompts=int,
+  arg = common.parse_arg(arg, row="baseline", seed=0, steps=60, prompts=int,
                          p=float, quick=False)
   config = mismatch.get_config(f"{SETTING},seed={arg.seed},steps={arg.steps}")
   base.batch_run(config, eval_every=20)

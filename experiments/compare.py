@@ -14,6 +14,7 @@ shows a progress bar; re-running resumes (finished runs are read back).
 
 from absl import app
 from absl import flags
+from absl import logging
 
 from configs import table
 from mipu_jax import reproduce
@@ -36,6 +37,7 @@ def make_config(row, seed, p):
 
 def main(argv):
   del argv
+  logging.set_verbosity(logging.WARNING)  # orbax logs every save at INFO.
   reproduce.enable_compilation_cache(_CACHE.value, _WORKDIR.value)
   result = reproduce.run_table(make_config, reproduce.COMPARE_ROWS,
                                [int(s) for s in _SEEDS.value], _WORKDIR.value,

@@ -13,6 +13,7 @@ still matches).
 
 from absl import app
 from absl import flags
+from absl import logging
 
 from configs import mismatch
 from mipu_jax import mismatch_sweep
@@ -30,6 +31,7 @@ flags.mark_flag_as_required("workdir")
 
 def main(argv):
   del argv
+  logging.set_verbosity(logging.WARNING)  # orbax logs every save at INFO.
   reproduce.enable_compilation_cache(_CACHE.value, _WORKDIR.value)
   cells = dict(mismatch.GRID)
   for item in _EXTRA.value:

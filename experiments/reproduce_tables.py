@@ -16,6 +16,7 @@ read back), and `--report_only` only tabulates the runs that finished.
 
 from absl import app
 from absl import flags
+from absl import logging
 
 from configs import rows as rows_lib
 from configs import table
@@ -54,6 +55,7 @@ def make_config(row, seed, p):
 
 def main(argv):
   del argv
+  logging.set_verbosity(logging.WARNING)  # orbax logs every save at INFO.
   reproduce.enable_compilation_cache(_CACHE.value, _WORKDIR.value)
   seeds = [int(s) for s in _SEEDS.value][:1 if _QUICK.value else None]
   result = reproduce.run_table(make_config, _ROWS.value, seeds, _WORKDIR.value,

@@ -20,23 +20,13 @@ import pytest
 from mipu_jax import checkpoint
 from mipu_jax import config as config_lib
 from mipu_jax import rl
+from mipu_jax import testing
 from mipu_jax.rl import batching
 from mipu_jax.rl import resume
 
 
 def _config(steps, **learner):
-  return config_lib.TrainConfig(
-      num_steps=steps,
-      data=config_lib.DataConfig(prompts_per_step=4, group_size=4, train_tiers=("tier1",),
-                                 max_sampling_rounds=1),
-      sampling=config_lib.SamplingConfig(max_new_tokens=16),
-      optim=config_lib.OptimConfig(learning_rate=1e-3),
-      learner=config_lib.LearnerConfig(log_entropy=False,
-                                       mesh=config_lib.MeshConfig(1, 1, 1), **learner),
-      eval=config_lib.EvalConfig(tiers=("tier1",), n_per_tier=4, num_samples=1),
-      logging=config_lib.LoggingConfig(tensorboard=False, plots=False, progress_bar=False),
-      checkpoint=config_lib.CheckpointConfig(every=1, keep=5),
-      export=config_lib.ExportConfig(final=False))
+  return testing.tiny_run_config(steps, learner=learner, checkpoint=dict(every=1, keep=5))
 
 
 def _host(state):

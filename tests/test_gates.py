@@ -8,6 +8,7 @@ from flax import nnx
 
 from mipu_jax import config as config_lib
 from mipu_jax import schedules
+from mipu_jax import testing
 from mipu_jax.learner import LearnerState
 from mipu_jax.rl import gates
 from mipu_jax.rl import loop
@@ -24,17 +25,12 @@ def _bytes(tree) -> list[bytes]:
 
 
 def tiny_config(**mipu) -> config_lib.TrainConfig:
-  """A few-second RL step on CPU: 4 prompts x 4 samples, 16 new tokens."""
-  return config_lib.TrainConfig(
-      num_steps=3,
-      data=config_lib.DataConfig(prompts_per_step=4, group_size=4,
-                                 train_tiers=("tier1",), max_sampling_rounds=1),
-      sampling=config_lib.SamplingConfig(max_new_tokens=16),
-      optim=config_lib.OptimConfig(
-          learning_rate=1e-3, schedule="length_surge",
-          length_surge=config_lib.LengthSurgeConfig(mode="auto")),
-      learner=config_lib.LearnerConfig(log_entropy=False),
-      mipu=config_lib.MipuConfig(**mipu))
+  """A few-second RL step on CPU (`testing.tiny_run_config`) with the
+  length-surge schedule, whose state must survive a rollback."""
+  return testing.tiny_run_config(
+      3, optim=dict(learning_rate=1e-3, schedule="length_surge",
+                    length_surge=config_lib.LengthSurgeConfig(mode="auto")),
+      learner=dict(mesh=config_lib.MeshConfig()), mipu=mipu)
 
 
 @pytest.fixture(scope="module")

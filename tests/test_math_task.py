@@ -2,8 +2,10 @@
 prompt files and their order, the reward pool, and a tiny end-to-end run with export."""
 
 import json
+import logging
 import os
 import pathlib
+import shutil
 
 import chex
 import jax
@@ -13,12 +15,15 @@ from flax import nnx
 
 from configs import math as math_config
 from mipu_jax import config as config_lib
+from mipu_jax import eval as eval_lib
 from mipu_jax import models
 from mipu_jax import rl
 from mipu_jax import tasks
+from mipu_jax.rl import evaluation as rl_evaluation
 from mipu_jax.rl import setup
 from mipu_jax.tasks import chat
 from mipu_jax.tasks import math_data
+from mipu_jax.tasks import math_task
 from mipu_jax.testing import checkpoint as tiny
 from mipu_jax.tokenizer import completion_text
 from mipu_jax.tokenizer import HFTokenizer
@@ -116,6 +121,25 @@ def test_a_checkpoint_with_another_tokenizer_is_refused(ckpt, tmp_path):
                       HFTokenizer.from_dir(str(small)))
 
 
+def test_a_preset_unlike_the_checkpoint_is_warned_about(ckpt, caplog):
+  tok = HFTokenizer.from_dir(ckpt)
+  with caplog.at_level(logging.INFO, logger="mipu_jax.rl.setup"):
+    model = setup.make_policy(config_lib.ModelConfig(init_from=ckpt, preset="qwen3_0p6b"),
+                              tok)
+  assert model.config.num_layers == 2  # the checkpoint's architecture runs
+  (warning,) = [r for r in caplog.records if r.levelno == logging.WARNING]
+  assert "model.preset='qwen3_0p6b'" in warning.message
+  for diff in ("num_layers 28 vs 2", "hidden_size 1024 vs 64", "num_heads 16 vs 4",
+               "num_kv_heads 8 vs 2", f"vocab_size 151936 vs {model.config.vocab_size}"):
+    assert diff in warning.message
+  # The default preset, left as is by a config that loads a checkpoint: a note.
+  caplog.clear()
+  with caplog.at_level(logging.INFO, logger="mipu_jax.rl.setup"):
+    setup.make_policy(config_lib.ModelConfig(init_from=ckpt), tok)
+  assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+  assert any("vocab_size 256 vs" in r.message for r in caplog.records)
+
+
 def test_prompt_files_in_both_schemas_and_clear_errors(tmp_path):
   dapo = math_data.load_problems(DAPO)
   assert len(dapo) == 12 and dapo[0].messages and dapo[0].answer == "15"
@@ -143,6 +167,42 @@ def test_long_prompts_are_dropped_and_counted(ckpt):
   lengths = [len(task.encode(p)) for p in math_data.load_problems(DAPO)]
   assert task.dropped_long == sum(n > 150 for n in lengths) > 0
   assert all(len(task.encode(p)) <= 150 for p in task.train + task.probe)
+  assert task.data_stats() == {"data/dropped_long": task.dropped_long,
+                               "data/eval_dropped_long": 0}
+
+
+def test_missing_benchmarks_are_skipped_and_long_problems_left_out(ckpt, tmp_path, caplog):
+  """Two of the five benchmark files: only those are evaluated, the three
+  missing ones are named; a problem over the prompt budget is left out and counted."""
+  shutil.copy(os.path.join(EVALS, "aime24.jsonl"), tmp_path)
+  rows = pathlib.Path(EVALS, "math500.jsonl").read_text().splitlines()
+  long = {"problem": "Add these up: " + " + ".join(["1"] * 200), "answer": "200",
+          "unique_id": "test/long.json"}
+  (tmp_path / "math500.jsonl").write_text("\n".join(rows + [json.dumps(long)]) + "\n")
+  with caplog.at_level(logging.WARNING, logger="mipu_jax.tasks.math_task"):
+    found = math_task.find_benchmarks(str(tmp_path), eval_lib.BENCHMARKS)
+    assert list(found) == ["math500", "aime24"]
+    task = tasks.MathTask(HFTokenizer.from_dir(ckpt), DAPO, max_prompt_tokens=150,
+                          num_probe=2, benchmark_dir=str(tmp_path))
+  assert task.eval_names == ("math500", "aime24")
+  sets = task.eval_sets(seed=0)
+  assert [len(sets["math500"]), len(sets["aime24"])] == [len(rows), 3]
+  assert task.data_stats()["data/eval_dropped_long"] == 1
+  messages = [r.getMessage() for r in caplog.records]
+  for missing in ("amc23", "minerva_math", "olympiadbench"):
+    assert any(m.startswith(f"Benchmark {missing}: no ") and "skipped" in m
+               for m in messages), missing
+  assert any(m.startswith("Benchmark math500: left out 1 of 5") for m in messages)
+  with pytest.raises(ValueError, match="holds none of the benchmark files"):
+    math_task.find_benchmarks(str(tmp_path), ["amc23"])
+
+
+def test_prompt_ids_are_not_mixed_up_when_an_object_id_is_reused(ckpt):
+  task = setup.make_task(_cfg(ckpt))
+  for i in range(20):  # CPython reuses a freed object's id at once
+    problem = math_data.MathProblem(id=str(i), answer="2", question=f"What is {i} + {i}?")
+    assert task.encode(problem) == tuple(task.tokenizer.encode(task.render(problem)))
+    del problem
 
 
 def test_data_order_is_a_pure_function_of_seed_and_step(ckpt):
@@ -196,27 +256,51 @@ def test_math_config_needs_its_inputs(ckpt):
     config_lib.from_config_dict(bad)
 
 
-def test_two_steps_with_eval_checkpoint_resume_and_export(ckpt, tmp_path):
+def test_two_steps_with_eval_checkpoint_resume_and_export(ckpt, tmp_path, monkeypatch):
   """2 RL steps of the tiny checkpoint on the DAPO fixtures: evaluation on the
   five benchmark fixtures, a checkpoint after step 1, a resumed second step,
-  and a Hugging Face export that transformers loads with matching logits."""
+  and Hugging Face exports (final, best) that transformers loads, with matching
+  logits."""
   import torch  # pylint: disable=g-import-not-at-top
   import transformers  # pylint: disable=g-import-not-at-top
 
+  # Two steps at lr 1e-6 leave the evaluation's samples unchanged: step 0's
+  # score is lowered so that step 1's policy is, deterministically, the best.
+  real_evaluate, calls = rl_evaluation.evaluate, []
+
+  def evaluate(*args, **kwargs):
+    metrics = real_evaluate(*args, **kwargs)
+    calls.append(metrics["eval/avg"])
+    if len(calls) == 1:
+      metrics["eval/avg"] -= 1.0
+    return metrics
+
+  monkeypatch.setattr(rl_evaluation, "evaluate", evaluate)
   config = math_config.get_config(f"ckpt={ckpt},train={DAPO},eval={EVALS},quick")
   config.data.reward_grader = "mipu_jax.testing.graders:parity"  # mixed rewards
+  config.export.best = True
   config.num_steps = 1
   workdir = str(tmp_path / "run")
   first = rl.train(config_lib.from_config_dict(config), workdir)
   assert os.path.isdir(os.path.join(workdir, "checkpoints", "1"))
+  best = first.files["export_best"]
+  assert best == os.path.join(workdir, "export", "best")
   config.num_steps = 2
   result = rl.train(config_lib.from_config_dict(config), workdir)  # resumes at 1
+  assert len(calls) == 3
+  # The resumed run compares with step 1's score (kept in the checkpoint).
+  best_run = result if calls[2] > calls[1] else first
+  assert ("export_best" in result.files) == (best_run is result)
   steps = [int(r["step"]) for r in result.rows]
   assert steps == [0, 1, 2]
   assert result.rows[1] == first.rows[1]  # step 1 was read back, not retrained
   last = result.rows[-1]
-  for name in ("math500", "aime24", "amc23", "minerva_math", "olympiadbench"):
-    assert 0.0 <= last[f"eval/{name}"] <= 1.0
+  logged = [json.loads(line) for line in open(result.files["metrics"])]
+  assert [r["step"] for r in logged] == steps
+  for row in (logged[0], logged[-1], result.rows[0], last):  # the evaluated steps
+    assert "eval/avg" in row and "eval/avg_se" in row
+    for name in ("math500", "aime24", "amc23", "minerva_math", "olympiadbench"):
+      assert 0.0 <= row[f"eval/{name}"] <= 1.0
   assert "| math500 | aime24 | amc23 | minerva_math | olympiadbench | Avg. |" in result.table
   assert last["reward/timeouts"] == 0 and "mipu/accepted" in last
   assert any(r.get("actor/grad_norm", 0) > 0 for r in result.rows)  # it learned
@@ -233,3 +317,13 @@ def test_two_steps_with_eval_checkpoint_resume_and_export(ckpt, tmp_path):
     want = hf(torch.tensor(tokens)).logits.numpy()
   np.testing.assert_allclose(np.asarray(ours(tokens)), want, atol=1e-4, rtol=1e-4)
   assert transformers.AutoTokenizer.from_pretrained(export).chat_template
+
+  # The best export: the policy of the best evaluation after step 0.
+  assert {"config.json", "model.safetensors", "tokenizer.json"} <= set(os.listdir(best))
+  ours = models.from_pretrained(best)
+  chex.assert_trees_all_equal(jax.device_get(best_run.state.params),
+                              nnx.to_pure_dict(nnx.state(ours, nnx.Param)))
+  hf = transformers.AutoModelForCausalLM.from_pretrained(best, dtype=torch.float32)
+  with torch.no_grad():
+    want = hf(torch.tensor(tokens)).logits.numpy()
+  np.testing.assert_allclose(np.asarray(ours(tokens)), want, atol=1e-4, rtol=1e-4)

@@ -19,19 +19,11 @@ _STEPS = 2
 
 def _config():
   from mipu_jax import config as config_lib  # pylint: disable=g-import-not-at-top
-  return config_lib.TrainConfig(
-      num_steps=_STEPS,
-      data=config_lib.DataConfig(prompts_per_step=4, group_size=4, train_tiers=("tier1",),
-                                 max_sampling_rounds=1),
-      sampling=config_lib.SamplingConfig(max_new_tokens=16),
-      optim=config_lib.OptimConfig(learning_rate=1e-3),
-      learner=config_lib.LearnerConfig(log_entropy=False, mesh=config_lib.MeshConfig(
-          data=1, fsdp=-1, tensor=1)),
-      eval=config_lib.EvalConfig(tiers=("tier1",), n_per_tier=4, num_samples=2),
-      logging=config_lib.LoggingConfig(tensorboard=False, plots=False, progress_bar=False),
-      checkpoint=config_lib.CheckpointConfig(every=1, keep=1),
-      export=config_lib.ExportConfig(final=True),
-      mipu=config_lib.MipuConfig(step2=True, c=0.0, num_probe_prompts=4))
+  from mipu_jax import testing  # pylint: disable=g-import-not-at-top
+  return testing.tiny_run_config(
+      _STEPS, learner=dict(mesh=config_lib.MeshConfig(data=1, fsdp=-1, tensor=1)),
+      eval=dict(num_samples=2), checkpoint=dict(keep=1), export=dict(final=True),
+      mipu=dict(step2=True, c=0.0, num_probe_prompts=4))
 
 
 def _target(workdir: str, pid: int, nproc: int, port: int) -> None:

@@ -26,19 +26,11 @@ _FINAL = "final_state.npz"
 
 def _config():
   from mipu_jax import config as config_lib  # pylint: disable=g-import-not-at-top
-  return config_lib.TrainConfig(
-      num_steps=_STEPS,
-      data=config_lib.DataConfig(prompts_per_step=4, group_size=4,
-                                 train_tiers=("tier1",), max_sampling_rounds=1),
-      sampling=config_lib.SamplingConfig(max_new_tokens=16),
-      optim=config_lib.OptimConfig(learning_rate=1e-3),
-      learner=config_lib.LearnerConfig(log_entropy=False),
-      eval=config_lib.EvalConfig(tiers=("tier1",), n_per_tier=4, num_samples=4),
-      logging=config_lib.LoggingConfig(tensorboard=False, plots=False,
-                                       progress_bar=False),
-      checkpoint=config_lib.CheckpointConfig(every=1, keep=2),
+  from mipu_jax import testing  # pylint: disable=g-import-not-at-top
+  return testing.tiny_run_config(
+      _STEPS, learner=dict(mesh=config_lib.MeshConfig()), eval=dict(num_samples=4),
       # c = 0: decisions on both sides of the threshold are plausible.
-      mipu=config_lib.MipuConfig(step2=True, c=0.0, num_probe_prompts=4))
+      mipu=dict(step2=True, c=0.0, num_probe_prompts=4))
 
 
 def _target_main(workdir: str) -> None:

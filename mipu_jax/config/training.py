@@ -4,6 +4,7 @@ evaluation, export, logging, checkpoints, MIPU, and the whole `TrainConfig`
 
 import dataclasses
 import os
+import warnings
 from typing import Any
 
 from mipu_jax import eval as eval_lib
@@ -312,6 +313,14 @@ class TrainConfig:
           f"mini-batches x {self.learner.num_microbatches} micro-batches.")
     if self.loss.advantage == "rloo" and self.data.group_size < 2:
       raise ValueError("rloo needs group_size >= 2.")
+    if self.model.attention == "cudnn" and self.learner.pack_length:
+      # cuDNN takes rows whose valid tokens are a prefix, without segment ids
+      # (`mipu_jax.models.attention`): packed rows are none of those.
+      warnings.warn("model.attention='cudnn' with learner.pack_length > 0: the "
+                    "learner's packed rows use the blockwise kernel (cuDNN runs "
+                    "only on unpacked, right-padded rows); "
+                    "model.attention='blockwise' runs the same and does not warn.",
+                    stacklevel=2)
     # Builds the schedule once so a bad argument fails here, not mid-run.
     schedules.make_schedule(self.optim.schedule, self.optim.learning_rate,
                             **self.optim.schedule_kwargs(self.num_steps))

@@ -191,7 +191,7 @@ def _train_steps(cfg, workdir, run, state, start, rows, writer, ckpt, gate,
     rows.append({"step": float(step), **metrics})
 
   if start == 0:
-    log(0, _evaluate(run, eval_sets))
+    log(0, {**_evaluate(run, eval_sets), **run.task.data_stats()})
   evals = [r["eval/avg"] for r in rows if "eval/avg" in r]
   last_eval = evals[-1] if evals else float("nan")
   # Every process decides on the best export alike (it gathers parameters),

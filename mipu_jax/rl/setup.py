@@ -82,6 +82,7 @@ def make_policy(cfg: ModelConfig, tokenizer,
   if cfg.init_from:
     _log.info("Loading the base policy from %s", cfg.init_from)
     model = models.from_pretrained(cfg.init_from, compute_dtype=cfg.dtype, mesh=mesh)
+    _warn_if_preset_differs(cfg, model.config)
   else:
     _log.info("Random init of preset %r (no model.init_from)", cfg.preset)
     mcfg = models.get_config(cfg.preset, vocab_size=vocab_size, dtype=cfg.dtype)
@@ -97,6 +98,31 @@ def make_policy(cfg: ModelConfig, tokenizer,
         f"tokenizer ({vocab_size} ids, {type(tokenizer).__name__}): the "
         "checkpoint was not trained with this tokenizer.")
   return model
+
+
+# The architecture fields a preset and a checkpoint's config.json can disagree on.
+_ARCHITECTURE = ("num_layers", "hidden_size", "num_heads", "num_kv_heads", "head_dim",
+                 "intermediate_size", "vocab_size")
+
+
+def _warn_if_preset_differs(cfg: ModelConfig, loaded: models.Qwen3Config) -> None:
+  """Warns when `model.preset` is not the architecture `init_from` holds.
+
+  The checkpoint's architecture is what runs; the preset only sizes memory
+  plans (`mipu_jax.memory_plan`), which are then off. A difference from the
+  default preset (which a config that loads a checkpoint usually leaves as is)
+  is logged at info level only.
+  """
+  preset = models.get_config(cfg.preset)
+  diffs = [f"{f} {getattr(preset, f)} vs {getattr(loaded, f)}" for f in _ARCHITECTURE
+           if getattr(preset, f) != getattr(loaded, f)]
+  if not diffs:
+    return
+  level = logging.INFO if cfg.preset == ModelConfig.preset else logging.WARNING
+  _log.log(level, "model.preset=%r is not the architecture of model.init_from=%r "
+           "(preset vs checkpoint: %s): the checkpoint's architecture runs; the "
+           "preset only sizes memory plans, which are off for this checkpoint.",
+           cfg.preset, cfg.init_from, ", ".join(diffs))
 
 
 def make_sampler(model: models.Qwen3, cfg: TrainConfig, task: base.Task,

@@ -89,3 +89,7 @@ class Task(Protocol):
 
   def eval_sets(self, seed: int) -> Mapping[str, Sequence[ProblemLike]]:
     """The evaluation sets, keyed by `eval_names`."""
+
+  def data_stats(self) -> Mapping[str, float]:
+    """Counters of the task's data, logged once in the run's step-0 row
+    (e.g. prompts left out for length)."""

@@ -13,7 +13,8 @@ Prompts are rendered with the checkpoint's chat template (`chat.render_chat`,
 as `transformers` renders it, generation prompt appended) or a raw template for
 base models; DAPO messages are used as given, bare MATH-style problems get an
 instruction asking for the final answer in `\\boxed{}`. Prompts longer than
-the budget are dropped, and counted (`dropped_long`).
+the budget are dropped, and counted (`dropped_long`; benchmark problems:
+`eval_dropped_long`; both as metrics: `data_stats`).
 
 Rewards: the last `\\boxed{}` answer against the ground truth with
 math-verify, in a pool of worker processes with a per-item time limit
@@ -123,7 +124,7 @@ class MathTask:
     self.reward_correct, self.reward_wrong = float(reward_correct), float(reward_wrong)
     self.truncated = truncated
     self.pool = pool or math_reward.RewardPool()
-    self._ids: dict[int, tuple[int, ...]] = {}
+    self._ids: dict[int, tuple[object, tuple[int, ...]]] = {}  # see `encode`
 
     problems = math_data.load_problems(train_file, schema=schema,
                                        prompt_key=prompt_key, answer_key=answer_key)
@@ -149,9 +150,23 @@ class MathTask:
         if max_eval_problems:
           items = items[:max_eval_problems]
         fit = [p for p in items if len(self.encode(p)) <= self.prompt_budget]
+        if len(fit) < len(items):
+          _log.warning("Benchmark %s: left out %d of %d problems longer than %d "
+                       "tokens; its score is over the other %d.", key,
+                       len(items) - len(fit), len(items), self.prompt_budget, len(fit))
         self.eval_dropped_long += len(items) - len(fit)
         self._eval[key] = fit
     self.eval_names = tuple(self._eval)
+
+  def data_stats(self) -> dict[str, float]:
+    """The prompts left out for length, as metrics (a run's step-0 row).
+
+    Returns:
+      `{"data/dropped_long": training prompts dropped, "data/eval_dropped_long":
+      benchmark problems left out}`.
+    """
+    return {"data/dropped_long": float(self.dropped_long),
+            "data/eval_dropped_long": float(self.eval_dropped_long)}
 
   def sample(self, n: int, *, seed: int, step: int, round: int = 0,  # pylint: disable=redefined-builtin
              split: str = "train") -> list[math_data.MathProblem]:
@@ -188,15 +203,20 @@ class MathTask:
                             self.tokenizer.special_tokens)
 
   def encode(self, problem) -> tuple[int, ...]:
-    key = id(problem)
-    if key not in self._ids:
+    """The prompt's token ids, cached per problem object.
+
+    The problems (frozen, but holding dicts) are not hashable: the cache is
+    keyed by `id` and keeps the problem alive beside its ids, so the id cannot
+    be reused by another object while the entry stands.
+    """
+    entry = self._ids.get(id(problem))
+    if entry is None:
       bos = [] if self.tokenizer.bos_id is None else [self.tokenizer.bos_id]
-      text = self.render(problem)
-      ids = self.tokenizer.encode(text)
+      ids = self.tokenizer.encode(self.render(problem))
       if bos and ids[:1] == bos:  # the template wrote the BOS already
         bos = []
-      self._ids[key] = tuple(bos + ids)
-    return self._ids[key]
+      entry = self._ids[id(problem)] = (problem, tuple(bos + ids))
+    return entry[1]
 
   def correct(self, problems, completions) -> np.ndarray:
     return self.pool.grade(list(completions), [p.answer for p in problems])

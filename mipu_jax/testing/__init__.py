@@ -1,45 +1,50 @@
-"""Test doubles shipped with the package, shared by tests, docs and the Colab.
+"""Shared by the tests, the benchmarks and the Colab: real components at toy sizes.
 
-Real components at toy sizes, not mocks: a tiny random Qwen3 policy, the task's
-character tokenizer, and a constant reward.
+- `tiny_run_config`: the smallest complete RL run of the arithmetic task (one
+  tier, 4 prompts x 4 responses of 16 tokens), for tests of the loop.
+- `checkpoint.write_tiny_qwen3`: a tiny random Qwen3 checkpoint directory in
+  the Hugging Face layout, with a byte-level BPE tokenizer.
+- `kill_resume`: the kill-anywhere-and-resume harness.
+- `graders`: deliberately slow or failing answer graders for the reward pool.
 """
 
-from typing import Sequence
+import dataclasses
+from typing import Any, Mapping
 
-import numpy as np
-from flax import nnx
+from mipu_jax import config as config_lib
 
-from mipu_jax import models
-from mipu_jax.tasks import ProblemLike, make_tokenizer
-
-__all__ = ["ConstantReward", "tiny_config", "tiny_policy", "toy_tokenizer"]
+__all__ = ["tiny_run_config"]
 
 
-def tiny_config(**overrides) -> models.Qwen3Config:
-  """A tiny Qwen3 with distinct (prime-ish) sizes, sized for the arithmetic task's vocab."""
-  kw = dict(vocab_size=make_tokenizer().vocab_size, hidden_size=24, num_layers=2, num_heads=3,
-            num_kv_heads=1, head_dim=8, intermediate_size=40, tie_embeddings=True,
-            rope_theta=10_000.0)
-  kw.update(overrides)
-  return models.Qwen3Config(**kw)
+def tiny_run_config(num_steps: int = 2, **sections: Mapping[str, Any]
+                    ) -> config_lib.TrainConfig:
+  """The tiny RL run of the loop tests, with section fields overridden.
 
+  Args:
+    num_steps: RL steps.
+    **sections: `section=dict(field=value, ...)` for any `TrainConfig`
+      section (`data`, `learner`, `mipu`, `checkpoint`, ...).
 
-def tiny_policy(seed: int = 0, **overrides) -> models.Qwen3:
-  """A randomly initialised `tiny_config` policy."""
-  return models.Qwen3(tiny_config(**overrides), rngs=nnx.Rngs(seed))
-
-
-def toy_tokenizer():
-  """The arithmetic task's character tokenizer (pad 0, eos 1, bos 2)."""
-  return make_tokenizer()
-
-
-class ConstantReward:
-  """A `RewardFn` that gives every completion the same reward."""
-
-  def __init__(self, value: float = 1.0):
-    self.value = float(value)
-
-  def __call__(self, problems: Sequence[ProblemLike], completions: Sequence[str]) -> np.ndarray:
-    del problems
-    return np.full((len(completions),), self.value, np.float32)
+  Returns:
+    A validated `TrainConfig`: tier 1, 4 prompts x 4 responses of up to 16
+    tokens, one sampling round, lr 1e-3, one device, no entropy pass,
+    evaluation of 4 problems x 1 sample, a checkpoint every step (2 kept),
+    no TensorBoard, plots, progress bar or export.
+  """
+  base = dict(
+      data=dict(prompts_per_step=4, group_size=4, train_tiers=("tier1",),
+                max_sampling_rounds=1),
+      sampling=dict(max_new_tokens=16),
+      optim=dict(learning_rate=1e-3),
+      learner=dict(log_entropy=False, mesh=config_lib.MeshConfig(1, 1, 1)),
+      eval=dict(tiers=("tier1",), n_per_tier=4, num_samples=1),
+      logging=dict(tensorboard=False, plots=False, progress_bar=False),
+      checkpoint=dict(every=1, keep=2),
+      export=dict(final=False),
+  )
+  for name, fields in sections.items():
+    base[name] = {**base.get(name, {}), **fields}
+  default = config_lib.TrainConfig()
+  return config_lib.TrainConfig(num_steps=num_steps, **{
+      name: dataclasses.replace(getattr(default, name), **fields)
+      for name, fields in base.items()})
