@@ -1,49 +1,133 @@
 r"""The main job: the remedies for mismatch side by side on the small CPU task.
 
     python experiments/compare.py --workdir /tmp/mipu_compare
-    python experiments/compare.py --workdir /tmp/mipu_compare --quick   # ~1 min smoke
+    python experiments/compare.py --workdir /tmp/mipu_compare --quick   # smoke budget
 
-Four runs of `configs/table.py` under its high-mismatch sampler: the
+Four runs of `configs/table.py` under its high-mismatch sampler (int4 weights,
+FP8 activations, FP8 KV cache, quantized LM head; tiers 4-5, lr 1e-3): the
 no-mismatch control (the same run with an fp32 sampler), the uncorrected
-baseline, token TIS, and MIPU (Step 1 + Step 2); then one table
-(`table.md`) and the overlaid curves (`curves_compare.png`: reward, eval,
-`k3_kl`, response length, learning rate, rollback rate). The rows differ only
-in what they compare (`mipu_jax.reproduce.check_like_with_like`). Each run
-shows a progress bar; re-running resumes (finished runs are read back).
+baseline, token TIS, and MIPU (Step 1 + Step 2); then one table (`table.md`)
+and the overlaid curves (`curves_compare.png`: reward, eval, `k3_kl`,
+response length, learning rate, rollback rate). The rows differ only in what
+they compare (`mipu_jax.reproduce.check_like_with_like`).
+
+The runs train in `--workers` processes at once, each on one CPU thread (on a
+small model that is faster than one process using every core), with one
+progress bar over all of them; then the table is made from the finished runs.
+Re-running resumes: finished runs are read back, unfinished ones continue
+from their newest checkpoint.
 """
+
+import concurrent.futures
+import multiprocessing
+import os
+import time
 
 from absl import app
 from absl import flags
 from absl import logging
+import tqdm
 
 from configs import table
 from mipu_jax import reproduce
 
 _WORKDIR = flags.DEFINE_string("workdir", None, "Output directory.")
-_STEPS = flags.DEFINE_integer("steps", 60, "RL steps per run.")
+_STEPS = flags.DEFINE_integer("steps", None, "RL steps per run (default: configs/table.py's).")
 _SEEDS = flags.DEFINE_list("seeds", ["0"], "Seeds.")
 _QUICK = flags.DEFINE_bool("quick", False, "Smoke budget: 2 steps, tiny batches.")
+_WORKERS = flags.DEFINE_integer(
+    "workers", 2, "Runs trained at once, one process and one CPU thread each "
+    "(1: one after the other in this process).")
 _CACHE = flags.DEFINE_string("jax_cache", None,
                              "Persistent compilation cache (default WORKDIR/.jax_cache; '' off).")
 flags.mark_flag_as_required("workdir")
 
 
-def make_config(row, seed, p):
-  arg = f"{row},seed={seed}," + ("quick" if _QUICK.value else f"steps={_STEPS.value}")
-  config = table.get_config(arg + (f",p={p}" if p is not None else ""))
-  config.logging.progress_bar = True
-  return config
+def make_config(row, seed, p, *, quick, steps):
+  arg = f"{row},seed={seed}," + ("quick" if quick else
+                                 (f"steps={steps}" if steps else ""))
+  return table.get_config(arg.rstrip(",") + (f",p={p}" if p is not None else ""))
+
+
+def _init_worker():
+  """A worker's XLA on one CPU thread (read when its backend starts)."""
+  os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_cpu_multi_thread_eigen"
+                             "=false intra_op_parallelism_threads=1").strip()
+  logging.set_verbosity(logging.WARNING)
+
+
+def _train_row(row, seed, workdir, cache, quick, steps):
+  """One run in a worker process."""
+  from mipu_jax import config as config_lib  # pylint: disable=g-import-not-at-top
+  reproduce.enable_compilation_cache(cache, workdir)
+  cfg = config_lib.from_config_dict(make_config(row, seed, None, quick=quick, steps=steps))
+  reproduce.run_one(cfg, row, seed, os.path.join(workdir, "runs", f"{row}_s{seed}"),
+                    log=lambda _: None)
+  return row, seed
+
+
+def _steps_done(workdir, row, seed):
+  path = os.path.join(workdir, "runs", f"{row}_s{seed}", "metrics.jsonl")
+  if not os.path.exists(path):
+    return 0
+  with open(path) as f:
+    return max(sum(1 for _ in f) - 1, 0)  # the step-0 evaluation row is not a step
+
+
+def train_in_workers(rows, seeds, workdir, *, workers, quick, steps, cache):
+  """Trains every (row, seed) in `workers` processes, with one progress bar.
+
+  The rows are checked like with like first (`reproduce.check_like_with_like`).
+  """
+  from mipu_jax import config as config_lib  # pylint: disable=g-import-not-at-top
+  for seed in seeds:
+    reproduce.check_like_with_like({row: config_lib.from_config_dict(
+        make_config(row, seed, None, quick=quick, steps=steps)) for row in rows})
+  jobs = [(row, seed) for seed in seeds for row in rows]
+  per_run = config_lib.from_config_dict(
+      make_config(rows[0], seeds[0], None, quick=quick, steps=steps)).num_steps
+  context = multiprocessing.get_context("spawn")  # a fresh JAX per worker
+  bar = tqdm.tqdm(total=per_run * len(jobs), desc=f"{len(jobs)} runs", unit="step")
+  with concurrent.futures.ProcessPoolExecutor(workers, mp_context=context,
+                                              initializer=_init_worker) as pool:
+    futures = [pool.submit(_train_row, row, seed, workdir, cache, quick, steps)
+               for row, seed in jobs]
+    while True:
+      done = sum(min(_steps_done(workdir, r, s), per_run) for r, s in jobs)
+      bar.update(done - bar.n)
+      finished = [f for f in futures if f.done()]
+      bar.set_postfix(finished=f"{len(finished)}/{len(jobs)}")
+      if len(finished) == len(futures):
+        break
+      time.sleep(2.0)
+    for f in futures:
+      f.result()  # a worker's error stops the job here
+  bar.close()
 
 
 def main(argv):
   del argv
   logging.set_verbosity(logging.WARNING)  # orbax logs every save at INFO.
+  seeds = [int(s) for s in _SEEDS.value]
+  rows = list(reproduce.COMPARE_ROWS)
+  start = time.perf_counter()
+  if _WORKERS.value > 1:
+    train_in_workers(rows, seeds, _WORKDIR.value, workers=_WORKERS.value,
+                     quick=_QUICK.value, steps=_STEPS.value, cache=_CACHE.value)
   reproduce.enable_compilation_cache(_CACHE.value, _WORKDIR.value)
-  result = reproduce.run_table(make_config, reproduce.COMPARE_ROWS,
-                               [int(s) for s in _SEEDS.value], _WORKDIR.value,
+
+  def config(row, seed, p):
+    c = make_config(row, seed, p, quick=_QUICK.value, steps=_STEPS.value)
+    c.logging.progress_bar = _WORKERS.value <= 1  # a bar per run when one at a time
+    return c
+
+  # Trains whatever is left (everything with --workers=1), checks the rows
+  # are like with like, and writes the table and the curves.
+  result = reproduce.run_table(config, rows, seeds, _WORKDIR.value,
                                tables=reproduce.COMPARE_TABLES)
   print(result.markdown)
   print("\n".join(f"{k}: {v}" for k, v in result.files.items()))
+  print(f"wall time: {time.perf_counter() - start:.0f} s")
 
 
 if __name__ == "__main__":

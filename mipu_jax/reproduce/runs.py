@@ -90,11 +90,15 @@ def run_one(cfg: config_lib.TrainConfig, row: str, seed: int, workdir: str,
   if os.path.exists(done):
     with open(os.path.join(workdir, "config.json")) as f:
       saved = json.load(f)
-    diff = config_lib.config_diff(cfg, saved)
+    # What the run computed must match; how it logged (progress bar, plots)
+    # need not, but its length must.
+    diff = config_lib.resume_differences(saved, cfg)
+    if saved.get("num_steps") != cfg.num_steps:
+      diff["num_steps"] = (saved.get("num_steps"), cfg.num_steps)
     if diff:
       raise ValueError(
           f"{workdir} holds a finished run of another config (differences, "
-          f"(wanted, saved): {diff}); delete it or restore the config.")
+          f"(saved, wanted): {diff}); delete it or restore the config.")
     with open(done) as f:
       seconds = float(json.load(f)["seconds"])
     log(f"[reproduce] {row} seed {seed}: finished before, read back")
