@@ -49,7 +49,10 @@ class CellResult:
     k3_last: the same over the last quarter.
     entropy_first: mean `actor/entropy` over the first quarter.
     entropy_last: the same over the last quarter.
-    seconds: wall time of the run.
+    seconds: wall time of the run's last attempt (a resumed cell's earlier
+      attempts are not in it).
+    step_minutes: minutes spent in RL steps over all attempts (the sum of
+      `perf/step_seconds`; evaluations and compilation excluded).
   """
   name: str
   arg: str
@@ -64,6 +67,7 @@ class CellResult:
   entropy_first: float
   entropy_last: float
   seconds: float
+  step_minutes: float
 
 
 def collapse_step(rows: Sequence[Mapping[str, float]],
@@ -98,7 +102,8 @@ def summarize_cell(name: str, arg: str, rows: Sequence[Mapping[str, float]],
                     eval_se=s["final_se"], stable=s["stable"],
                     collapse_step=collapse_step(rows), k3_first=k3[0],
                     k3_last=k3[1], entropy_first=ent[0], entropy_last=ent[1],
-                    seconds=seconds)
+                    seconds=seconds,
+                    step_minutes=sum(r.get("perf/step_seconds", 0.0) for r in rows) / 60)
 
 
 def run_sweep(make_config: Callable[[str], Any], cells: Mapping[str, str],
@@ -142,14 +147,14 @@ def grid_markdown(results: Sequence[CellResult]) -> str:
   """The grid as a markdown table (pass@1 in %)."""
   lines = ["| cell | config | final Avg. ± SE | peak Avg. (step) | Stable | "
            "collapse step | k3_kl first → last quarter | entropy first → last | "
-           "minutes |", "|---" * 9 + "|"]
+           "RL-step minutes |", "|---" * 9 + "|"]
   for r in results:
     lines.append(
         f"| {r.name} | `{r.arg}` | {100 * r.final_avg:.1f} ± {100 * r.eval_se:.1f} | "
         f"{100 * r.peak_avg:.1f} ({r.peak_step}) | {'✔' if r.stable else '✘'} | "
         f"{'—' if r.collapse_step is None else r.collapse_step} | "
         f"{r.k3_first:.2e} → {r.k3_last:.2e} | "
-        f"{r.entropy_first:.3f} → {r.entropy_last:.3f} | {r.seconds / 60:.1f} |")
+        f"{r.entropy_first:.3f} → {r.entropy_last:.3f} | {r.step_minutes:.1f} |")
   return "\n".join(lines)
 
 
