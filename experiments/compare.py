@@ -81,11 +81,11 @@ def train_in_workers(rows, seeds, workdir, *, workers, quick, steps, cache):
   """
   from mipu_jax import config as config_lib  # pylint: disable=g-import-not-at-top
   for seed in seeds:
-    reproduce.check_like_with_like({row: config_lib.from_config_dict(
-        make_config(row, seed, None, quick=quick, steps=steps)) for row in rows})
+    configs = {row: config_lib.from_config_dict(
+        make_config(row, seed, None, quick=quick, steps=steps)) for row in rows}
+    reproduce.check_like_with_like(configs)
+  per_run = configs[rows[0]].num_steps  # like with like: every run's length
   jobs = [(row, seed) for seed in seeds for row in rows]
-  per_run = config_lib.from_config_dict(
-      make_config(rows[0], seeds[0], None, quick=quick, steps=steps)).num_steps
   context = multiprocessing.get_context("spawn")  # a fresh JAX per worker
   bar = tqdm.tqdm(total=per_run * len(jobs), desc=f"{len(jobs)} runs", unit="step")
   with concurrent.futures.ProcessPoolExecutor(workers, mp_context=context,

@@ -232,11 +232,8 @@ class Checkpointer:
     except OSError as e:
       intact = self._committed_steps_safe()
       what = f"step {step}" if step is not None else "the last checkpoint"
-      reason = e.strerror or str(e) or type(e).__name__
-      if e.errno == errno.ENOSPC:
-        reason = "no space left on the device"
       raise CheckpointWriteError(
-          f"Could not write {what} to {self._directory}: {reason}. "
+          f"Could not write {what} to {self._directory}: {write_error_reason(e)}. "
           + (f"The newest intact checkpoint is step {intact[-1]}: free space (or "
              f"fix the directory) and rerun the same command to resume from it."
              if intact else "No checkpoint of this run is committed yet."),
@@ -275,7 +272,8 @@ class Checkpointer:
     metadata = dict(self._manager.restore(step, args=ocp.args.Composite(**{
         _METADATA: ocp.args.JsonRestore()}))[_METADATA])
     expected = metadata.pop(_FINGERPRINT, None)
-    abstract = None if target is None else _abstract(target)
+    wanted = None if target is None else _abstract(target)
+    abstract = wanted
     if abstract is not None and expected is not None:
       # Restored as saved, checked, then cast to the target's dtypes.
       leaves, treedef = jax.tree.flatten(abstract)
@@ -290,12 +288,18 @@ class Checkpointer:
       raise ValueError(f"checkpoint step {step}: the restored arrays do not match "
                        f"the fingerprint saved with them (corrupted data).")
     if target is not None:
-      wanted = _abstract(target)
       state = jax.tree.map(
           lambda x, w: x.astype(w.dtype) if hasattr(w, "dtype") and x.dtype != w.dtype
           else x, state, wanted)
       state = _data_to_keys(state, target)
     return state, metadata
+
+
+def write_error_reason(e: OSError) -> str:
+  """Why a write failed, in words ("no space left on the device" for ENOSPC)."""
+  if e.errno == errno.ENOSPC:
+    return "no space left on the device"
+  return e.strerror or str(e) or type(e).__name__
 
 
 def fingerprint(tree: PyTree) -> list[str]:

@@ -19,6 +19,7 @@ switch IS or RS off.
 from mipu_jax.config.training import CheckpointConfig
 from mipu_jax.config.training import CosineConfig
 from mipu_jax.config.sections import DataConfig
+from mipu_jax.config.diff import as_json
 from mipu_jax.config.diff import config_diff
 from mipu_jax.config.diff import flatten
 from mipu_jax.config.diff import RESUME_NEUTRAL
@@ -57,6 +58,7 @@ __all__ = [
     "SamplingConfig",
     "TASKS",
     "TrainConfig",
+    "as_json",
     "config_diff",
     "default_config",
     "flatten",

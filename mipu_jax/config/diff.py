@@ -22,10 +22,16 @@ RESUME_NEUTRAL = ("num_steps", "logging.", "eval.every", "checkpoint.every",
                   "checkpoint.keep", "export.", "learner.max_nonfinite_steps")
 
 
+def as_json(cfg: Any) -> dict[str, Any]:
+  """A `TrainConfig` as its saved JSON (`config.json`): tuples as lists, other
+  non-JSON values as strings."""
+  return json.loads(json.dumps(dataclasses.asdict(cfg), default=str))
+
+
 def flatten(cfg: Any) -> dict[str, Any]:
   """A config (`TrainConfig`, or its saved JSON mapping) as `{dotted.path: value}`."""
   if dataclasses.is_dataclass(cfg):
-    cfg = json.loads(json.dumps(dataclasses.asdict(cfg), default=str))
+    cfg = as_json(cfg)
   return _flatten(cfg)
 
 

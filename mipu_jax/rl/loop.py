@@ -16,7 +16,6 @@ checkpoints, plots) live in `train` only.
 """
 
 import dataclasses
-import errno
 import logging
 import math
 import os
@@ -248,11 +247,11 @@ def _write_error(e: OSError, workdir: str, ckpt) -> OSError:
     newest = _newest(ckpt)
   except OSError:
     newest = "unknown (the checkpoint directory cannot be read)"
-  reason = "no space left on the device" if e.errno == errno.ENOSPC else (
-      e.strerror or str(e))
-  return OSError(e.errno, f"Could not write to {workdir} ({getattr(e, 'filename', None) or 'a log file'}): "
-                 f"{reason}. The newest intact checkpoint is {newest}: free space "
-                 "(or fix the directory) and rerun the same command to resume from it.")
+  what = getattr(e, "filename", None) or "a log file"
+  return OSError(e.errno, f"Could not write to {workdir} ({what}): "
+                 f"{checkpoint.write_error_reason(e)}. The newest intact checkpoint is "
+                 f"{newest}: free space (or fix the directory) and rerun the same "
+                 "command to resume from it.")
 
 
 def train(cfg: TrainConfig, workdir: str, *,

@@ -11,7 +11,6 @@
   with a skipped update, checkpointed with the run.
 """
 
-import dataclasses
 import json
 import logging
 import os
@@ -67,7 +66,7 @@ def record_config(workdir: str, cfg: config_lib.TrainConfig, start: int,
   run's first steps) and writes `config.from_step_<k+1>.json`, appending
   `{step, file, differences}` to `config_changes.json`.
   """
-  text = json.dumps(_as_json(cfg), indent=2)
+  text = json.dumps(config_lib.as_json(cfg), indent=2)
   path = os.path.join(workdir, "config.json")
   if diff:
     path = os.path.join(workdir, f"config.from_step_{start + 1}.json")
@@ -86,10 +85,6 @@ def record_config(workdir: str, cfg: config_lib.TrainConfig, start: int,
   with open(path, "w") as f:
     f.write(text)
   return path
-
-
-def _as_json(cfg: config_lib.TrainConfig) -> Any:
-  return json.loads(json.dumps(dataclasses.asdict(cfg), default=str))
 
 
 def metrics_rows(path: str, start: int) -> list[dict[str, float]]:
