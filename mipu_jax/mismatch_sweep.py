@@ -15,6 +15,10 @@ quarter of the steps, to see whether it grows), with the policy entropy.
 is more than `COLLAPSE_DROP` (15 points of pass@1, several times the
 evaluation's standard error here) below the best evaluation so far; None if
 that never happens.
+
+**Like with like**: every two cells differ only in the study's axes
+(`STUDY_AXES`: sampler precision, learning rate, tiers, temperature, response
+budget, correction, length, seed), checked before anything trains.
 """
 
 import dataclasses
@@ -30,6 +34,32 @@ from mipu_jax import rl
 from mipu_jax.rl import report
 
 COLLAPSE_DROP = 0.15
+# What cells may differ in: the study's axes (`configs/mismatch.py`'s
+# arguments). Everything else (batch, optimizer settings, evaluation, ...) must
+# be equal, so two cells compare only what their names say.
+STUDY_AXES = reproduce.PRECISION_FIELDS + (
+    "optim.learning_rate", "data.train_tiers", "sampling.temperature",
+    "eval.temperature", "sampling.max_new_tokens", "loss.correction", "num_steps",
+    "seed", "mipu.seed")
+
+
+def check_cells_differ_only_in_axes(configs: Mapping[str, Any]) -> None:
+  """Raises unless every two cells differ only in `STUDY_AXES`.
+
+  Args:
+    configs: cell name -> validated `TrainConfig`.
+
+  Raises:
+    ValueError: naming the cells and the settings outside the axes that differ.
+  """
+  names = list(configs)
+  for i, a in enumerate(names):
+    for b in names[i + 1:]:
+      diff = {k: v for k, v in config_lib.config_diff(configs[a], configs[b]).items()
+              if not k.startswith(STUDY_AXES)}
+      if diff:
+        raise ValueError(f"cells {a!r} and {b!r} differ outside the study's axes: "
+                         f"{diff}. Make every other setting equal.")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -120,11 +150,17 @@ def run_sweep(make_config: Callable[[str], Any], cells: Mapping[str, str],
 
   Returns:
     The finished cells' results, in `cells` order.
+
+  Raises:
+    ValueError: cells that differ outside `STUDY_AXES`.
   """
   os.makedirs(workdir, exist_ok=True)
+  configs = {name: config_lib.from_config_dict(make_config(arg))
+             for name, arg in cells.items()}
+  check_cells_differ_only_in_axes(configs)  # before anything trains
   results = []
   for name, arg in cells.items():
-    cfg = config_lib.from_config_dict(make_config(arg))
+    cfg = configs[name]
     run_dir = os.path.join(workdir, "runs", name)
     summary = reproduce.run_one(cfg, name, cfg.seed, run_dir, log, train)
     if summary is None:

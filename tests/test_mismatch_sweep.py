@@ -51,3 +51,11 @@ def test_every_grid_cell_is_a_valid_config_that_differs_only_in_its_axes():
           q.sampling.quant_lm_head) == ("int4", "fp8", "fp8", True)
   with pytest.raises(ValueError, match="unknown precision"):
     mismatch.get_config("precision=int3")
+  configs = {name: config_lib.from_config_dict(mismatch.get_config(arg))
+             for name, arg in mismatch.GRID.items()}
+  mismatch_sweep.check_cells_differ_only_in_axes(configs)  # the grid as committed
+  other = mismatch.get_config("precision=fp32")
+  other.data.prompts_per_step = 8  # not an axis of the study
+  configs["smaller_batch"] = config_lib.from_config_dict(other)
+  with pytest.raises(ValueError, match="data.prompts_per_step"):
+    mismatch_sweep.check_cells_differ_only_in_axes(configs)
