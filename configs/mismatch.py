@@ -8,7 +8,8 @@ Options (`configs/common.parse_arg`): `precision` (a key of `PRECISIONS`),
 `lr` (learning rate), `temperature` (sampling and evaluation), `steps`,
 `seed`, `correction` (a preset; `none` is the uncorrected baseline the study
 is about), `tiers` (training tiers as digits, e.g. `123`), `max_new`
-(response budget), `quick` (a smoke budget). Everything else is
+(response budget), `eval_every` (evaluation and checkpoint period; the
+second study's cells use the tables' 20), `quick` (a smoke budget). Everything else is
 `configs/base.py`: the shipped base policy, GRPO, 16 prompts x 8 responses
 per step, two optimizer updates per step, AdamW, fp32 learner.
 
@@ -39,7 +40,7 @@ def get_config(arg=None):
   """The ConfigDict of one study cell (see module docstring)."""
   arg = common.parse_arg(arg, precision="fp8", lr=1e-4, temperature=1.0,
                          steps=200, seed=0, correction="none", tiers="123",
-                         max_new=64, quick=False)
+                         max_new=64, eval_every=25, quick=False)
   if arg.precision not in PRECISIONS:
     raise ValueError(f"unknown precision {arg.precision!r}; choose one of "
                      f"{sorted(PRECISIONS)}.")
@@ -55,7 +56,7 @@ def get_config(arg=None):
   config.loss.correction.preset = arg.correction
   for name, value in PRECISIONS[arg.precision].items():
     config.sampling[name] = value
-  base.batch_run(config, eval_every=25)
+  base.batch_run(config, eval_every=arg.eval_every)
   if arg.quick:
     base.quick(config)
   return config
@@ -76,3 +77,20 @@ GRID = {
     "fp32_lr1e-3": "precision=fp32,lr=1e-3",
     "int4_all_lr1e-3": "precision=int4_all,lr=1e-3",
 }
+
+# The second study: a setting where the fp32 control is Stable in most seeds and
+# the uncorrected baseline collapses in most, looked for between lr 3e-4 (nothing
+# collapses) and 1e-3 (the fp32 control drifts too). Cells have the tables'
+# budget (60 steps, evaluation every 20) and 3 seeds each, for the fp32, bf16,
+# weight-only int4 and int4-everything samplers on tiers 4-5. Cheap samplers
+# first (fp32 and weight-only int4 run at the same speed), the slow int4_all
+# last.
+STUDY2_LRS = ("7e-4", "5e-4")
+STUDY2_PRECISIONS = ("fp32", "int4", "bf16", "int4_all")
+STUDY2_SEEDS = (0, 1, 2)
+STUDY2 = {
+    f"{prec}_lr{lr}_tiers45_60s_s{seed}":
+        f"precision={prec},lr={lr},tiers=45,steps=60,eval_every=20,seed={seed}"
+    for prec in STUDY2_PRECISIONS for lr in STUDY2_LRS for seed in STUDY2_SEEDS
+}
+GRID.update(STUDY2)

@@ -18,7 +18,7 @@ that never happens.
 
 **Like with like**: every two cells differ only in the study's axes
 (`STUDY_AXES`: sampler precision, learning rate, tiers, temperature, response
-budget, correction, length, seed), checked before anything trains.
+budget, correction, length and evaluation period, seed), checked before anything trains.
 """
 
 import dataclasses
@@ -40,7 +40,7 @@ COLLAPSE_DROP = 0.15
 STUDY_AXES = reproduce.PRECISION_FIELDS + (
     "optim.learning_rate", "data.train_tiers", "sampling.temperature",
     "eval.temperature", "sampling.max_new_tokens", "loss.correction", "num_steps",
-    "seed", "mipu.seed")
+    "eval.every", "checkpoint.every", "seed", "mipu.seed")
 
 
 def check_cells_differ_only_in_axes(configs: Mapping[str, Any]) -> None:
