@@ -33,7 +33,8 @@ from mipu_jax import reproduce
 from mipu_jax import rl
 from mipu_jax.rl import report
 
-COLLAPSE_DROP = 0.15
+COLLAPSE_DROP = reproduce.COLLAPSE_DROP
+collapse_step = reproduce.collapse_step  # one home: mipu_jax/reproduce/spec.py
 # What cells may differ in: the study's axes (`configs/mismatch.py`'s
 # arguments). Everything else (batch, optimizer settings, evaluation, ...) must
 # be equal, so two cells compare only what their names say.
@@ -100,19 +101,6 @@ class CellResult:
   step_minutes: float
 
 
-def collapse_step(rows: Sequence[Mapping[str, float]],
-                  drop: float = COLLAPSE_DROP) -> Optional[int]:
-  """The first eval step more than `drop` below the best eval so far, or None."""
-  best = -np.inf
-  for r in rows:
-    if "eval/avg" not in r:
-      continue
-    if r["eval/avg"] < best - drop:
-      return int(r["step"])
-    best = max(best, r["eval/avg"])
-  return None
-
-
 def _quarter_means(rows, name: str) -> tuple[float, float]:
   values = [r[name] for r in rows if name in r]
   if not values:
@@ -170,7 +158,7 @@ def run_sweep(make_config: Callable[[str], Any], cells: Mapping[str, str],
     results.append(summarize_cell(name, arg, rows, cfg.eval.tiers,
                                   summary.seconds))
   with open(os.path.join(workdir, "grid.md"), "w") as f:
-    f.write(grid_markdown(results) + "\n")
+    f.write(grid_markdown(results) + "\n\n" + seeds_markdown(results) + "\n")
   with open(os.path.join(workdir, "summary.json"), "w") as f:
     json.dump({"cells": [dataclasses.asdict(r) for r in results],
                "collapse_drop": COLLAPSE_DROP}, f, indent=2)
@@ -191,6 +179,30 @@ def grid_markdown(results: Sequence[CellResult]) -> str:
         f"{'—' if r.collapse_step is None else r.collapse_step} | "
         f"{r.k3_first:.2e} → {r.k3_last:.2e} | "
         f"{r.entropy_first:.3f} → {r.entropy_last:.3f} | {r.step_minutes:.1f} |")
+  return "\n".join(lines)
+
+
+def _without_seed(arg: str) -> str:
+  return ",".join(p for p in arg.split(",") if not p.startswith("seed="))
+
+
+def seeds_markdown(results: Sequence[CellResult]) -> str:
+  """Cells that differ only in their seed, as one line each: how many seeds
+  are Stable and how many collapsed, and the final Avg. per seed (pass@1 in %).
+  """
+  groups: dict[str, list[CellResult]] = {}
+  for r in results:
+    groups.setdefault(_without_seed(r.arg), []).append(r)
+  lines = ["| setting | seeds | Stable | collapsed | final Avg. per seed | mean |",
+           "|---" * 6 + "|"]
+  for arg, rs in groups.items():
+    if len(rs) < 2 and "seed=" not in rs[0].arg:
+      continue
+    finals = " / ".join(f"{100 * r.final_avg:.1f}" for r in rs)
+    lines.append(
+        f"| `{arg}` | {len(rs)} | {sum(r.stable for r in rs)}/{len(rs)} | "
+        f"{sum(r.collapse_step is not None for r in rs)}/{len(rs)} | {finals} | "
+        f"{100 * np.mean([r.final_avg for r in rs]):.1f} |")
   return "\n".join(lines)
 
 

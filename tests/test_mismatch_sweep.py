@@ -59,3 +59,15 @@ def test_every_grid_cell_is_a_valid_config_that_differs_only_in_its_axes():
   configs["smaller_batch"] = config_lib.from_config_dict(other)
   with pytest.raises(ValueError, match="data.prompts_per_step"):
     mismatch_sweep.check_cells_differ_only_in_axes(configs)
+
+
+def test_seeds_markdown_counts_stable_and_collapsed_seeds():
+  def cell(seed, final, stable, collapse):
+    return mismatch_sweep.CellResult(
+        name=f"c{seed}", arg=f"precision=int4,lr=7e-4,seed={seed}", final_avg=final,
+        peak_avg=0.5, peak_step=20, eval_se=0.02, stable=stable,
+        collapse_step=collapse, k3_first=0.0, k3_last=0.0, entropy_first=0.0,
+        entropy_last=0.0, seconds=1.0, step_minutes=1.0)
+  md = mismatch_sweep.seeds_markdown([cell(0, 0.1, False, 40), cell(1, 0.2, False, 60),
+                                      cell(2, 0.45, True, None)])
+  assert "| `precision=int4,lr=7e-4` | 3 | 1/3 | 2/3 | 10.0 / 20.0 / 45.0 | 25.0 |" in md

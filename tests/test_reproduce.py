@@ -5,7 +5,6 @@ import os
 import subprocess
 import sys
 
-import numpy as np
 import pytest
 
 
@@ -167,12 +166,16 @@ def test_tables_have_the_sources_layout():
   runs = [run("baseline", 0, 0.40, False), run("baseline", 1, 0.50, True),
           run("mipu", 0, 0.6, True, 0.2), run("mipu", 1, 0.6, True, 0.3)]
   md = reproduce.tables_markdown(runs, {"step2": "not run"}, TIERS)
-  assert ("| Method | tier1 | tier2 | tier3 | tier4 | tier5 | Avg. | Eval SE | "
-          "Peak Avg. | Stable | k3_kl | Rollback rate |") in md
-  sd = np.std([40, 50], ddof=1)
-  assert f"| Baseline | {' | '.join(['45.00'] * 5)} | 45.00 ± {sd:.2f} | 2.00 |" in md
-  assert "| ✘ (1/2) |" in md
-  assert "| 60.00 ± 0.00 | 2.00 | 61.00 | ✔ | 1.00e-03 | 25.0% |" in md
+  assert ("| Method | tier1 | tier2 | tier3 | tier4 | tier5 | Avg. [95% CI] | Eval SE | "
+          "Peak Avg. | Stable | Collapsed | k3_kl | Rollback rate |") in md
+  # Two seeds at 40 and 50: the bootstrap means are 40, 45, 50.
+  assert (f"| Baseline | {' | '.join(['45.00'] * 5)} | 45.00 [40.00, 50.00] | 2.00 | "
+          "46.00 | ✘ 1/2 | 0/2 |") in md
+  assert "| 60.00 [60.00, 60.00] | 2.00 | 61.00 | ✔ 2/2 | 0/2 | 1.00e-03 | 25.0% |" in md
+  # MIPU > baseline on 2 seeds: +15 points, p = 1/4, undecidable.
+  assert "- MIPU > baseline: mipu − baseline = +15.00 points" in md
+  assert "p = 0.25" in md and "undecidable with 2 seeds" in md
+  assert "| Baseline | 40.0* | 50.0 |" in md
   assert "| + Step 2 | — |" in md and "pending — not run" in md
   assert reproduce.order_rows(["random_rollback", "baseline", "mipu"]) == [
       "mipu", "random_rollback", "baseline"]

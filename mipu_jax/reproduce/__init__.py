@@ -54,6 +54,8 @@ from mipu_jax.reproduce.runs import order_rows
 from mipu_jax.reproduce.runs import run_one
 from mipu_jax.reproduce.runs import run_table
 from mipu_jax.reproduce.spec import ABLATION_ROWS
+from mipu_jax.reproduce.spec import COLLAPSE_DROP
+from mipu_jax.reproduce.spec import collapse_step
 from mipu_jax.reproduce.spec import COMPARE_ROWS
 from mipu_jax.reproduce.spec import COMPARE_TABLES
 from mipu_jax.reproduce.spec import LABELS
@@ -70,9 +72,9 @@ from mipu_jax.reproduce.spec import summarize
 from mipu_jax.reproduce.spec import TableResult
 
 __all__ = [
-    "ABLATION_ROWS", "COMPARE_ROWS", "COMPARE_TABLES", "LABELS", "MAIN_ROWS",
+    "ABLATION_ROWS", "COLLAPSE_DROP", "COMPARE_ROWS", "COMPARE_TABLES", "LABELS", "MAIN_ROWS",
     "MakeConfig", "PANELS", "PRECISION_FIELDS", "ROLLBACK_ROWS", "ROW_FIELDS",
     "RunSummary", "SOURCE_TABLES", "STABLE_SES", "TableResult",
-    "check_like_with_like", "enable_compilation_cache", "order_rows", "plot_curves",
+    "check_like_with_like", "collapse_step", "enable_compilation_cache", "order_rows", "plot_curves",
     "plot_gap", "run_one", "run_table", "summarize", "tables_markdown",
 ]

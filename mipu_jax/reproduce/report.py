@@ -7,6 +7,8 @@ from typing import Mapping, Optional, Sequence
 import numpy as np
 
 from mipu_jax import rl
+from mipu_jax.reproduce import stats
+from mipu_jax.reproduce.spec import COLLAPSE_DROP
 from mipu_jax.reproduce.spec import LABELS
 from mipu_jax.reproduce.spec import PANELS
 from mipu_jax.reproduce.spec import RunSummary
@@ -18,25 +20,57 @@ from mipu_jax.rl import report
 
 
 def _row_cells(runs: Sequence[RunSummary], tiers: Sequence[str]) -> list[str]:
-  """Per-tier means, Avg mean ± sd over seeds, eval SE, peak Avg, Stable (%)."""
+  """Per-tier means, Avg. mean [95% bootstrap CI], eval SE, peak Avg., Stable
+  and collapsed seeds (k/n)."""
   def mean(key):
     return 100 * float(np.mean([r.final[key] for r in runs]))
   cells = [f"{mean(t):.2f}" for t in tiers]
-  avgs = 100 * np.array([r.final["avg"] for r in runs])
-  sd = f" ± {avgs.std(ddof=1):.2f}" if len(runs) > 1 else ""
-  cells.append(f"{avgs.mean():.2f}{sd}")
+  row = stats.row_stats(runs[0].row, [r.final["avg"] for r in runs],
+                        [r.stable for r in runs],
+                        [r.collapse_step is not None for r in runs])
+  ci = f" [{row.ci[0]:.2f}, {row.ci[1]:.2f}]" if len(runs) > 1 else ""
+  cells.append(f"{row.mean:.2f}{ci}")
   cells.append(f"{100 * np.mean([r.final_se for r in runs]):.2f}")
   cells.append(f"{100 * np.mean([r.peak_avg for r in runs]):.2f}")
+  n = len(runs)
   n_stable = sum(r.stable for r in runs)
-  mark = "✔" if n_stable == len(runs) else "✘"
-  cells.append(mark if n_stable in (0, len(runs)) else f"{mark} ({n_stable}/{len(runs)})")
+  mark = "✔" if n_stable == n else "✘"
+  cells.append(f"{mark} {n_stable}/{n}")
+  cells.append(f"{sum(r.collapse_step is not None for r in runs)}/{n}")
   return cells
+
+
+def per_seed_markdown(runs: Sequence[RunSummary]) -> str:
+  """Final Avg. (%) of every run, one row per table row, one column per seed."""
+  seeds = sorted({r.seed for r in runs})
+  by = {(r.row, r.seed): r for r in runs}
+  rows = list(dict.fromkeys(r.row for r in runs))
+  lines = ["| Row | " + " | ".join(f"s{s}" for s in seeds) + " |",
+           "|---" * (len(seeds) + 1) + "|"]
+  for row in rows:
+    cells = []
+    for s in seeds:
+      r = by.get((row, s))
+      cells.append("—" if r is None else f"{100 * r.final['avg']:.1f}"
+                   + ("" if r.stable else "*") + ("↓" if r.collapse_step else ""))
+    lines.append(f"| {LABELS.get(row, row)} | " + " | ".join(cells) + " |")
+  return "\n".join(lines)
+
+
+def claims_markdown(runs: Sequence[RunSummary]) -> str:
+  """One verdict line per claim of the sources whose two rows ran
+  (`stats.CLAIMS`, paired by seed on final Avg.)."""
+  finals: dict[str, dict[int, float]] = {}
+  for r in runs:
+    finals.setdefault(r.row, {})[r.seed] = r.final["avg"]
+  results = stats.claim_results(finals)
+  return "\n".join(c.line() for c in results)
 
 
 def _table(title: str, names: Sequence[str], by_row: Mapping[str, list],
            pending: Mapping[str, str], tiers: Sequence[str]) -> list[str]:
-  head = ["Method", *tiers, "Avg.", "Eval SE", "Peak Avg.", "Stable", "k3_kl",
-          "Rollback rate"]
+  head = ["Method", *tiers, "Avg. [95% CI]", "Eval SE", "Peak Avg.", "Stable",
+          "Collapsed", "k3_kl", "Rollback rate"]
   lines = [f"### {title}", "", "| " + " | ".join(head) + " |",
            "|" + "---|" * len(head)]
   for name in names:
@@ -46,7 +80,7 @@ def _table(title: str, names: Sequence[str], by_row: Mapping[str, list],
       cells.append(f"{np.mean([r.k3_kl for r in rs]):.2e}")
       cells.append(f"{100 * np.mean([r.rollback_rate for r in rs]):.1f}%")
     elif name in pending:
-      cells = ["—"] * (len(tiers) + 3) + ["pending", "—", "—"]
+      cells = ["—"] * (len(tiers) + 3) + ["pending", "—", "—", "—"]
     else:
       continue
     lines.append(f"| {LABELS.get(name, name)} | " + " | ".join(cells) + " |")
@@ -64,15 +98,26 @@ def tables_markdown(runs: Sequence[RunSummary], pending: Mapping[str, str],
   seeds = sorted({r.seed for r in runs})
   lines = [
       f"Pass@1 (%) at the last evaluation, mean over seeds {seeds} "
-      f"(Avg.: mean ± sd over seeds). Eval SE: standard error of one "
+      f"(Avg.: mean over seeds and its {100 * stats.CI_LEVEL:.0f}% percentile-"
+      f"bootstrap interval over seeds). Eval SE: standard error of one "
       f"evaluation's Avg. (sampling noise over the eval problems, mean over "
       f"seeds). Peak Avg.: best evaluation of the run (mean over seeds). "
-      f"Stable: the last two evaluations within {STABLE_SES:g} eval SEs of the "
-      "run's peak, for every seed (✘ (k/n): k of n seeds stable). k3_kl: the "
-      "mismatch over the last quarter of the steps. Rollback rate: MIPU Step 2 "
-      "or random rollback.", ""]
+      f"Stable: seeds whose last two evaluations are within {STABLE_SES:g} "
+      "eval SEs of the run's peak (✔ when all are). Collapsed: seeds with an "
+      f"evaluation more than {100 * COLLAPSE_DROP:.0f} points below the best "
+      "before it. k3_kl: the mismatch over the last quarter of the steps. "
+      "Rollback rate: MIPU Step 2 or random rollback.", ""]
   for _, title, names in tables:
     lines += _table(title, names, by_row, pending, tiers)
+  claims = claims_markdown(runs)
+  if claims:
+    lines += ["### The sources' claims, tested (paired by seed, final Avg.)", "",
+              f"Exact sign-flip permutation test on the per-seed differences, "
+              f"threshold {stats.ALPHA:g} (fixed before the runs: "
+              "`mipu_jax/reproduce/stats.py`).", "", claims, ""]
+  if len(seeds) > 1:
+    lines += ["### Final Avg. per seed", "",
+              "(*: not Stable; ↓: collapsed)", "", per_seed_markdown(runs), ""]
   notes = sorted({f"{LABELS.get(r.row, r.row)}: {r.note}" for r in runs if r.note})
   notes += [f"{LABELS.get(k, k)}: pending — {v}" for k, v in sorted(pending.items())]
   notes += [f"{LABELS.get(k, k)}: seeds {v} did not finish in the budget; not included"

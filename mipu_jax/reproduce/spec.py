@@ -48,6 +48,10 @@ PANELS = (
     ("mipu/rollback_rate", "rollback rate"),
 )
 STABLE_SES = 2.0
+# Collapse (fixed before the mismatch study's runs): the first evaluation more
+# than COLLAPSE_DROP (15 points of pass@1, several times the evaluation's
+# standard error) below the best evaluation so far.
+COLLAPSE_DROP = 0.15
 
 MakeConfig = Callable[[str, int, Optional[float]], Any]
 
@@ -68,6 +72,7 @@ class RunSummary:
     stable: the criterion in the module docstring.
     rollback_rate: the run's final `mipu/rollback_rate` (0 without MIPU).
     k3_kl: mean `rollout_corr/k3_kl` over the last quarter of the steps.
+    collapse_step: `collapse_step` of its evaluations (None: no collapse).
     seconds: wall time of the run.
     note: e.g. "same run as tis" for a deduplicated row.
   """
@@ -83,6 +88,7 @@ class RunSummary:
   rollback_rate: float
   k3_kl: float
   seconds: float
+  collapse_step: Optional[int] = None
   note: str = ""
 
 
@@ -93,6 +99,19 @@ class TableResult:
   pending: dict[str, str]
   markdown: str
   files: dict[str, str]
+
+
+def collapse_step(rows: Sequence[Mapping[str, float]],
+                  drop: float = COLLAPSE_DROP) -> Optional[int]:
+  """The first eval step more than `drop` below the best eval so far, or None."""
+  best = -np.inf
+  for r in rows:
+    if "eval/avg" not in r:
+      continue
+    if r["eval/avg"] < best - drop:
+      return int(r["step"])
+    best = max(best, r["eval/avg"])
+  return None
 
 
 def summarize(rows: Sequence[Mapping[str, float]], tiers: Sequence[str], *,
@@ -124,4 +143,5 @@ def summarize(rows: Sequence[Mapping[str, float]], tiers: Sequence[str], *,
       peak_se=float(peak["eval/avg_se"]),
       stable=bool(finite and held),
       rollback_rate=float(rate[-1]) if rate else 0.0,
-      k3_kl=float(np.mean(k3[-max(len(k3) // 4, 1):])) if k3 else 0.0)
+      k3_kl=float(np.mean(k3[-max(len(k3) // 4, 1):])) if k3 else 0.0,
+      collapse_step=collapse_step(rows))
