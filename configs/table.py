@@ -21,7 +21,9 @@ int4 weights, FP8 activations, an FP8 KV cache and a quantized LM head; learner
 updates each; evaluation every 20 steps (32 problems x 4 samples per tier).
 The `control` row is the same run with an fp32 sampler (no mismatch).
 Everything else is `configs/base.py` (docs/method.md defaults: GRPO, clip
-0.2 / 0.28, token-mean, AdamW wd 0.01, clip 1, temperature 1). MIPU Step 2
+0.2 / 0.28, token-mean, AdamW wd 0.01, clip 1, temperature 1). LR-decay
+halves the rate every `T_decay` = round(1.8 x `SURGE_STEP`) steps, down to
+0.1 x lr (docs/method.md §6). MIPU Step 2
 probes 8 held-out prompts and rejects when `T̂_post` is more than 2 of its
 standard errors below zero (`mipu.c_noise_multiple`).
 
@@ -35,12 +37,22 @@ from configs import base
 from configs import common
 from configs import mismatch
 from configs import rows
+from mipu_jax import schedules
 
 # The setting of the mismatch study where the uncorrected baseline collapses
 # (results/mismatch_sweep/README.md): the highest-mismatch sampler, the harder
 # tiers 4-5, learning rate 1e-3. The fp32-sampler control drifts down in it
 # too, but slowly and without collapsing.
 SETTING = "precision=int4_all,lr=1e-3,tiers=45"
+# LR-decay follows the paper's rule, T_decay = 1.8 x the step at which the
+# uncorrected run's mean response length surged (docs/method.md §6), with the
+# surge step measured on this setting's baseline runs
+# (`schedules.measured_surge_step`: 19-21 -> 43-49 tokens at step 2 in every
+# seed of results/small_cpu/runs/baseline_s*, checked by
+# tests/test_schedules.py). The `auto` detector cannot fire this early (its
+# min_steps is 10), so the row uses the paper's fixed period.
+SURGE_STEP = 2
+BASELINE_RUNS = "results/small_cpu/runs/baseline_s{seed}"
 
 
 def get_config(arg=None):
@@ -57,4 +69,8 @@ def get_config(arg=None):
     base.quick(config)
   if arg.prompts:
     config.data.prompts_per_step = arg.prompts
+  if arg.row == "lr_decay":
+    config.optim.length_surge.mode = "fixed"
+    config.optim.length_surge.decay_period = schedules.decay_period_from_surge(
+        SURGE_STEP)
   return rows.apply(config, arg.row, p=arg.p)

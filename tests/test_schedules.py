@@ -246,3 +246,42 @@ def test_schedules_count_rl_steps_not_updates(name, kwargs, updates_per_step):
   if name == "length_surge" and kwargs["mode"] == "auto":
     assert int(state.surge_step) == 3  # the length tripled at step 3
     assert float(per_step[-1]) < LR0  # and the rate decayed after it
+
+
+def test_measured_surge_step_and_period():
+  assert schedules.measured_surge_step([19.0, 45.0, 52.0]) == 2
+  assert schedules.measured_surge_step([10.0, 15.0, 19.0, 21.0]) == 4
+  assert schedules.measured_surge_step([10.0, 15.0, 19.0]) is None
+  assert schedules.measured_surge_step([0.0, 5.0]) is None
+  assert schedules.decay_period_from_surge(2) == 4        # round(3.6)
+  assert schedules.decay_period_from_surge(110) == 198    # the paper's 4B: ~204
+  assert schedules.decay_period_from_surge(1, period_factor=0.2) == 1
+
+
+def test_table_lr_decay_row_acts_on_the_measured_surge():
+  """The table's LR-decay row: T_decay from the surge step measured on the
+  committed baseline runs, and a rate curve that leaves the baseline's."""
+  import json  # pylint: disable=g-import-not-at-top
+  import os  # pylint: disable=g-import-not-at-top
+  from configs import table  # pylint: disable=g-import-not-at-top
+  from mipu_jax import config as config_lib  # pylint: disable=g-import-not-at-top
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  measured = []
+  for seed in range(3):
+    path = os.path.join(root, table.BASELINE_RUNS.format(seed=seed), "metrics.jsonl")
+    with open(path) as f:
+      lengths = [r["rollout/response_length_mean"] for r in map(json.loads, f)
+                 if "rollout/response_length_mean" in r]
+    measured.append(schedules.measured_surge_step(lengths))
+  assert int(np.median(measured)) == table.SURGE_STEP
+  cfg = config_lib.from_config_dict(table.get_config("lr_decay"))
+  assert cfg.optim.schedule == "length_surge"
+  kw = cfg.optim.schedule_kwargs(cfg.num_steps)
+  assert kw == {"mode": "fixed", "decay_period": 4}
+  lr0 = cfg.optim.learning_rate
+  rates, _ = run_schedule(schedules.length_surge(lr0, **kw), np.full(20, 50.0))
+  # Halved at steps 4, 8, 12; the floor 0.1 x lr0 from step 16 on.
+  want = [lr0] * 3 + [lr0 / 2] * 4 + [lr0 / 4] * 4 + [lr0 / 8] * 4 + [lr0 / 10] * 5
+  np.testing.assert_allclose(rates, want, rtol=1e-6)
+  base = config_lib.from_config_dict(table.get_config("baseline"))
+  assert base.optim.schedule == "constant"

@@ -19,7 +19,9 @@ from mipu_jax.schedules.factory import has_schedule_state
 from mipu_jax.schedules.factory import make_schedule
 from mipu_jax.schedules.factory import replace_schedule_state
 from mipu_jax.schedules.factory import schedule_metrics
+from mipu_jax.schedules.length_surge import decay_period_from_surge
 from mipu_jax.schedules.length_surge import length_surge
+from mipu_jax.schedules.length_surge import measured_surge_step
 from mipu_jax.schedules.length_surge import LengthSurgeState
 
 __all__ = [
@@ -28,10 +30,12 @@ __all__ = [
     "constant",
     "cosine",
     "current_learning_rate",
+    "decay_period_from_surge",
     "find_schedule_state",
     "has_schedule_state",
     "length_surge",
     "make_schedule",
+    "measured_surge_step",
     "replace_schedule_state",
     "schedule_metrics",
 ]

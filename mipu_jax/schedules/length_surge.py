@@ -19,6 +19,11 @@ Modes:
 
 * ``fixed``: ``T_decay = decay_period`` from step 1 on. This is Algorithm 1
   exactly (the paper's experiments, e.g. period 204 for Qwen3-4B-Base).
+* ``fixed`` with the period measured (``measured_surge_step``,
+  ``decay_period_from_surge``): the paper's rule, ``T_decay ≈ 1.8 × t_surge``
+  with ``t_surge`` read off the uncorrected run's length curve, made exact, for
+  a task whose surge ends before ``auto`` may fire (the small CPU task surges
+  at step 2, below ``min_steps``).
 * ``auto``: the paper picks ``decay_period`` by hand, from the step at which the
   mean response length surged (≈ 1.8 × that step); docs/method.md §6 turns that into
   online detection, which the paper does not have. A surge is declared at the
@@ -40,10 +45,11 @@ they are logged (``schedule_metrics``) and checkpointed with the optimizer
 state.
 """
 
-from typing import NamedTuple
+from typing import NamedTuple, Optional, Sequence
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 
 from mipu_jax.schedules._scale import hold_unless_new_step
@@ -51,6 +57,33 @@ from mipu_jax.schedules._scale import scale_updates
 
 _MODES = ("auto", "fixed")
 _BASELINES = ("window", "ema")
+
+
+def measured_surge_step(lengths: Sequence[float],
+                        surge_ratio: float = 2.0) -> Optional[int]:
+  """The RL step (counted from 1) at which a measured length curve surged.
+
+  The paper reads the surge step off the uncorrected run's mean response
+  length by eye (docs/method.md §6); made exact: the first step whose mean
+  length is at least ``surge_ratio`` × the first step's. None if it never is
+  (or the first length is not positive).
+
+  Args:
+    lengths: ``rollout/response_length_mean`` of steps 1, 2, ...
+    surge_ratio: the surge factor (the ``auto`` detector's default, 2).
+  """
+  if not lengths or not lengths[0] > 0:
+    return None
+  for t, length in enumerate(lengths, start=1):
+    if length >= surge_ratio * lengths[0]:
+      return t
+  return None
+
+
+def decay_period_from_surge(surge_step: int, period_factor: float = 1.8) -> int:
+  """``T_decay = max(round(period_factor · t_surge), 1)`` (docs/method.md §6),
+  rounded like the ``auto`` detector (half to even)."""
+  return max(int(np.round(period_factor * surge_step)), 1)
 
 
 class LengthSurgeState(NamedTuple):
