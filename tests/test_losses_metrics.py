@@ -102,3 +102,44 @@ def test_exponentials_are_clamped():
   np.testing.assert_allclose(metrics[P + "chi2_token"], math.exp(40) - 1,
                              rtol=1e-5)
   np.testing.assert_allclose(metrics[P + "max_abs_logprob_diff"], 30.0)
+
+
+# --- verl's and Miles's per-token probability diagnostics ---------------------
+# Counted tokens: row 0 p = exp(lp_old) = [1/2, 1/4, 1], q = exp(lp_mu) =
+# [1/8, 1/2, 1/2]; row 1 p = q = 1/2. Padding holds garbage.
+PROB_LP_OLD = np.log(np.array([[.5, .25, 1., 7.], [.5, 3., 1., 1.]], np.float32))
+PROB_LP_MU = np.log(np.array([[.125, .5, .5, 1.], [.5, 2., 1., 1.]], np.float32))
+PROB_LP_MU[0, 3], PROB_LP_MU[1, 2] = -np.inf, np.nan
+PROB_MASK = np.array([[1, 1, 1, 0], [1, 0, 0, 0]], np.float32)
+PROB_EXPECTED = {
+    "training/rollout_probs_diff_valid": 1.0,
+    # |p - q| = [3/8, 1/4, 1/2, 0].
+    "training/rollout_probs_diff_max": 0.5,
+    "training/rollout_probs_diff_mean": 9 / 32,
+    # Deviations from 9/32: [3/32, -1/32, 7/32, -9/32]; Σ² = 140/1024, / (4 - 1).
+    "training/rollout_probs_diff_std": math.sqrt(140 / 1024 / 3),
+    # Centred p = [-1, -5, 7, -1] / 16, centred q = [-9, 3, 3, 3] / 32:
+    # Σ p q = 12 / 512, Σ p² = 76 / 256, Σ q² = 108 / 1024.
+    "training/rollout_actor_probs_pearson_corr": 12 / math.sqrt(76 * 108),
+    # Per response: mean |lp_old - lp_mu| = (2 + 1 + 1) log 2 / 3 and 0; their
+    # mean (Miles's per-sample mean), not the token mean log 2.
+    "train/train_rollout_logprob_abs_diff": 2 * LN2 / 3,
+}
+
+
+@pytest.mark.parametrize("name", sorted(PROB_EXPECTED))
+def test_probability_metric(name):
+  metrics = jax.jit(losses.probability_metrics)(PROB_LP_OLD, PROB_LP_MU, PROB_MASK)
+  assert set(metrics) == set(losses.PROBABILITY_METRIC_NAMES) == set(PROB_EXPECTED)
+  np.testing.assert_allclose(metrics[name], PROB_EXPECTED[name], rtol=1e-5, atol=1e-7)
+
+
+def test_probability_metrics_of_identical_policies_and_of_no_tokens():
+  same = losses.probability_metrics(PROB_LP_OLD, PROB_LP_OLD, PROB_MASK)
+  for name in ("max", "mean", "std"):
+    assert same[f"training/rollout_probs_diff_{name}"] == 0.0
+  assert same["train/train_rollout_logprob_abs_diff"] == 0.0
+  np.testing.assert_allclose(same["training/rollout_actor_probs_pearson_corr"], 1.0, rtol=1e-6)
+  # verl reports NaN for an empty batch; here 0 everywhere, `_valid` = 0.
+  empty = losses.probability_metrics(PROB_LP_OLD, PROB_LP_MU, np.zeros_like(PROB_MASK))
+  assert all(float(v) == 0.0 for v in empty.values())

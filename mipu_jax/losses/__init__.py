@@ -27,6 +27,8 @@ from mipu_jax.losses.metrics import CORRECTION_METRIC_NAMES
 from mipu_jax.losses.metrics import IS_METRIC_NAMES
 from mipu_jax.losses.metrics import MISMATCH_METRIC_NAMES
 from mipu_jax.losses.metrics import mismatch_metrics
+from mipu_jax.losses.metrics import PROBABILITY_METRIC_NAMES
+from mipu_jax.losses.metrics import probability_metrics
 from mipu_jax.losses.metrics import rollout_metrics
 from mipu_jax.losses.policy import correct_batch
 from mipu_jax.losses.policy import Corrected
@@ -56,6 +58,7 @@ __all__ = [
     "MISMATCH_METRIC_NAMES",
     "MODES",
     "MicroTerms",
+    "PROBABILITY_METRIC_NAMES",
     "actor_metrics",
     "aggregate",
     "all_equal_groups",
@@ -72,6 +75,7 @@ __all__ = [
     "parse_criteria",
     "policy_loss",
     "ppo_token_loss",
+    "probability_metrics",
     "reference_logprobs",
     "rloo_advantages",
     "rollout_metrics",

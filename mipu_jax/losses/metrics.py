@@ -14,6 +14,10 @@ here reads like the same-named number of a verl run:
   `rollout_is_seq_fraction_high/low` (and `rollout_is_oob_ratio` for icepop):
   of the weights after the IS mode, before rejection and self-normalisation,
   over the response mask, as verl.
+- `probability_metrics`: verl's per-token probability diagnostics
+  (`training/rollout_probs_diff_*`, `training/rollout_actor_probs_pearson_corr`,
+  `verl/utils/debug/metrics.py`) and Miles's `train/train_rollout_logprob_abs_diff`,
+  under their own names.
 - `rs_metrics`: per trust-region criterion `rollout_rs_<criterion>_*`; the
   combined `rollout_rs_masked_fraction` and `rollout_rs_seq_masked_fraction`.
 
@@ -139,6 +143,64 @@ def mismatch_metrics(lp_old: jax.Array, lp_mu: jax.Array,
   }
   empty = jnp.sum(m_BT) == 0
   return {P + k: jnp.where(empty, 0.0, v).astype(jnp.float32) for k, v in metrics.items()}
+
+
+PROBABILITY_METRIC_NAMES = (
+    "training/rollout_probs_diff_valid", "training/rollout_probs_diff_max",
+    "training/rollout_probs_diff_mean", "training/rollout_probs_diff_std",
+    "training/rollout_actor_probs_pearson_corr", "train/train_rollout_logprob_abs_diff",
+)
+
+
+def probability_metrics(lp_old: jax.Array, lp_mu: jax.Array,
+                        mask: jax.Array) -> dict[str, jax.Array]:
+  """Per-token probability diagnostics of verl and Miles (docs/method.md §4).
+
+  With p = exp(lp_old) (the learner's recompute) and q = exp(lp_mu) (the
+  sampler's) over the counted tokens, as verl's `calculate_debug_metrics`:
+  `training/rollout_probs_diff_{max,mean,std}` of |p - q| (std with ddof 1,
+  as torch's), `training/rollout_actor_probs_pearson_corr` the Pearson
+  correlation of p and q, `training/rollout_probs_diff_valid` 1 when there is
+  a counted token. As Miles's loss: `train/train_rollout_logprob_abs_diff`, the
+  mean over responses of each response's token mean of |lp_old - lp_mu|.
+
+  Where verl would give NaN (no counted token, one token for the std, a
+  constant p or q for the correlation) these are 0 here; `_valid` tells an
+  empty batch apart.
+
+  Args:
+    lp_old: learner log-probs `[B, T]`.
+    lp_mu: sampler log-probs `[B, T]`.
+    mask: response mask `[B, T]`, bool or {0, 1}.
+
+  Returns:
+    float32 scalars keyed by `PROBABILITY_METRIC_NAMES`.
+  """
+  m_BT = _masked.as_float_mask(mask)
+  on_BT = m_BT > 0
+  lp_old = jnp.where(on_BT, jax.lax.stop_gradient(jnp.asarray(lp_old, jnp.float32)), 0.0)
+  lp_mu = jnp.where(on_BT, jax.lax.stop_gradient(jnp.asarray(lp_mu, jnp.float32)), 0.0)
+  p_BT, q_BT = jnp.exp(lp_old), jnp.exp(lp_mu)
+  n = jnp.sum(m_BT)
+  diff_BT = jnp.abs(p_BT - q_BT)
+  mean = _masked.masked_mean(diff_BT, m_BT)
+  var = _masked.safe_div(jnp.sum(jnp.square(diff_BT - mean) * m_BT), n - 1.0)
+  p_c = jnp.where(on_BT, p_BT - _masked.masked_mean(p_BT, m_BT), 0.0)
+  q_c = jnp.where(on_BT, q_BT - _masked.masked_mean(q_BT, m_BT), 0.0)
+  corr = _masked.safe_div(jnp.sum(p_c * q_c),
+                          jnp.sqrt(jnp.sum(jnp.square(p_c)) * jnp.sum(jnp.square(q_c))))
+  has_B = (jnp.sum(m_BT, axis=-1) > 0).astype(jnp.float32)
+  abs_lp_B = _masked.row_mean(jnp.abs(lp_old - lp_mu), m_BT)
+  out = {
+      "training/rollout_probs_diff_valid": (n > 0).astype(jnp.float32),
+      "training/rollout_probs_diff_max": _masked.masked_max(diff_BT, m_BT),
+      "training/rollout_probs_diff_mean": mean,
+      "training/rollout_probs_diff_std": jnp.where(n > 1, jnp.sqrt(jnp.maximum(var, 0.0)), 0.0),
+      # torch.corrcoef clips to [-1, 1] as well.
+      "training/rollout_actor_probs_pearson_corr": jnp.clip(corr, -1.0, 1.0),
+      "train/train_rollout_logprob_abs_diff": _over(abs_lp_B, has_B, "mean"),
+  }
+  return {k: v.astype(jnp.float32) for k, v in out.items()}
 
 
 def is_metrics(weights_BT: jax.Array, raw_BT: jax.Array, log_ratio_B: Optional[jax.Array],

@@ -66,13 +66,14 @@ def correct_batch(lp_old_BT: jax.Array, lp_mu_BT: jax.Array, loss_mask_BT: jax.A
                   cfg: config_lib.LossConfig) -> tuple[Corrected, dict[str, jax.Array]]:
   """§3 weights and masks over the full batch, and the §4 `rollout_corr/` metrics.
 
-  The mismatch metrics (`metrics.mismatch_metrics`) are left out in `bypass`
-  mode, where no learner recompute exists.
+  The mismatch metrics (`metrics.mismatch_metrics`, `metrics.probability_metrics`)
+  are left out in `bypass` mode, where no learner recompute exists.
   """
   weights, keep, metrics = corrections.correction_weights(
       lp_old_BT, lp_mu_BT, loss_mask_BT, **dataclasses.asdict(cfg.correction))
   if cfg.mode == "on_policy_recompute":
     metrics.update(metrics_lib.mismatch_metrics(lp_old_BT, lp_mu_BT, loss_mask_BT))
+    metrics.update(metrics_lib.probability_metrics(lp_old_BT, lp_mu_BT, loss_mask_BT))
   return Corrected(weights, keep, denominator_mask(cfg, loss_mask_BT, keep)), metrics
 
 
