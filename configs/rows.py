@@ -16,6 +16,7 @@ MIPU Step 2 switches), so every row shares the rest of its base.
 | `step1` | + Step 1 | Step 1 only |
 | `step2` | + Step 2 | Step 2 only (no correction) |
 | `random_rollback` | Random rollback | Step 1 + rollback with probability p (§5) |
+| `mipu_probe32` | (ablation) | MIPU with Step 2 probing 32 prompts instead of the base's |
 
 `tis` and `step1` are the same computation: docs/method.md §5 defines Step 1 as the
 decoupled mode with token TIS (`mipu_step1` has exactly `token_tis`'s fields).
@@ -106,6 +107,14 @@ def mipu(config):
   return config
 
 
+def mipu_probe32(config):
+  """MIPU with a 4x larger Step 2 probe (32 prompts; docs/method.md §5): whether
+  the decision carries more signal when `T̂_post` is less noisy."""
+  config = mipu(config)
+  config.mipu.num_probe_prompts = 32
+  return config
+
+
 def random_rollback(config, p: float | None = None):
   """Step 1 + i.i.d. rollback with probability `p`, Step 2 off (docs/method.md §5).
 
@@ -129,7 +138,7 @@ def random_rollback(config, p: float | None = None):
 _FUNCTIONS: dict[str, Callable[..., config_dict.ConfigDict]] = {
     "control": control, "baseline": baseline, "tis": tis, "mis": mis, "lr_decay": lr_decay,
     "mipu": mipu, "step1": step1, "step2": step2,
-    "random_rollback": random_rollback,
+    "random_rollback": random_rollback, "mipu_probe32": mipu_probe32,
 }
 assert tuple(_FUNCTIONS) == ROWS
 

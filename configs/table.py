@@ -6,8 +6,10 @@ r"""One row of the sources' tables on the small CPU task, under a high-mismatch 
 
 The argument is `row[,option...]` with `row` one of `configs/rows.py:ROWS`
 (default `baseline`) and options `seed=N`, `steps=N`, `prompts=N` (prompts per
-step), `p=P` (random-rollback probability) and `quick` (a smoke budget for
-tests and Colab).
+step), `p=P` (random-rollback probability), `probe=N` (MIPU Step 2's probe
+prompts, default 8), `precision=` / `lr=` (another setting of the mismatch
+study, e.g. the earlier table's `precision=int4_all,lr=1e-3` for
+`bench/loop.py`) and `quick` (a smoke budget for tests and Colab).
 Every table at once, several seeds, with the results table and figures:
 
     python experiments/reproduce_tables.py --workdir results/small_cpu
@@ -43,7 +45,8 @@ from mipu_jax import schedules
 # (results/mismatch_sweep/README.md): the highest-mismatch sampler, the harder
 # tiers 4-5, learning rate 1e-3. The fp32-sampler control drifts down in it
 # too, but slowly and without collapsing.
-SETTING = "precision=int4_all,lr=1e-3,tiers=45"
+PRECISION, LR, TIERS = "int4_all", 1e-3, "45"
+SETTING = f"precision={PRECISION},lr={LR:g},tiers={TIERS}"
 # LR-decay follows the paper's rule, T_decay = 1.8 x the step at which the
 # uncorrected run's mean response length surged (docs/method.md §6), with the
 # surge step measured on this setting's baseline runs
@@ -58,10 +61,12 @@ BASELINE_RUNS = "results/small_cpu/runs/baseline_s{seed}"
 def get_config(arg=None):
   """The small-CPU-task ConfigDict of table row `arg` (see module docstring)."""
   arg = common.parse_arg(arg, row="baseline", seed=0, steps=60, prompts=int,
-                         p=float, quick=False)
-  config = mismatch.get_config(f"{SETTING},seed={arg.seed},steps={arg.steps}")
+                         p=float, probe=8, precision=PRECISION, lr=LR,
+                         quick=False)
+  config = mismatch.get_config(f"precision={arg.precision},lr={arg.lr:g},"
+                               f"tiers={TIERS},seed={arg.seed},steps={arg.steps}")
   base.batch_run(config, eval_every=20)
-  config.mipu.num_probe_prompts = 8
+  config.mipu.num_probe_prompts = arg.probe
   # Step 2 rejects a candidate when its post-update gap is 2 standard errors
   # below zero: at this scale the probe's noise is far above the source's c.
   config.mipu.c_noise_multiple = 2.0

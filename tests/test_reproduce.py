@@ -34,10 +34,12 @@ def test_every_row_is_a_valid_config(module, row, math_inputs):
   cfg = _build(module, arg, math_inputs)
   corr = {"control": "none", "baseline": "none", "tis": "token_tis", "mis": "mis_miles", "lr_decay": "none",
           "mipu": "mipu_step1", "step1": "mipu_step1", "step2": "none",
-          "random_rollback": "mipu_step1"}[row]
+          "random_rollback": "mipu_step1", "mipu_probe32": "mipu_step1"}[row]
   assert cfg.loss.correction == losses.CorrectionConfig.from_preset(corr)
   assert cfg.optim.schedule == ("length_surge" if row == "lr_decay" else "constant")
-  assert cfg.mipu.step2 == (row in ("mipu", "step2"))
+  assert cfg.mipu.step2 == (row in ("mipu", "step2", "mipu_probe32"))
+  if row == "mipu_probe32":
+    assert cfg.mipu.num_probe_prompts == 32
   assert cfg.mipu.random_rollback_p == (0.3 if row == "random_rollback" else 0.0)
   assert (cfg.sampling.weight_quant is None) == (row == "control")
   assert tuple(rows.ROWS) == tuple(reproduce.LABELS)  # one table of labels
@@ -80,7 +82,7 @@ def test_pod_configs_train_the_sources_experiment(math_inputs):
 
 def test_bad_row_arguments_fail_clearly():
   with pytest.raises(ValueError, match="unknown option"):
-    table.get_config("baseline,lr=3")
+    table.get_config("baseline,beta=3")
   with pytest.raises(ValueError, match="not a int"):
     table.get_config("baseline,seed=x")
   with pytest.raises(ValueError, match="only for the random_rollback"):

@@ -9,6 +9,7 @@ from typing import Callable, Mapping, Optional, Sequence
 
 from mipu_jax import config as config_lib
 from mipu_jax import rl
+from mipu_jax.reproduce import signal
 from mipu_jax.reproduce.report import plot_curves
 from mipu_jax.reproduce.report import plot_gap
 from mipu_jax.reproduce.report import tables_markdown
@@ -202,6 +203,14 @@ def run_table(make_config: MakeConfig, rows: Sequence[str],
              if not any(r.row == row for r in runs)}
   markdown = tables_markdown(runs, pending, tiers or (), tables=tables,
                              skipped=skipped)
+  sig = signal.signal_markdown(runs)
+  if sig:
+    markdown += ("### Step 2's signal: what follows accepted and rejected updates\n\n"
+                 "Pooled over seeds (`mipu_jax/reproduce/signal.py`): "
+                 "next_reward_change = training reward of the next step minus "
+                 "this step's; probe_minus_reward = the candidate's probe reward "
+                 "minus this step's training reward. Random rollback decides by a "
+                 "coin: its difference is the null.\n\n" + sig + "\n")
   files = {"table": os.path.join(workdir, "table.md"),
            "summary": os.path.join(workdir, "summary.json")}
   with open(files["table"], "w") as f:

@@ -14,6 +14,7 @@ LABELS = {
     "control": "No mismatch (fp32 sampler)", "baseline": "Baseline", "tis": "TIS", "mis": "MIS", "lr_decay": "LR-decay",
     "mipu": "Ours (MIPU)", "step1": "+ Step 1", "step2": "+ Step 2",
     "random_rollback": "Random rollback",
+    "mipu_probe32": "Ours (MIPU), 32 probe prompts",
 }
 # What a row may change relative to the others (dotted config paths): the
 # settings the tables compare. Everything else must be equal across rows; the
@@ -22,11 +23,12 @@ ROW_FIELDS = ("loss.correction", "optim.schedule", "optim.length_surge",
               "mipu.step2", "mipu.random_rollback_p")
 PRECISION_FIELDS = ("sampling.dtype", "sampling.weight_quant", "sampling.act_quant",
                     "sampling.kv_cache_dtype", "sampling.quant_lm_head")
-_ROW_EXTRA_FIELDS = {"control": PRECISION_FIELDS}
+_ROW_EXTRA_FIELDS = {"control": PRECISION_FIELDS,
+                     "mipu_probe32": ("mipu.num_probe_prompts",)}
 # The sources' tables: MIPU's main table (plus TIS), its ablation, and the
 # "Step 2 is not random rollback" comparison.
 MAIN_ROWS = ("control", "baseline", "tis", "mis", "lr_decay", "mipu")
-ABLATION_ROWS = ("baseline", "step1", "step2", "mipu")
+ABLATION_ROWS = ("baseline", "step1", "step2", "mipu", "mipu_probe32")
 ROLLBACK_ROWS = ("mipu", "random_rollback", "step2")
 # The main job's side-by-side comparison (`experiments/compare.py`).
 COMPARE_ROWS = ("control", "baseline", "tis", "mipu")
