@@ -62,7 +62,7 @@ def batch_run(config, *, eval_every: int):
   config.checkpoint.enabled = True
   config.checkpoint.every = eval_every
   config.checkpoint.keep = 1
-  config.logging.tensorboard = False
+  config.logging.backends = "jsonl"
   config.logging.plots = False
   config.logging.progress_bar = False
   return config

@@ -147,4 +147,4 @@ def _quick(config):
   config.eval.num_samples = 2
   config.checkpoint.every = 1
   config.mipu.num_probe_prompts = 2
-  config.logging.tensorboard = False
+  config.logging.backends = "jsonl"

@@ -30,7 +30,9 @@ from mipu_jax.config.training import ExportConfig
 from mipu_jax.config._convert import from_config_dict
 from mipu_jax.config.training import LearnerConfig
 from mipu_jax.config.training import LengthSurgeConfig
-from mipu_jax.config.training import LoggingConfig
+from mipu_jax.config.logging_section import HealthConfig
+from mipu_jax.config.logging_section import LOGGING_BACKENDS
+from mipu_jax.config.logging_section import LoggingConfig
 from mipu_jax.config.training import MeshConfig
 from mipu_jax.config.training import MIPU_PROBES
 from mipu_jax.config.training import MipuConfig
@@ -39,6 +41,7 @@ from mipu_jax.config.training import OptimConfig
 from mipu_jax.config.sections import SamplingConfig
 from mipu_jax.config.sections import TASKS
 from mipu_jax.config.training import TrainConfig
+from mipu_jax.config.logging_section import WandbConfig
 
 __all__ = [
     "CheckpointConfig",
@@ -47,6 +50,8 @@ __all__ = [
     "EvalConfig",
     "ExportConfig",
     "LearnerConfig",
+    "HealthConfig",
+    "LOGGING_BACKENDS",
     "LengthSurgeConfig",
     "LoggingConfig",
     "MIPU_PROBES",
@@ -58,6 +63,7 @@ __all__ = [
     "SamplingConfig",
     "TASKS",
     "TrainConfig",
+    "WandbConfig",
     "as_json",
     "config_diff",
     "default_config",

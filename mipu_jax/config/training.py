@@ -1,5 +1,5 @@
 """The run config's training sections: optimizer and schedule, learner and mesh,
-evaluation, export, logging, checkpoints, MIPU, and the whole `TrainConfig`
+evaluation, export, checkpoints, MIPU, and the whole `TrainConfig`
 (docs/method.md §2–7)."""
 
 import dataclasses
@@ -10,6 +10,7 @@ from typing import Any
 from mipu_jax import eval as eval_lib
 from mipu_jax import losses
 from mipu_jax import schedules
+from mipu_jax.config.logging_section import LoggingConfig
 from mipu_jax.config.sections import _check_tiers
 from mipu_jax.config.sections import DataConfig
 from mipu_jax.config.sections import ModelConfig
@@ -207,14 +208,6 @@ class ExportConfig:
   """
   final: bool = True
   best: bool = False
-
-
-@dataclasses.dataclass(frozen=True)
-class LoggingConfig:
-  """Where metrics go; JSONL is always written."""
-  tensorboard: bool = True
-  plots: bool = True
-  progress_bar: bool = True
 
 
 @dataclasses.dataclass(frozen=True)

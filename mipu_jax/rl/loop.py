@@ -26,6 +26,7 @@ import tqdm
 from flax import nnx
 
 from mipu_jax import checkpoint
+from mipu_jax import config as config_lib
 from mipu_jax import distributed
 from mipu_jax import losses
 from mipu_jax.config import TrainConfig
@@ -34,6 +35,7 @@ from mipu_jax.rl import batching
 from mipu_jax.rl import evaluation
 from mipu_jax.rl import export
 from mipu_jax.rl import gates as gates_lib
+from mipu_jax.rl import health
 from mipu_jax.rl import hooks
 from mipu_jax.rl import report
 from mipu_jax.rl import resume
@@ -181,8 +183,10 @@ def _restore(ckpt, run: setup.Run, state: LearnerState,
 
 def _train_steps(cfg, workdir, run, state, start, rows, writer, ckpt, gate,
                  streak, files, best_eval):
-  """Steps `start + 1 … num_steps` with evaluation, logging and checkpoints."""
+  """Steps `start + 1 … num_steps` with evaluation, logging, health checks and
+  checkpoints."""
   main = distributed.is_main()
+  monitor = health.HealthMonitor(cfg.logging.health, rows)
   eval_sets = run.task.eval_sets(cfg.eval.seed)
 
   def log(step, metrics):
@@ -209,10 +213,17 @@ def _train_steps(cfg, workdir, run, state, start, rows, writer, ckpt, gate,
         best_eval = last_eval
         files["export_best"] = export.export_policy(
             run, state.params, os.path.join(workdir, "export", "best"))
+    report = monitor.check(step, metrics)  # docs/method.md §8
+    metrics.update(report.metrics)
     log(step, metrics)
-    bar.set_postfix(reward=f"{metrics['rollout/reward_mean']:.3f}",
-                    len=f"{metrics['rollout/response_length_mean']:.1f}",
-                    eval=f"{last_eval:.3f}")
+    if main:
+      health.warn(report)
+    postfix = dict(reward=f"{metrics['rollout/reward_mean']:.3f}",
+                   len=f"{metrics['rollout/response_length_mean']:.1f}",
+                   eval=f"{last_eval:.3f}")
+    if cfg.logging.health.enabled:
+      postfix["health"] = report.mark
+    bar.set_postfix(**postfix)
     # Skipped updates leave the parameters as they were, so the checkpoint
     # of the last step before the error is still a good one.
     streak.update(step, metrics, lambda: _newest(ckpt))
@@ -281,8 +292,11 @@ def train(cfg: TrainConfig, workdir: str, *,
       non-finite update.
     OSError: a log or checkpoint could not be written (a full disk, an
       unwritable workdir); the message names the newest intact checkpoint.
+    writer.BackendStartError: a backend of `logging.backends` could not start.
   """
   main = distributed.is_main()  # only process 0 writes files
+  if main:  # a missing backend package is an error before the model loads
+    writer_lib.check_backends(cfg.logging.backend_names)
   os.makedirs(workdir, exist_ok=True)
   files = {"config": os.path.join(workdir, "config.json"),
            "metrics": os.path.join(workdir, "metrics.jsonl"),
@@ -307,11 +321,16 @@ def train(cfg: TrainConfig, workdir: str, *,
   rows = []
   try:
     if main:
+      # The backends start before the log is touched: one that cannot start
+      # stops the run with its files as they were.
+      writer = writer_lib.MetricWriter(
+          workdir, backends=cfg.logging.backend_names, wandb_cfg=cfg.logging.wandb,
+          run_config=config_lib.as_json(cfg), start_step=start)
       files["config"] = resume.record_config(workdir, cfg, start, diff)
       rows = resume.metrics_rows(files["metrics"], start)
-      writer = writer_lib.MetricWriter(workdir, tensorboard=cfg.logging.tensorboard)
     for r in rows:
-      writer.write(int(r["step"]), {k: v for k, v in r.items() if k != "step"})
+      writer.write(int(r["step"]), {k: v for k, v in r.items() if k != "step"},
+                   replay=True)
     state, rows = _train_steps(cfg, workdir, run, state, start, rows, writer,
                                ckpt, gate, streak, files, meta.get("best_eval"))
     if ckpt is not None:

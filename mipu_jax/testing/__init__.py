@@ -38,7 +38,7 @@ def tiny_run_config(num_steps: int = 2, **sections: Mapping[str, Any]
       optim=dict(learning_rate=1e-3),
       learner=dict(log_entropy=False, mesh=config_lib.MeshConfig(1, 1, 1)),
       eval=dict(tiers=("tier1",), n_per_tier=4, num_samples=1),
-      logging=dict(tensorboard=False, plots=False, progress_bar=False),
+      logging=dict(backends="jsonl", plots=False, progress_bar=False),
       checkpoint=dict(every=1, keep=2),
       export=dict(final=False),
   )
