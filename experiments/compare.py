@@ -128,6 +128,10 @@ def main(argv):
   print(result.markdown)
   print("\n".join(f"{k}: {v}" for k, v in result.files.items()))
   print(f"wall time: {time.perf_counter() - start:.0f} s")
+  # The verdicts last: the sources' claims about these rows, paired by seed
+  # (mipu_jax/reproduce/stats.py, fixed before the runs).
+  print("\nVerdicts (final eval Avg., paired by seed, threshold 0.05):")
+  print(reproduce.claims_markdown(result.runs) or "- no claim has both its rows")
 
 
 if __name__ == "__main__":

@@ -45,6 +45,8 @@ over seeds, min-max band) and, when a row ran MIPU Step 2, `gap_post.png`
 rate).
 """
 
+from mipu_jax.reproduce.report import claims_markdown
+from mipu_jax.reproduce.report import per_seed_markdown
 from mipu_jax.reproduce.report import plot_curves
 from mipu_jax.reproduce.report import plot_gap
 from mipu_jax.reproduce.report import tables_markdown
@@ -75,6 +77,7 @@ __all__ = [
     "ABLATION_ROWS", "COLLAPSE_DROP", "COMPARE_ROWS", "COMPARE_TABLES", "LABELS", "MAIN_ROWS",
     "MakeConfig", "PANELS", "PRECISION_FIELDS", "ROLLBACK_ROWS", "ROW_FIELDS",
     "RunSummary", "SOURCE_TABLES", "STABLE_SES", "TableResult",
-    "check_like_with_like", "collapse_step", "enable_compilation_cache", "order_rows", "plot_curves",
+    "check_like_with_like", "claims_markdown", "collapse_step",
+    "enable_compilation_cache", "order_rows", "per_seed_markdown", "plot_curves",
     "plot_gap", "run_one", "run_table", "summarize", "tables_markdown",
 ]
