@@ -1,4 +1,6 @@
-"""The Colab quickstart runs end to end in quick mode.
+"""Both Colab notebooks run end to end in quick mode: the CPU quickstart, and the
+GPU / TPU real-checkpoint notebook against the tiny offline Qwen3 checkpoint of
+`mipu_jax.testing` (no accelerator, no download).
 
 The notebook's code cells are executed in order, in one fresh Python process
 started in `colab/` (as a local Jupyter would), with `MIPU_QUICK=1`; no
@@ -11,8 +13,11 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NOTEBOOK = os.path.join(ROOT, "colab", "quickstart.ipynb")
+REAL = os.path.join(ROOT, "colab", "real_checkpoint.ipynb")
 
 
 def _code_cells(path):
@@ -39,10 +44,32 @@ def test_notebook_runs_in_quick_mode(tmp_path):
   assert os.path.getsize(tmp_path / "work" / "curves_main.png") > 10_000
 
 
-def test_setup_cell_outside_a_checkout_asks_for_the_source(tmp_path):
+def test_real_checkpoint_notebook_runs_on_cpu_against_the_tiny_checkpoint(tmp_path):
+  cells = _code_cells(REAL)
+  assert any("DOWNLOAD = False" in c for c in cells)  # downloads only when the user says so
+  script = tmp_path / "real_checkpoint.py"
+  script.write_text("\n\n".join(cells) + "\nprint('ROWS', len(result.rows))\n")
+  work = tmp_path / "work"
+  env = dict(os.environ, MIPU_QUICK="1", MIPU_WORKDIR=str(work), JAX_PLATFORMS="cpu",
+             HF_HUB_OFFLINE="1")
+  env["XLA_FLAGS"] = ""
+  proc = subprocess.run([sys.executable, str(script)], cwd=os.path.join(ROOT, "colab"),
+                        env=env, capture_output=True, text=True, timeout=900)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  assert "checkpoint: " + str(work / "tiny_qwen3") in proc.stdout
+  assert "mismatch health (docs/method.md §8):" in proc.stdout
+  rows = [json.loads(line) for line in open(work / "run" / "metrics.jsonl")]
+  assert [r["step"] for r in rows] == [0, 1, 2]
+  assert "eval/avg" in rows[0] and "eval/avg" in rows[-1]
+  assert all("rollout_corr/k3_kl" in r and "health/unhealthy" in r for r in rows[1:])
+  assert os.path.getsize(work / "real_checkpoint_curves.png") > 10_000
+
+
+@pytest.mark.parametrize("notebook", [NOTEBOOK, REAL], ids=["quickstart", "real_checkpoint"])
+def test_setup_cell_outside_a_checkout_asks_for_the_source(tmp_path, notebook):
   """On a clean runtime (no checkout around) with `MIPU_JAX_SOURCE` unset, the
   first cell stops with a message naming the value to set."""
-  setup = _code_cells(NOTEBOOK)[0]
+  setup = _code_cells(notebook)[0]
   assert 'MIPU_JAX_SOURCE = ""' in setup
   script = tmp_path / "setup_cell.py"
   script.write_text(setup)
