@@ -20,6 +20,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from mipu_jax.models import attention
+from mipu_jax.models import quantized
 from mipu_jax.models.config import Qwen3Config
 
 ActQuant = Optional[Callable[[jax.Array], jax.Array]]
@@ -120,6 +121,15 @@ def _aq(x, act_quant: ActQuant):
   return x if act_quant is None else act_quant(x)
 
 
+def _proj(eq: str, x, xq, w, n_in: int):
+  """One projection: `einsum(eq, xq, w)` for a float weight (`xq` is `x` after the
+  emulated activation quantizer), or the native low-precision dot of a
+  `quantized.QuantizedWeight`, which quantizes `x` itself (docs/method.md §7)."""
+  if isinstance(w, quantized.QuantizedWeight):
+    return quantized.project(x, w, n_in)
+  return jnp.einsum(eq, xq, w)
+
+
 def _layer(cfg: Qwen3Config, x_BTD, w, positions_BT, attn_mask, kv, index, act_quant,
            prefix_rows=False):
   """One decoder layer. `w` holds this layer's weights (already in compute dtype).
@@ -133,10 +143,10 @@ def _layer(cfg: Qwen3Config, x_BTD, w, positions_BT, attn_mask, kv, index, act_q
   dt = cfg.dtype
   x_BTD = shard_rows(x_BTD)
   h_BTD = rms_norm(x_BTD, w["attn_norm"], cfg.rms_eps)
-  h_BTD = _aq(h_BTD, act_quant)
-  q_BTNH = jnp.einsum("BTD,DNH->BTNH", h_BTD, w["q"])
-  k_BTKH = jnp.einsum("BTD,DKH->BTKH", h_BTD, w["k"])
-  v_BTKH = jnp.einsum("BTD,DKH->BTKH", h_BTD, w["v"])
+  hq_BTD = _aq(h_BTD, act_quant)
+  q_BTNH = _proj("BTD,DNH->BTNH", h_BTD, hq_BTD, w["q"], 1)
+  k_BTKH = _proj("BTD,DKH->BTKH", h_BTD, hq_BTD, w["k"], 1)
+  v_BTKH = _proj("BTD,DKH->BTKH", h_BTD, hq_BTD, w["v"], 1)
   q_BTNH = rope(rms_norm(q_BTNH, w["q_norm"], cfg.rms_eps), positions_BT, cfg.rope_theta)
   k_BTKH = rope(rms_norm(k_BTKH, w["k_norm"], cfg.rms_eps), positions_BT, cfg.rope_theta)
 
@@ -170,14 +180,16 @@ def _layer(cfg: Qwen3Config, x_BTD, w, positions_BT, attn_mask, kv, index, act_q
       q_BTNH, keys_BSKH, values_BSKH, attn_mask, implementation=cfg.attention,
       block_q=cfg.attention_block, block_k=cfg.attention_block,
       prefix_rows=prefix_rows)
-  attn_BTNH = _aq(attn_BTNH, act_quant)
-  x_BTD = x_BTD + jnp.einsum("BTNH,NHD->BTD", attn_BTNH, w["o"]).astype(x_BTD.dtype)
+  o_BTD = _proj("BTNH,NHD->BTD", attn_BTNH, _aq(attn_BTNH, act_quant), w["o"], 2)
+  x_BTD = x_BTD + o_BTD.astype(x_BTD.dtype)
 
-  h_BTD = _aq(rms_norm(x_BTD, w["mlp_norm"], cfg.rms_eps), act_quant)
-  gate_BTF = jnp.einsum("BTD,DF->BTF", h_BTD, w["gate"])
-  up_BTF = jnp.einsum("BTD,DF->BTF", h_BTD, w["up"])
-  act_BTF = _aq(jax.nn.silu(gate_BTF) * up_BTF, act_quant)
-  x_BTD = x_BTD + jnp.einsum("BTF,FD->BTD", act_BTF, w["down"]).astype(x_BTD.dtype)
+  h_BTD = rms_norm(x_BTD, w["mlp_norm"], cfg.rms_eps)
+  hq_BTD = _aq(h_BTD, act_quant)
+  gate_BTF = _proj("BTD,DF->BTF", h_BTD, hq_BTD, w["gate"], 1)
+  up_BTF = _proj("BTD,DF->BTF", h_BTD, hq_BTD, w["up"], 1)
+  act_BTF = jax.nn.silu(gate_BTF) * up_BTF
+  down_BTD = _proj("BTF,FD->BTD", act_BTF, _aq(act_BTF, act_quant), w["down"], 1)
+  x_BTD = x_BTD + down_BTD.astype(x_BTD.dtype)
   return shard_rows(x_BTD), new_kv
 
 
@@ -229,7 +241,8 @@ class Layers(nnx.Module):
     out = {}
     for name in self.NAMES:
       value = getattr(self, name)[...]
-      out[name] = value if name.endswith("norm") else value.astype(dtype)
+      keep = name.endswith("norm") or isinstance(value, quantized.QuantizedWeight)
+      out[name] = value if keep else value.astype(dtype)
     return out
 
 
@@ -288,7 +301,10 @@ class Qwen3(nnx.Module):
         positions_BT = positions_BT + start_B[:, None]
 
     embed_VD = self.embed[...]
-    x_BTD = jnp.take(embed_VD, tokens_BT, axis=0).astype(cfg.dtype)
+    if isinstance(embed_VD, quantized.QuantizedWeight):  # the quantized tied LM head
+      x_BTD = quantized.lookup(embed_VD, tokens_BT, cfg.dtype)
+    else:
+      x_BTD = jnp.take(embed_VD, tokens_BT, axis=0).astype(cfg.dtype)
     weights = self.layers.stacked(cfg.dtype)
 
     if cache is None:
@@ -332,7 +348,11 @@ class Qwen3(nnx.Module):
 
   def logits(self, h_BTD, act_quant: ActQuant = None):
     """LM head: float32 logits from the final normalised hidden state."""
-    h_BTD = _aq(shard_rows(h_BTD), act_quant)
+    h_BTD = shard_rows(h_BTD)
+    head = self.embed[...] if self.config.tie_embeddings else self.lm_head[...]
+    if isinstance(head, quantized.QuantizedWeight):  # [V, D]: native low-precision dot
+      return quantized.project(h_BTD, head, 1, out_dtype=jnp.float32)
+    h_BTD = _aq(h_BTD, act_quant)
     if self.config.tie_embeddings:
       w_VD = self.embed[...].astype(self.config.dtype)
       return jnp.einsum("BTD,VD->BTV", h_BTD, w_VD, preferred_element_type=jnp.float32)

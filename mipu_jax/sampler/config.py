@@ -63,6 +63,10 @@ class SamplerPrecision:
       'int8' (or a dtype).
     quant_lm_head: also quantize the LM head weight and its input activation.
       Off by default, as in common FP8/INT8 serving recipes.
+    quant_compute: 'emulated' (dequantize, then a float matmul: the reference)
+      or 'native' (int8 x int8 -> int32 / fp8 x fp8 dots with the scales on the
+      output, weights stored quantized; needs weight_quant). See
+      `mipu_jax/sampler/quant.py`.
     max_concurrent_decodes: decode slots of an engine: the most samples decoding
       at once; more run through the same slots as earlier ones finish
       (continuous batching).
@@ -73,6 +77,7 @@ class SamplerPrecision:
   act_quant: Optional[str] = None
   kv_cache_dtype: Optional[str] = None
   quant_lm_head: bool = False
+  quant_compute: str = "emulated"
   max_concurrent_decodes: int = 256
 
   def __post_init__(self):
@@ -82,6 +87,7 @@ class SamplerPrecision:
       kv_dtype(self.kv_cache_dtype)
     quant.check_weight_quant(self.weight_quant)
     quant.check_act_quant(self.act_quant)
+    quant.check_compute(self.quant_compute, self.weight_quant)
     if self.max_concurrent_decodes <= 0:
       raise ValueError(
           f"max_concurrent_decodes must be positive, got {self.max_concurrent_decodes}.")

@@ -81,7 +81,8 @@ def _generate_with_result(spec, params, ds):
 
 
 _jit_prepare = _counted_jit("prepare", quant.quantize_params, static_argnames=(
-    "weight_quant", "compute_dtype", "quant_lm_head", "tie_embeddings", "storage"))
+    "weight_quant", "compute_dtype", "quant_lm_head", "tie_embeddings", "storage", "compute",
+    "act_quant"))
 _jit_prefill = _counted_jit("prefill", _prefill_with_result, static_argnums=0)
 _jit_insert = _counted_jit("insert", _steps.insert, static_argnums=0, donate_argnums=2)
 _jit_generate = _counted_jit("generate", _generate_with_result, static_argnums=0,
@@ -112,14 +113,16 @@ class Engine:
     self.model_config = model.config.replace(dtype=config.dtype, remat=False)
     abstract = nnx.eval_shape(lambda: Qwen3(self.model_config, rngs=nnx.Rngs(0)))
     self._reference = jax.eval_shape(lambda: weights.learner_params(model))
+    native = config.quant_compute == "native"  # the weights quantize their own inputs
     self._spec = _steps.DecodeSpec(
         graphdef=nnx.graphdef(abstract), kv_dtype=config.kv_cache_dtype,
-        act_quant=quant.make_act_quant(config.act_quant),
+        act_quant=None if native else quant.make_act_quant(config.act_quant),
         quant_lm_head=config.quant_lm_head, pad_id=config.pad_id)
     self._quant_kwargs = dict(
         weight_quant=config.weight_quant, compute_dtype=config.dtype,
         quant_lm_head=config.quant_lm_head, tie_embeddings=self.model_config.tie_embeddings,
-        storage=config.quant_storage)
+        storage=config.quant_storage, compute=config.quant_compute,
+        act_quant=config.act_quant)
     self._rng = jax.random.key(0)
 
   @property

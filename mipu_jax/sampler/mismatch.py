@@ -50,7 +50,13 @@ PRECISION_MODES: dict[str, dict[str, Any]] = {
     "bf16_w8a8_kv8": {"dtype": "bfloat16", "weight_quant": "int8", "act_quant": "int8",
                       "kv_cache_dtype": "int8"},
 }
-DEFAULT_MODES = ("fp32", "bf16", "int8", "fp8", "int4", "w8a8_fp8", "bf16_kv_fp8")
+# Each quantized mode also on the native low-precision dots (`quant_compute`):
+# `<mode>_native` is `<mode>` with int8 x int8 -> int32 / fp8 x fp8 matmuls.
+PRECISION_MODES.update({f"{name}_native": {**kwargs, "quant_compute": "native"}
+                        for name, kwargs in list(PRECISION_MODES.items())
+                        if "weight_quant" in kwargs})
+DEFAULT_MODES = ("fp32", "bf16", "int8", "fp8", "int4", "w8a8_fp8", "w8a8_fp8_native",
+                 "bf16_kv_fp8")
 COLUMNS = ("mode", "k3_kl", "log_ppl_abs_diff", "max_abs_diff", "frac_abs_diff_gt_0p1",
            "mean_abs_diff", "num_tokens", "sample_seconds")
 

@@ -47,6 +47,16 @@ Storage modes:
 Activations: per-token absmax (one scale per `[batch, position]`, shared over the
 feature axes) through the model's `act_quant` hook, i.e. on the input of every
 projection matmul.
+
+Compute (`quant_compute`):
+- `"emulated"` (default, the reference): the storage modes above; every matmul
+  is a float matmul of dequantized operands in the compute dtype.
+- `"native"`: each quantized weight is stored as a
+  `mipu_jax.models.quantized.QuantizedWeight` (values `[L, O, I]` + per-output
+  scales) and multiplied by an int8 × int8 → int32 or fp8 × fp8 dot, the
+  scales applied to the dot's output; weight-only modes dequantize inside the
+  step next to the dot (that module's docstring has the rules). The quantized
+  values are bitwise those of the emulated path.
 """
 
 import functools
@@ -55,6 +65,8 @@ from typing import Any, Callable, Optional
 import jax
 import jax.numpy as jnp
 import qwix
+
+from mipu_jax.models import quantized
 
 WEIGHT_QTYPES = {
     "int8": jnp.int8,
@@ -69,6 +81,7 @@ ACT_QTYPES = {
     "fp8_e5m2": jnp.float8_e5m2,
 }
 STORAGES = ("fake", "real")
+COMPUTES = ("emulated", "native")
 
 # Axes that keep their own scale (qwix `channelwise_axes`), per layer weight.
 LAYER_CHANNEL_AXES = {
@@ -88,6 +101,14 @@ def check_weight_quant(name: Optional[str]) -> None:
   if name is not None and name not in WEIGHT_QTYPES:
     raise ValueError(f"Unknown weight_quant {name!r}; expected None or one of "
                      f"{sorted(WEIGHT_QTYPES)}.")
+
+
+def check_compute(compute: str, weight_quant: Optional[str]) -> None:
+  if compute not in COMPUTES:
+    raise ValueError(f"Unknown quant_compute {compute!r}; expected one of {COMPUTES}.")
+  if compute == "native" and weight_quant is None:
+    raise ValueError("quant_compute='native' multiplies quantized weights; set weight_quant "
+                     "(int8, int4, fp8_e4m3, fp8_e5m2) or use quant_compute='emulated'.")
 
 
 def check_act_quant(name: Optional[str]) -> None:
@@ -117,9 +138,19 @@ def dequantize_tree(params: Any) -> Any:
                       is_leaf=is_quantized)
 
 
+def native_weight(w: jax.Array, qtype: str, channel_axes: tuple[int, ...], *,
+                  act_quant: Optional[str], stacked: bool) -> quantized.QuantizedWeight:
+  """`w` as a `QuantizedWeight` in the `[L, O, I]` layout (native compute)."""
+  lead = (0,) if stacked else ()
+  out = tuple(a for a in channel_axes if a not in lead)
+  contract = tuple(a for a in range(w.ndim) if a not in channel_axes)
+  return quantized.from_float(w, WEIGHT_QTYPES[qtype], out, contract, lead, act=act_quant)
+
+
 def quantize_params(params: dict, *, weight_quant: Optional[str], compute_dtype,
                     quant_lm_head: bool, tie_embeddings: bool,
-                    storage: str = "fake") -> dict:
+                    storage: str = "fake", compute: str = "emulated",
+                    act_quant: Optional[str] = None) -> dict:
   """Learner params (pure dict, float) → sampler params in `compute_dtype`.
 
   Matmul weights are cast to the compute dtype (or quantized when
@@ -129,10 +160,13 @@ def quantize_params(params: dict, *, weight_quant: Optional[str], compute_dtype,
   """
   if storage not in STORAGES:
     raise ValueError(f"Unknown quant storage {storage!r}; expected one of {STORAGES}.")
+  check_compute(compute, weight_quant)
 
-  def convert(w, axes):
+  def convert(w, axes, stacked=False):
     if weight_quant is None or axes is None:
       return w.astype(compute_dtype)
+    if compute == "native":
+      return native_weight(w, weight_quant, axes, act_quant=act_quant, stacked=stacked)
     if storage == "real":
       return quantize(w, weight_quant, axes)
     return fake_quantize(w, weight_quant, axes).astype(compute_dtype)
@@ -140,7 +174,7 @@ def quantize_params(params: dict, *, weight_quant: Optional[str], compute_dtype,
   layers = {}
   for name, w in params["layers"].items():
     layers[name] = w.astype(jnp.float32) if name.endswith("norm") else convert(
-        w, LAYER_CHANNEL_AXES[name])
+        w, LAYER_CHANNEL_AXES[name], stacked=True)
   out = dict(params)
   out["layers"] = layers
   out["final_norm"] = params["final_norm"].astype(jnp.float32)

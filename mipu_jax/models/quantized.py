@@ -1,0 +1,166 @@
+"""Projection weights stored quantized, multiplied by native low-precision dots (docs/method.md §7).
+
+The sampler's `quant_compute="native"` mode keeps each quantized matmul weight
+as a `QuantizedWeight`: the quantized values laid out `[..., O, I]` (outputs,
+then the contraction, as serving kernels store them: a "TN" GEMM, the layout
+cuBLASLt's FP8 GEMM takes without a transpose) and one float32 scale per output
+channel `[..., O]`. A leading layer axis `L` is allowed; `lax.scan` slices
+both leaves.
+
+`project(x, w)` multiplies the input's last `n_in` axes by the weight:
+
+- **int8 × int8 → int32** when the activations are int8 and the weight int8
+  or int4 (an int4 value is an int8 value): `lax.dot_general(...,
+  preferred_element_type=int32)`, exact, then `· s_x · s_w` in float32;
+- **fp8 × fp8** when the activations are FP8 and the weight FP8, or int4 (the
+  integers -8..7 are exact in e4m3): `lax.dot_general` of two float8 operands
+  with a bf16 (or float32) result, the pattern XLA's GPU gemm rewriter turns
+  into a cuBLASLt FP8 GEMM (measured on an H100: `bench/README.md`);
+- **weight-only** (float activations) and the mixed pairs with no native
+  dot (int8 weights with FP8 activations, FP8 weights with int8 activations):
+  the weight's values are converted to the compute dtype inside the step, next
+  to the dot, and the scale is applied to the dot's output (XLA fuses the
+  convert into the GEMM where it can); a mixed pair fake-quantizes its
+  activations first, as the emulated path does.
+
+Activations are quantized per token (absmax over the contraction, one scale per
+row of the `[M, I]` input), with qwix's own quantizer, so the quantized
+operands are bitwise those of the emulated path (`mipu_jax/sampler/quant.py`);
+the two paths differ only in how the products are accumulated and rounded.
+"""
+
+from typing import Optional
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import qwix
+
+# Activation qtypes of the native dots, by the name the config uses.
+_ACT_DTYPES = {"int8": jnp.int8, "fp8": jnp.float8_e4m3fn, "fp8_e4m3": jnp.float8_e4m3fn,
+               "fp8_e5m2": jnp.float8_e5m2}
+_INT = (jnp.dtype(jnp.int8), jnp.dtype(jnp.int4))
+_FP8 = (jnp.dtype(jnp.float8_e4m3fn), jnp.dtype(jnp.float8_e5m2))
+
+
+@jax.tree_util.register_pytree_node_class
+class QuantizedWeight:
+  """Quantized values `[..., O, I]` + float32 per-output-channel scales `[..., O]`.
+
+  Static (not traced): `out_shape`, the output axes `O` unflattens to (e.g.
+  `(N, H)` for the q projection), and `act`, the activations' qtype name
+  (None: weight-only).
+  """
+
+  def __init__(self, values, scale, out_shape: tuple[int, ...], act: Optional[str]):
+    self.values, self.scale = values, scale
+    self.out_shape, self.act = tuple(out_shape), act
+
+  def tree_flatten(self):
+    return (self.values, self.scale), (self.out_shape, self.act)
+
+  @classmethod
+  def tree_unflatten(cls, aux, children):
+    return cls(*children, *aux)
+
+  def __getitem__(self, index):  # `param[...]` of an nnx.Param holding one
+    if index is not Ellipsis:
+      raise IndexError("A QuantizedWeight only supports [...].")
+    return self
+
+  @property
+  def shape(self):
+    return self.values.shape
+
+  @property
+  def dot_kind(self) -> str:
+    """'int8', 'fp8' (a native low-precision dot) or 'dequantized'."""
+    if self.act is None:
+      return "dequantized"
+    a, w = jnp.dtype(_ACT_DTYPES[self.act]), jnp.dtype(self.values.dtype)
+    if a == jnp.int8 and w in _INT:
+      return "int8"
+    if a in _FP8 and (w in _FP8 or w == jnp.int4):
+      return "fp8"
+    return "dequantized"
+
+  def __repr__(self):
+    return (f"QuantizedWeight({self.values.dtype}{list(self.values.shape)}, "
+            f"out_shape={self.out_shape}, act={self.act}, dot={self.dot_kind})")
+
+
+def from_float(w: jax.Array, qtype, out_axes: tuple[int, ...], in_axes: tuple[int, ...],
+               lead_axes: tuple[int, ...] = (), act: Optional[str] = None) -> QuantizedWeight:
+  """Quantizes `w` per output channel (symmetric absmax, qwix) into the `[..., O, I]` layout.
+
+  `out_axes` keep their own scale, `in_axes` are contracted, `lead_axes`
+  (the layer axis) are kept in front. The values equal those of
+  `qwix.quantize(w, channelwise_axes=lead + out)` transposed: same absmax, same
+  rounding.
+  """
+  perm = tuple(lead_axes) + tuple(out_axes) + tuple(in_axes)
+  if sorted(perm) != list(range(w.ndim)):
+    raise ValueError(f"Axes {perm} do not name each of the {w.ndim} axes once.")
+  shape = [w.shape[a] for a in lead_axes]
+  out_shape = tuple(w.shape[a] for a in out_axes)
+  flat = jnp.transpose(w.astype(jnp.float32), perm).reshape(
+      *shape, int(np.prod(out_shape)), int(np.prod([w.shape[a] for a in in_axes])))
+  n = len(lead_axes)
+  q = qwix.quantize(flat, qtype, channelwise_axes=tuple(range(n + 1)),
+                    calibration_method="absmax")
+  return QuantizedWeight(q.qvalue, q.scale[..., 0], out_shape, act)
+
+
+def dequantize(w: QuantizedWeight) -> jax.Array:
+  """float32 `[..., O, I]` values · scales (the emulated path's weight, in this layout)."""
+  return w.values.astype(jnp.float32) * w.scale[..., None]
+
+
+def quantize_rows(x_MI: jax.Array, act: str):
+  """Per-row absmax quantization of `[M, I]` (qwix): values and float32 scales `[M, 1]`."""
+  q = qwix.quantize(x_MI.astype(jnp.float32), _ACT_DTYPES[act], channelwise_axes=(0,),
+                    calibration_method="absmax")
+  return q.qvalue, q.scale
+
+
+def _dot_tn(a_MI, b_OI, out_dtype):
+  return jax.lax.dot_general(a_MI, b_OI, (((1,), (1,)), ((), ())),
+                             preferred_element_type=out_dtype)
+
+
+def project(x: jax.Array, w: QuantizedWeight, n_in: int, out_dtype=None) -> jax.Array:
+  """`x[..., *in]` times the weight → `[..., *w.out_shape]` in `out_dtype` (default x's).
+
+  See the module docstring for which dot runs.
+  """
+  out_dtype = jnp.dtype(out_dtype or x.dtype)
+  lead = x.shape[:x.ndim - n_in]
+  x_MI = x.reshape(int(np.prod(lead)), -1)
+  if x_MI.shape[1] != w.values.shape[-1]:
+    raise ValueError(f"Input of {x_MI.shape[1]} features for a weight of {w.values.shape}.")
+  kind = w.dot_kind
+  scale_O = w.scale.astype(jnp.float32).reshape(1, -1)  # [1, O]
+  if kind == "int8":
+    xq_MI, sx_M1 = quantize_rows(x_MI, w.act)
+    acc_MO = _dot_tn(xq_MI, w.values.astype(jnp.int8), jnp.int32)
+    y_MO = acc_MO.astype(jnp.float32) * sx_M1 * scale_O
+  elif kind == "fp8":
+    xq_MI, sx_M1 = quantize_rows(x_MI, w.act)
+    wq_OI = w.values if w.values.dtype in _FP8 else w.values.astype(jnp.float8_e4m3fn)
+    # bf16 out for a bf16 model (the cuBLASLt FP8 GEMM's fast output), else float32.
+    acc = jnp.float32 if out_dtype == jnp.float32 else jnp.bfloat16
+    y_MO = _dot_tn(xq_MI, wq_OI, acc).astype(jnp.float32) * sx_M1 * scale_O
+  else:
+    cd = x.dtype
+    if w.act is not None:  # a mixed pair: fake-quantized activations, as emulated
+      xq_MI, sx_M1 = quantize_rows(x_MI, w.act)
+      x_MI = (xq_MI.astype(jnp.float32) * sx_M1).astype(cd)
+    acc = jnp.float32 if out_dtype == jnp.float32 else cd
+    y_MO = _dot_tn(x_MI, w.values.astype(cd), acc).astype(jnp.float32) * scale_O
+  return y_MO.astype(out_dtype).reshape(*lead, *w.out_shape)
+
+
+def lookup(w: QuantizedWeight, ids: jax.Array, dtype) -> jax.Array:
+  """Rows `ids` of a `[V, D]` quantized table (the tied embedding), dequantized to `dtype`."""
+  rows = jnp.take(w.values, ids, axis=0).astype(jnp.float32)
+  return (rows * jnp.take(w.scale, ids, axis=0)[..., None]).astype(dtype)
