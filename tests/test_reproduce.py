@@ -235,3 +235,25 @@ def test_main_job_quick_then_the_tables_reuse_its_runs(tmp_path):
                               log=lambda _: None, train=False)
   assert again.runs[0].seconds == by_row["tis"].seconds
   assert "did not finish" in again.pending["mis"]
+
+
+def test_read_back_ignores_settings_added_later_at_their_default(tmp_path):
+  """A finished run saved before a setting existed is read back when the row
+  asks for that setting's default, and refused when it asks for another value."""
+  import json  # pylint: disable=g-import-not-at-top
+  cfg = _build(table, "baseline")
+  saved = config_lib.as_json(cfg)
+  del saved["sampling"]["quant_compute"]  # as written before the field existed
+  (tmp_path / "config.json").write_text(json.dumps(saved))
+  (tmp_path / "summary.json").write_text(json.dumps({"seconds": 3.0}))
+  rows_ = [{"step": s, "eval/avg": 0.3, "eval/avg_se": 0.02,
+            **{f"eval/{t}": 0.3 for t in TIERS}} for s in (0, 20)]
+  (tmp_path / "metrics.jsonl").write_text("\n".join(map(json.dumps, rows_)))
+  got = reproduce.run_one(cfg, "baseline", 0, str(tmp_path), log=lambda _: None,
+                          train=False)
+  assert got.seconds == 3.0 and got.final["avg"] == 0.3
+  native = dataclasses.replace(cfg, sampling=dataclasses.replace(
+      cfg.sampling, quant_compute="native"))
+  with pytest.raises(ValueError, match="quant_compute"):
+    reproduce.run_one(native, "baseline", 0, str(tmp_path), log=lambda _: None,
+                      train=False)

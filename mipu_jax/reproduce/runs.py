@@ -94,6 +94,12 @@ def run_one(cfg: config_lib.TrainConfig, row: str, seed: int, workdir: str,
     # What the run computed must match; how it logged (progress bar, plots)
     # need not, but its length must.
     diff = config_lib.resume_differences(saved, cfg)
+    # A setting added to the code after the run was saved is not a difference
+    # when the row asks for its default (the default keeps the old behaviour).
+    saved_flat, defaults = config_lib.flatten(saved), config_lib.flatten(
+        config_lib.TrainConfig())
+    diff = {k: v for k, v in diff.items()
+            if k in saved_flat or k not in defaults or v[1] != defaults[k]}
     if saved.get("num_steps") != cfg.num_steps:
       diff["num_steps"] = (saved.get("num_steps"), cfg.num_steps)
     if diff:
@@ -205,7 +211,7 @@ def run_table(make_config: MakeConfig, rows: Sequence[str],
                              skipped=skipped)
   sig = signal.signal_markdown(runs)
   if sig:
-    markdown += ("### Step 2's signal: what follows accepted and rejected updates\n\n"
+    markdown += ("\n### Step 2's signal: what follows accepted and rejected updates\n\n"
                  "Pooled over seeds (`mipu_jax/reproduce/signal.py`): "
                  "next_reward_change = training reward of the next step minus "
                  "this step's; probe_minus_reward = the candidate's probe reward "
