@@ -24,7 +24,8 @@ reports:
 
 Variants (`VARIANTS`): `before` is the earlier table's setting (int4
 weights, FP8 activations, FP8 KV cache and a quantized LM head, lr 1e-3);
-`after` is `configs/table.py` as it is now. Both have dynamic sampling's 4
+`native` is the same with native low-precision matmuls
+(`sampling.quant_compute=native`); `after` is `configs/table.py` as it is now. Both have dynamic sampling's 4
 rounds. The load average is printed with the table: on a shared machine the
 numbers are only comparable within one run.
 """
@@ -47,20 +48,28 @@ from absl import flags  # pylint: disable=g-import-not-at-top,wrong-import-posit
 _STEPS = flags.DEFINE_integer("steps", 8, "RL steps per run.")
 _WORKERS = flags.DEFINE_integer("workers", 1, "Runs at once (one CPU thread each).")
 _ROWS = flags.DEFINE_list("rows", ["control", "baseline", "tis", "mipu"], "Table rows.")
-_VARIANTS = flags.DEFINE_list("variants", ["before", "after"], "Variants to measure.")
+_VARIANTS = flags.DEFINE_list("variants", ["before", "native", "after"],
+                              "Variants to measure.")
 _OUT = flags.DEFINE_string("out", None, "Also write the results as JSON here.")
 
-# variant -> extra `configs/table.py` options.
+# variant -> (extra `configs/table.py` options, config overrides).
 VARIANTS = {
-    "before": "precision=int4_all,lr=1e-3",
-    "after": "",
+    "before": ("precision=int4_all,lr=1e-3", {}),
+    # The same sampler with native low-precision matmuls instead of
+    # dequantize-then-float (`sampling.quant_compute`, mipu_jax/sampler/quant.py).
+    "native": ("precision=int4_all,lr=1e-3", {"quant_compute": "native"}),
+    "after": ("", {}),
 }
 
 
 def _config(row, variant, steps):
   from configs import table  # pylint: disable=g-import-not-at-top
-  arg = ",".join(x for x in (row, f"steps={steps}", VARIANTS[variant]) if x)
+  options, sampling = VARIANTS[variant]
+  arg = ",".join(x for x in (row, f"steps={steps}", options) if x)
   config = table.get_config(arg)
+  for name, value in sampling.items():
+    if row != "control":  # the control's fp32 sampler has nothing to quantize
+      config.sampling[name] = value
   config.eval.every = 0
   config.eval.n_per_tier = 1
   config.eval.num_samples = 1
@@ -98,7 +107,7 @@ def measure(row, variant, steps):
       run60_steps_per_cpu_min=60 * 60 / ((step_s[0] - steady + 60 * steady) * cpu_per_wall),
       mean_sampling_rounds=float(np.mean(rounds)),
       sampler=f"{cfg.sampling.weight_quant or cfg.sampling.dtype}"
-              f"/{cfg.sampling.act_quant or '-'}")
+              f"/{cfg.sampling.act_quant or '-'} {cfg.sampling.quant_compute}")
 
 
 def markdown(results, load):
@@ -113,13 +122,16 @@ def markdown(results, load):
         f"{m['compile_s']:.1f} | {m['steps_per_cpu_min']:.1f} | "
         f"{m['steady_steps_per_cpu_min']:.1f} | {m['run60_steps_per_cpu_min']:.1f} | "
         f"{m['mean_sampling_rounds']:.2f} |")
-  if all((r, v) in results for r in {k[0] for k in results} for v in ("before", "after")):
-    lines += ["", "| row | speed-up, 60-step run (compile included) | steady speed-up |",
-              "|---|---|---|"]
-    for row in dict.fromkeys(k[0] for k in results):
-      b, a = results[(row, "before")], results[(row, "after")]
-      lines.append(f"| {row} | {a['run60_steps_per_cpu_min'] / b['run60_steps_per_cpu_min']:.2f}x | "
-                   f"{a['steady_steps_per_cpu_min'] / b['steady_steps_per_cpu_min']:.2f}x |")
+  others = [v for v in dict.fromkeys(k[1] for k in results) if v != "before"]
+  lines += ["", "| row | variant | speed-up over before, 60-step run (compile included) | "
+            "steady speed-up |", "|---|---|---|---|"]
+  for row in dict.fromkeys(k[0] for k in results):
+    for v in others:
+      if (row, "before") in results and (row, v) in results:
+        b, a = results[(row, "before")], results[(row, v)]
+        lines.append(
+            f"| {row} | {v} | {a['run60_steps_per_cpu_min'] / b['run60_steps_per_cpu_min']:.2f}x | "
+            f"{a['steady_steps_per_cpu_min'] / b['steady_steps_per_cpu_min']:.2f}x |")
   return "\n".join(lines)
 
 
