@@ -257,3 +257,19 @@ def test_read_back_ignores_settings_added_later_at_their_default(tmp_path):
   with pytest.raises(ValueError, match="quant_compute"):
     reproduce.run_one(native, "baseline", 0, str(tmp_path), log=lambda _: None,
                       train=False)
+
+
+def test_lr_decay_figure_needs_both_rows(tmp_path):
+  import json  # pylint: disable=g-import-not-at-top
+  runs = []
+  for row, lrs in (("baseline", [1e-3] * 6), ("lr_decay", [1e-3] * 3 + [5e-4] * 3)):
+    d = tmp_path / row
+    d.mkdir()
+    d.joinpath("metrics.jsonl").write_text("\n".join(json.dumps(
+        {"step": s + 1, "actor/lr": lr, "rollout/response_length_mean": 20.0 + s})
+        for s, lr in enumerate(lrs)))
+    runs.append(reproduce.RunSummary(row=row, seed=0, workdir=str(d), final={"avg": 0.3},
+                                     final_se=0.02, peak_avg=0.3, peak_step=0, peak_se=0.02,
+                                     stable=True, rollback_rate=0.0, k3_kl=0.0, seconds=1.0))
+  assert reproduce.plot_lr_decay(runs[:1], str(tmp_path / "a.png")) is None
+  assert os.path.getsize(reproduce.plot_lr_decay(runs, str(tmp_path / "b.png"))) > 10_000

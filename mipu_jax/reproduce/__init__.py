@@ -49,6 +49,7 @@ from mipu_jax.reproduce.report import claims_markdown
 from mipu_jax.reproduce.report import per_seed_markdown
 from mipu_jax.reproduce.report import plot_curves
 from mipu_jax.reproduce.report import plot_gap
+from mipu_jax.reproduce.report import plot_lr_decay
 from mipu_jax.reproduce.report import tables_markdown
 from mipu_jax.reproduce.runs import check_like_with_like
 from mipu_jax.reproduce.runs import enable_compilation_cache
@@ -79,5 +80,5 @@ __all__ = [
     "RunSummary", "SOURCE_TABLES", "STABLE_SES", "TableResult",
     "check_like_with_like", "claims_markdown", "collapse_step",
     "enable_compilation_cache", "order_rows", "per_seed_markdown", "plot_curves",
-    "plot_gap", "run_one", "run_table", "summarize", "tables_markdown",
+    "plot_gap", "plot_lr_decay", "run_one", "run_table", "summarize", "tables_markdown",
 ]

@@ -212,3 +212,34 @@ def plot_gap(runs: Sequence[RunSummary], path: str) -> Optional[str]:
   axes[1].axvline(0.0, color="k", lw=0.8)
   axes[1].set_title("T̂_post / SE(T̂_post) (SE over probe groups)", fontsize=10)
   return report.save_figure(fig, path, "MIPU Step 2: the post-update gap on the probes")
+
+
+def plot_lr_decay(runs: Sequence[RunSummary], path: str) -> Optional[str]:
+  """LR-decay against the baseline: the learning rate and the mean response
+  length over steps, every seed (docs/method.md §6). None without both rows."""
+  import matplotlib  # pylint: disable=g-import-not-at-top
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+
+  rows = [n for n in ("baseline", "lr_decay") if any(r.row == n for r in runs)]
+  if rows != ["baseline", "lr_decay"]:
+    return None
+  fig, axes = plt.subplots(1, 3, figsize=(16, 4))
+  for i, name in enumerate(rows):
+    for r in (r for r in runs if r.row == name):
+      label = LABELS.get(name, name) if r.seed == min(
+          x.seed for x in runs if x.row == name) else None
+      for ax, metric in zip(axes, ("actor/lr", "rollout/response_length_mean",
+                                   "eval/avg")):
+        xs, ys = _series(r.workdir, metric)
+        ax.plot(xs, ys, color=f"C{i}", alpha=0.7, label=label,
+                marker="o" if metric == "eval/avg" else None, markersize=3)
+  for ax, title in zip(axes, ("learning rate (actor/lr)", "mean response length",
+                              "eval pass@1 (Avg of 5 tiers)")):
+    ax.set_title(title, fontsize=10)
+    ax.set_xlabel("step")
+    ax.grid(alpha=0.3)
+  axes[0].set_yscale("log")
+  axes[0].legend(fontsize=9)
+  return report.save_figure(fig, path, "LR-decay (period from the measured surge step) "
+                            "vs the baseline, every seed")

@@ -12,6 +12,7 @@ from mipu_jax import rl
 from mipu_jax.reproduce import signal
 from mipu_jax.reproduce.report import plot_curves
 from mipu_jax.reproduce.report import plot_gap
+from mipu_jax.reproduce.report import plot_lr_decay
 from mipu_jax.reproduce.report import tables_markdown
 from mipu_jax.reproduce.spec import _ROW_EXTRA_FIELDS
 from mipu_jax.reproduce.spec import MakeConfig
@@ -231,6 +232,9 @@ def run_table(make_config: MakeConfig, rows: Sequence[str],
                        title=f"{title}: mean over seeds {seeds_run} (band: min-max)")
     if path:
       files[f"curves_{key}"] = path
+  path = plot_lr_decay(runs, os.path.join(workdir, "lr_decay.png"))
+  if path:
+    files["lr_decay"] = path
   path = plot_gap(runs, os.path.join(workdir, "gap_post.png"))
   if path:
     files["gap_post"] = path
