@@ -18,12 +18,15 @@ transaction logs (`offline-run-*-<id>/run-<id>.wandb`) say so
 already holds are skipped.
 """
 
+import datetime
 import glob
 import json
 import logging
 import os
+import re
 import secrets
 import struct
+import time
 import zlib
 from typing import Any, Mapping, Optional
 
@@ -93,9 +96,19 @@ def run_record(path: str):
 
 
 def offline_logs(workdir: str, run_id: str) -> list[str]:
-  """The transaction logs of the run's offline attempts, oldest first."""
-  return sorted(glob.glob(os.path.join(
-      workdir, "wandb", f"offline-run-*-{run_id}", f"run-{run_id}.wandb")))
+  """The transaction logs of the run's offline attempts, oldest first.
+
+  An attempt's directory is `offline-run-<YYYYMMDD_HHMMSS>-<id>`, with `-<n>`
+  appended by W&B when an earlier attempt started in the same second.
+  """
+  pattern = re.compile(rf"offline-run-(\d{{8}}_\d{{6}})-{re.escape(run_id)}(?:-(\d+))?")
+  found = []
+  for path in glob.glob(os.path.join(workdir, "wandb", f"offline-run-*-{run_id}*")):
+    match = pattern.fullmatch(os.path.basename(path))
+    log = os.path.join(path, f"run-{run_id}.wandb")
+    if match and os.path.exists(log):
+      found.append(((match.group(1), int(match.group(2) or 0)), log))
+  return [log for _, log in sorted(found)]
 
 
 def _last_offline_step(workdir: str, run_id: str) -> int:
@@ -120,6 +133,24 @@ def _run_id(workdir: str) -> str:
   return run_id
 
 
+def _after_earlier_attempts(workdir: str, run_id: str) -> None:
+  """Waits until the second after the newest earlier attempt's start has passed.
+
+  W&B names an attempt's directory by the second it starts; a second attempt
+  within the same second gets a `-1` directory whose transaction log W&B
+  (0.31) leaves empty. A restarted training run is slower than that; a test
+  may not be.
+  """
+  stamps = [re.search(r"run-(\d{8}_\d{6})-", os.path.basename(p))
+            for p in glob.glob(os.path.join(workdir, "wandb", f"*run-*-{run_id}*"))]
+  stamps = [m.group(1) for m in stamps if m]
+  if stamps:
+    newest = datetime.datetime.strptime(max(stamps), "%Y%m%d_%H%M%S").timestamp()
+    wait = newest + 1.1 - time.time()
+    if wait > 0:
+      time.sleep(wait)
+
+
 class WandbSink:
   """Logs rows to one W&B run, continued across resumes.
 
@@ -136,6 +167,7 @@ class WandbSink:
   def __init__(self, workdir: str, cfg: Any, run_config: Optional[Mapping[str, Any]]):
     import wandb  # pylint: disable=g-import-not-at-top
     self.run_id = _run_id(workdir)
+    _after_earlier_attempts(workdir, self.run_id)
     name = cfg.name or os.path.basename(os.path.abspath(workdir))
     self._run = wandb.init(
         project=cfg.project, entity=cfg.entity or None, name=name,
