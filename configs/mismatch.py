@@ -94,3 +94,11 @@ STUDY2 = {
     for prec in STUDY2_PRECISIONS for lr in STUDY2_LRS for seed in STUDY2_SEEDS
 }
 GRID.update(STUDY2)
+# The same cells run on to 120 steps at lr 7e-4, where nothing collapsed by
+# step 60: does the int4 baseline collapse later while fp32 stays Stable?
+STUDY2_LONG = {
+    f"{prec}_lr7e-4_tiers45_120s_s{seed}":
+        f"precision={prec},lr=7e-4,tiers=45,steps=120,eval_every=20,seed={seed}"
+    for prec in ("fp32", "int4_all", "int4") for seed in STUDY2_SEEDS
+}
+GRID.update(STUDY2_LONG)
