@@ -262,12 +262,14 @@ def learner_child(args, attention_impl: str) -> dict:
           "model_tflops": round(flops / seconds / 1e12, 2),
           "peak_device_gib": (round(stats["peak_bytes_in_use"] / 2**30, 2)
                               if "peak_bytes_in_use" in stats else None),
-          "plan_peak_gib": round(plan.peak / 2**30, 2),
+          "plan_peak_gib": round(plan.peak / 2**30, 2), "plan_peak_bytes": int(plan.peak),
           "loss": float(m["actor/loss"])}
 
 
 def bench_learner(args, peak_tflops: float) -> list[dict]:
   impls = ["blockwise"] + {"gpu": ["cudnn"], "tpu": ["splash"]}.get(_platform(), [])
+  if args.learner_attention:
+    impls = args.learner_attention.split(",")
   rows = []
   for impl in impls:
     row = _child(args, f"learner:{impl}")
@@ -363,6 +365,8 @@ def math_child(args) -> dict:
          f"slots={args.math_prompts * args.math_group}" + (",quick=True" if args.tiny else ""))
   cd = math_config.get_config(arg)
   cd.sampling.quant_compute = args.math_quant_compute
+  # The shipped fixture has a dozen prompts: hold out a few for MIPU's probe.
+  cd.data.probe_holdout = cd.mipu.num_probe_prompts = min(4, args.math_prompts)
   cd.eval.every = 2
   cd.eval.max_problems = args.math_eval_problems
   cd.eval.num_samples = 2
@@ -491,6 +495,9 @@ def main():
   p.add_argument("--learner_prompt", type=int, default=1024)
   p.add_argument("--learner_response", type=int, default=8192)
   p.add_argument("--learner_repeats", type=int, default=3)
+  p.add_argument("--learner_attention", default="",
+                 help="attention implementations of the learner part (default: blockwise and "
+                      "the platform's kernel: cudnn on GPU, splash on TPU)")
   p.add_argument("--attention_lengths", default="1024,2048,4096,8192")
   p.add_argument("--math_prompts", type=int, default=8)
   p.add_argument("--math_group", type=int, default=4)

@@ -43,6 +43,15 @@ from test_sampler import make_model
 
 pytestmark = pytest.mark.filterwarnings("ignore:top-k/top-p sampling")
 
+
+@pytest.fixture(autouse=True)
+def _float32_matmuls():
+  """The bounds are float32 bounds: on a GPU, float32 dots default to TF32
+  (a 10-bit mantissa), which the emulated path would then use. Seen on an H100:
+  these tests fail there without this."""
+  with jax.default_matmul_precision("highest"):
+    yield
+
 KW = dict(max_prefill_length=32, max_decode_length=32)
 
 
