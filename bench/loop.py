@@ -25,7 +25,8 @@ reports:
 Variants (`VARIANTS`): `before` is the earlier table's setting (int4
 weights, FP8 activations, FP8 KV cache and a quantized LM head, lr 1e-3);
 `native` is the same with native low-precision matmuls
-(`sampling.quant_compute=native`); `after` is `configs/table.py` as it is now. Both have dynamic sampling's 4
+(`sampling.quant_compute=native`); `after` is `configs/table.py` as it is now;
+`int4w` is the earlier setting with a weight-only int4 sampler. Both have dynamic sampling's 4
 rounds. The load average is printed with the table: on a shared machine the
 numbers are only comparable within one run.
 """
@@ -59,6 +60,9 @@ VARIANTS = {
     # dequantize-then-float (`sampling.quant_compute`, mipu_jax/sampler/quant.py).
     "native": ("precision=int4_all,lr=1e-3", {"quant_compute": "native"}),
     "after": ("", {}),
+    # Weight-only int4 (its weights stored dequantized: no activation, KV-cache
+    # or LM-head quantization), the mismatch study's other collapsing sampler.
+    "int4w": ("precision=int4,lr=1e-3", {}),
 }
 
 

@@ -102,3 +102,12 @@ STUDY2_LONG = {
     for prec in ("fp32", "int4_all", "int4") for seed in STUDY2_SEEDS
 }
 GRID.update(STUDY2_LONG)
+# Weight-only int4 at lr 1e-3 with the tables' budget: does it collapse in
+# most seeds within 60 steps, as its 200-step cell did by step 50? (It runs at
+# fp32's speed, so it would be a cheaper collapse setting.)
+STUDY2_INT4_LR1E3 = {
+    f"int4_lr1e-3_tiers45_60s_s{seed}":
+        f"precision=int4,lr=1e-3,tiers=45,steps=60,eval_every=20,seed={seed}"
+    for seed in STUDY2_SEEDS
+}
+GRID.update(STUDY2_INT4_LR1E3)
