@@ -67,7 +67,13 @@ SAMPLER_MODES = {
                             "quant_compute": "native", "kv_cache_dtype": "fp8"},
     "int8 native + fp8 KV": {"weight_quant": "int8", "act_quant": "int8",
                              "quant_compute": "native", "kv_cache_dtype": "fp8"},
+    # Not in the default list (CPU comparisons: --sampler_modes=...).
+    "int8 emulated": {"weight_quant": "int8", "act_quant": "int8"},
+    "int4 weight-only emulated": {"weight_quant": "int4"},
+    "int4 weight-only native": {"weight_quant": "int4", "quant_compute": "native"},
 }
+DEFAULT_SAMPLER_MODES = ("bf16", "fp8 native", "fp8 emulated", "int8 native", "bf16 + fp8 KV",
+                         "fp8 native + fp8 KV", "int8 native + fp8 KV")
 PARTS = ("learner", "math", "attention", "sampler")  # children first: see XLA_PYTHON_CLIENT_PREALLOCATE
 
 
@@ -170,7 +176,7 @@ def bench_sampler(args, rows: list) -> list[dict]:
   rng = np.random.default_rng(0)
   n, p, new = args.sampler_seqs, args.sampler_prompt, args.sampler_new
   prompts = rng.integers(10, mcfg.vocab_size, (n, p)).tolist()
-  dtype = "float32" if _platform() == "cpu" and args.tiny else "bfloat16"
+  dtype = args.sampler_dtype or ("float32" if _platform() == "cpu" else "bfloat16")
   for name in args.sampler_modes.split(","):
     kw = SAMPLER_MODES[name]
     row = {"mode": name, **{k: str(v) for k, v in kw.items()}}
@@ -488,8 +494,11 @@ def main():
   p.add_argument("--parts", default=",".join(PARTS))
   p.add_argument("--out", default="accelerator_out")
   p.add_argument("--tiny", action="store_true", help="CPU smoke sizes (the test suite)")
-  p.add_argument("--sampler_modes", default=",".join(SAMPLER_MODES))
+  p.add_argument("--sampler_modes", default=",".join(DEFAULT_SAMPLER_MODES),
+                 help=f"comma-separated, from {sorted(SAMPLER_MODES)}")
   p.add_argument("--sampler_seqs", type=int, default=64)
+  p.add_argument("--sampler_dtype", default="",
+                 help="compute dtype of the sampler (default bfloat16; float32 on CPU)")
   p.add_argument("--sampler_prompt", type=int, default=1024)
   p.add_argument("--sampler_new", type=int, default=1024)
   p.add_argument("--learner_prompt", type=int, default=1024)
@@ -505,7 +514,7 @@ def main():
   p.add_argument("--math_eval_problems", type=int, default=4)
   p.add_argument("--math_quant_compute", default="native")
   p.add_argument("--math_workdir", default="")
-  p.add_argument("--peak_n", type=int, default=8192)
+  p.add_argument("--peak_n", type=int, default=0, help="default 8192 (1024 on CPU)")
   p.add_argument("--dump_hlo", default="",
                  help="a directory: dump the sampler's optimized HLO there and report which "
                       "kernels its matmuls became (cuBLASLt FP8, Triton GEMMs, ...)")
@@ -520,9 +529,11 @@ def main():
     for key, value in dict(sampler_seqs=4, sampler_prompt=16, sampler_new=16,
                            learner_prompt=16, learner_response=48, learner_repeats=1,
                            attention_lengths="64,128", math_prompts=2, math_group=2,
-                           math_max_new=16, math_eval_problems=1, peak_n=256).items():
+                           math_max_new=16, math_eval_problems=1).items():
       if getattr(args, key) == p.get_default(key):
         setattr(args, key, value)
+  if not args.peak_n:
+    args.peak_n = 1024 if _platform() == "cpu" else 8192
   if args.child:
     kind, _, impl = args.child.partition(":")
     result = learner_child(args, impl) if kind == "learner" else math_child(args)
@@ -539,7 +550,9 @@ def main():
             "peak_n": args.peak_n,
             "args": {k: v for k, v in vars(args).items() if not callable(v)},
             "sampler_shape": (f"{args.sampler_seqs} sequences x ({args.sampler_prompt} prompt + "
-                              f"{args.sampler_new} new) tokens, bf16 compute, temperature 1"),
+                              f"{args.sampler_new} new) tokens, "
+                              f"{args.sampler_dtype or ('float32' if _platform() == 'cpu' else 'bfloat16')}"
+                              " compute, temperature 1"),
             "learner_shape": (f"one ({args.learner_prompt} + {args.learner_response})-token row, "
                               "bf16 matmuls, fp32 master + Adam, remat per layer, "
                               "log-probs in 1,024-position chunks")}

@@ -53,3 +53,18 @@ def test_sharded_rollout_equals_single_device(model):
   assert state.tokens_BN.sharding.spec[0] == ("data", "fsdp")
   per_device = state.cache.k.addressable_shards[0].data.nbytes
   assert per_device * 8 == state.cache.k.nbytes
+
+
+@pytest.mark.parametrize("kw,atol", [
+    (dict(weight_quant="fp8_e4m3", act_quant="fp8", kv_cache_dtype="fp8"), 1e-4),
+    (dict(weight_quant="int8", act_quant="int8", kv_cache_dtype="int8"), 1e-4)])
+def test_native_sampler_refilled_and_sharded_equal_one_wave(model, kw, atol):
+  """The native low-precision matmuls through chunked prefill, refilled slots,
+  a quantized KV cache and a sharded mesh: the same rollout as one wave on one
+  device."""
+  kw = dict(quant_compute="native", eos_ids=[7], **kw)
+  one_wave = _generate(Sampler(model, **kw))
+  refill = Sampler(model, max_concurrent_decodes=4, min_slot_bucket=4, **kw)
+  _same(_generate(refill), one_wave, atol=atol)
+  sharded = Sampler(model, mesh=make_mesh(2, 2, 2), max_concurrent_decodes=8, **kw)
+  _same(_generate(sharded), one_wave, atol=atol)

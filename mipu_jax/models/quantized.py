@@ -24,9 +24,10 @@ both leaves.
   activations first, as the emulated path does.
 
 Activations are quantized per token (absmax over the contraction, one scale per
-row of the `[M, I]` input), with qwix's own quantizer, so the quantized
-operands are bitwise those of the emulated path (`mipu_jax/sampler/quant.py`);
-the two paths differ only in how the products are accumulated and rounded.
+row of the `[M, I]` input) by `quantize_activation`, which the emulated path
+(`mipu_jax/sampler/quant.py`) uses too, so the quantized operands are bitwise
+those of the emulated path; the two paths differ only in how the products are
+accumulated and rounded.
 """
 
 from typing import Optional
@@ -116,10 +117,25 @@ def dequantize(w: QuantizedWeight) -> jax.Array:
   return w.values.astype(jnp.float32) * w.scale[..., None]
 
 
-def quantize_rows(x_MI: jax.Array, act: str):
-  """Per-row absmax quantization of `[M, I]` (qwix): values and float32 scales `[M, 1]`."""
-  q = qwix.quantize(x_MI.astype(jnp.float32), _ACT_DTYPES[act], channelwise_axes=(0,),
+def quantize_activation(x: jax.Array, qtype, channel_axes: tuple[int, ...]) -> qwix.QArray:
+  """Per-token absmax quantization of activations (qwix), symmetric.
+
+  qwix scales int8 by absmax / 127.5, so a token's largest element lands
+  exactly on the rounding tie ±127.5, and the last bit of float rounding
+  upstream decides between ±127 and -128 for it. The int8 values are clipped
+  to ±127 here, which removes that tie (the emulated and native paths share
+  this function; docs/method.md §7).
+  """
+  q = qwix.quantize(x.astype(jnp.float32), qtype, channelwise_axes=channel_axes,
                     calibration_method="absmax")
+  if jnp.dtype(q.qvalue.dtype) == jnp.int8:
+    q = q.replace(qvalue=jnp.clip(q.qvalue, -127, 127))
+  return q
+
+
+def quantize_rows(x_MI: jax.Array, act: str):
+  """Per-row quantization of `[M, I]` activations: values and float32 scales `[M, 1]`."""
+  q = quantize_activation(x_MI, _ACT_DTYPES[act], (0,))
   return q.qvalue, q.scale
 
 

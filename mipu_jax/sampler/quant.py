@@ -195,6 +195,8 @@ def make_act_quant(name: Optional[str]) -> Optional[Callable[[jax.Array], jax.Ar
   The hook sees `[B, T, ...]` inputs; the scale is per `(b, t)` and shared over
   all feature axes (for the o-projection input `[B, T, N, H]` that is the whole
   contraction), which is what a per-token dynamic quantizer on a real kernel does.
+  int8 values are clipped to ±127 (`quantized.quantize_activation`: no rounding
+  tie at a token's absmax).
   """
   check_act_quant(name)
   if name is None:
@@ -202,8 +204,7 @@ def make_act_quant(name: Optional[str]) -> Optional[Callable[[jax.Array], jax.Ar
   qtype = ACT_QTYPES[name]
 
   def act_quant(x: jax.Array) -> jax.Array:
-    q = qwix.quantize(x.astype(jnp.float32), qtype, channelwise_axes=(0, 1),
-                      calibration_method="absmax")
+    q = quantized.quantize_activation(x, qtype, (0, 1))
     return qwix.dequantize(q).astype(x.dtype)
 
   return act_quant
