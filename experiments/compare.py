@@ -9,7 +9,12 @@ no-mismatch control (the same run with an fp32 sampler), the uncorrected
 baseline, token TIS, and MIPU (Step 1 + Step 2); then one table (`table.md`)
 and the overlaid curves (`curves_compare.png`: reward, eval, `k3_kl`,
 response length, learning rate, rollback rate). The rows differ only in what
-they compare (`mipu_jax.reproduce.check_like_with_like`).
+they compare (`mipu_jax.reproduce.check_like_with_like`). The job ends with
+the verdict lines of the sources' claims about its rows (MIPU > baseline,
+MIPU > TIS; `mipu_jax/reproduce/stats.py`: paired by seed, exact sign-flip
+test, 0.05). One seed (the default, about 10 minutes on 2 idle cores) can
+only say "undecidable"; `--seeds 0,1,2,3,4` is the least that can decide
+(smallest one-sided p 1/32), at about five times the time.
 
 The runs train in `--workers` processes at once, each on one CPU thread (on a
 small model that is faster than one process using every core), with one
