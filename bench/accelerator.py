@@ -416,7 +416,10 @@ def math_child(args) -> dict:
 
 def _child(args, what: str) -> dict:
   cmd = [sys.executable, os.path.abspath(__file__), "--child", what] + _forward_args(args)
-  proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+  env = dict(os.environ)  # the children do not dump HLO (--dump_hlo is the sampler's)
+  env["XLA_FLAGS"] = " ".join(f for f in env.get("XLA_FLAGS", "").split()
+                              if not f.startswith("--xla_dump"))
+  proc = subprocess.run(cmd, capture_output=True, text=True, check=False, env=env)
   for line in proc.stdout.splitlines():
     if line.startswith("RESULT "):
       return json.loads(line[len("RESULT "):])

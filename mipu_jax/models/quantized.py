@@ -163,9 +163,8 @@ def project(x: jax.Array, w: QuantizedWeight, n_in: int, out_dtype=None) -> jax.
   elif kind == "fp8":
     xq_MI, sx_M1 = quantize_rows(x_MI, w.act)
     wq_OI = w.values if w.values.dtype in _FP8 else w.values.astype(jnp.float8_e4m3fn)
-    # bf16 out for a bf16 model (the cuBLASLt FP8 GEMM's fast output), else float32.
-    acc = jnp.float32 if out_dtype == jnp.float32 else jnp.bfloat16
-    y_MO = _dot_tn(xq_MI, wq_OI, acc).astype(jnp.float32) * sx_M1 * scale_O
+    # The output in the model's dtype (bf16: the cuBLASLt FP8 GEMM's fast output).
+    y_MO = _dot_tn(xq_MI, wq_OI, out_dtype).astype(jnp.float32) * sx_M1 * scale_O
   else:
     cd = x.dtype
     if w.act is not None:  # a mixed pair: fake-quantized activations, as emulated

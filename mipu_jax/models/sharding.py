@@ -36,6 +36,18 @@ TRAIN_RULES: dict[str, tuple[Optional[str], ...]] = {
 }
 LAYOUTS = ("train", "sampling")
 
+# The sampler's quantized weights (`quantized.QuantizedWeight`, native compute):
+# values `[L, O, I]` (outputs, then the contraction) and scales `[L, O]`; the
+# `tensor` axis stays on the axis the float rule puts it on (fsdp is never used
+# by the sampling layout).
+_OUT, _IN = ((None, "tensor", None), (None, "tensor")), ((None, None, "tensor"), (None, None))
+QUANTIZED_RULES: dict[str, tuple[tuple[Optional[str], ...], ...]] = {
+    "embed": (("tensor", None), ("tensor",)),           # [V, D], [V]
+    "lm_head": (("tensor", None), ("tensor",)),         # [V, D], [V]
+    "layers/q": _OUT, "layers/k": _OUT, "layers/v": _OUT, "layers/gate": _OUT,
+    "layers/up": _OUT, "layers/o": _IN, "layers/down": _IN,
+}
+
 
 def make_mesh(data: int = 1, fsdp: int = -1, tensor: int = 1, devices=None) -> Mesh:
   """A (data, fsdp, tensor) mesh; one axis may be -1 to take the remaining devices."""
@@ -62,9 +74,15 @@ def spec_for(name: str, shape: tuple[int, ...], mesh: Mesh, layout: str = "train
   """PartitionSpec of parameter `name`; an axis that does not divide its dim is dropped."""
   if layout not in LAYOUTS:
     raise ValueError(f"Unknown layout {layout!r}; expected one of {LAYOUTS}.")
-  if name not in TRAIN_RULES:
+  base, _, leaf = name.rpartition("/")
+  if name in TRAIN_RULES:
+    rule = TRAIN_RULES[name]
+  elif leaf in ("qvalue", "scale") and base in TRAIN_RULES:  # a qwix QArray (same rank)
+    rule = TRAIN_RULES[base]
+  elif leaf in ("0", "1") and base in QUANTIZED_RULES:  # a QuantizedWeight's values / scale
+    rule = QUANTIZED_RULES[base][int(leaf)]
+  else:
     raise KeyError(f"No sharding rule for parameter {name!r}.")
-  rule = TRAIN_RULES[name]
   if len(rule) != len(shape):
     raise ValueError(f"Rule for {name!r} has rank {len(rule)}, parameter has shape {shape}.")
   axes = []

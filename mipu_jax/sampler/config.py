@@ -105,8 +105,10 @@ class SamplerConfig(SamplerPrecision):
   `kv_cache_dtype` become dtypes (`kv_cache_dtype` None becomes `dtype`).
 
   Attributes:
-    quant_storage: 'fake' (float tree of dequantized values) or 'real' (QArrays,
-      dequantized inside each step); see `mipu_jax/sampler/quant.py`.
+    quant_storage: with `quant_compute='emulated'`: 'fake' (float tree of
+      dequantized values) or 'real' (QArrays, dequantized inside each step);
+      `native` always stores the quantized values. See
+      `mipu_jax/sampler/quant.py`.
     max_prefill_length: longest prompt accepted; longer prompts are an error.
     max_decode_length: largest `max_new_tokens` accepted.
     min_prefill_bucket / min_decode_bucket / min_slot_bucket: bucket floors.

@@ -122,7 +122,7 @@ class Engine:
         weight_quant=config.weight_quant, compute_dtype=config.dtype,
         quant_lm_head=config.quant_lm_head, tie_embeddings=self.model_config.tie_embeddings,
         storage=config.quant_storage, compute=config.quant_compute,
-        act_quant=config.act_quant)
+        act_quant=config.act_quant if native else None)  # a static key: only where used
     self._rng = jax.random.key(0)
 
   @property
