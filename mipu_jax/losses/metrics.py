@@ -166,7 +166,8 @@ def probability_metrics(lp_old: jax.Array, lp_mu: jax.Array,
 
   Where verl would give NaN (no counted token, one token for the std, a
   constant p or q for the correlation) these are 0 here; `_valid` tells an
-  empty batch apart.
+  empty batch apart. Log-probs above 0 (not log-probs) are clipped to 0 for
+  p and q, so the metrics stay finite.
 
   Args:
     lp_old: learner log-probs `[B, T]`.
@@ -180,7 +181,8 @@ def probability_metrics(lp_old: jax.Array, lp_mu: jax.Array,
   on_BT = m_BT > 0
   lp_old = jnp.where(on_BT, jax.lax.stop_gradient(jnp.asarray(lp_old, jnp.float32)), 0.0)
   lp_mu = jnp.where(on_BT, jax.lax.stop_gradient(jnp.asarray(lp_mu, jnp.float32)), 0.0)
-  p_BT, q_BT = jnp.exp(lp_old), jnp.exp(lp_mu)
+  # A log-prob is ≤ 0; clip at 0 so that a corrupt value cannot overflow p.
+  p_BT, q_BT = jnp.exp(jnp.minimum(lp_old, 0.0)), jnp.exp(jnp.minimum(lp_mu, 0.0))
   n = jnp.sum(m_BT)
   diff_BT = jnp.abs(p_BT - q_BT)
   mean = _masked.masked_mean(diff_BT, m_BT)
