@@ -43,15 +43,19 @@ _QUICK = flags.DEFINE_bool("quick", False, "Smoke budget: 2 steps, tiny batches.
 _WORKERS = flags.DEFINE_integer(
     "workers", 2, "Runs trained at once, one process and one CPU thread each "
     "(1: one after the other in this process).")
+_SETTING = flags.DEFINE_string(
+    "setting", "", "More configs/table.py options, e.g. 'lr=7e-4,steps=120' (the second "
+    "mismatch study's setting).")
 _CACHE = flags.DEFINE_string("jax_cache", None,
                              "Persistent compilation cache (default WORKDIR/.jax_cache; '' off).")
 flags.mark_flag_as_required("workdir")
 
 
-def make_config(row, seed, p, *, quick, steps):
+def make_config(row, seed, p, *, quick, steps, setting=""):
   arg = f"{row},seed={seed}," + ("quick" if quick else
                                  (f"steps={steps}" if steps else ""))
-  return table.get_config(arg.rstrip(",") + (f",p={p}" if p is not None else ""))
+  arg = arg.rstrip(",") + (f",p={p}" if p is not None else "")
+  return table.get_config(arg + (f",{setting}" if setting else ""))
 
 
 def _init_worker():
@@ -61,11 +65,12 @@ def _init_worker():
   logging.set_verbosity(logging.WARNING)
 
 
-def _train_row(row, seed, workdir, cache, quick, steps):
+def _train_row(row, seed, workdir, cache, quick, steps, setting):
   """One run in a worker process."""
   from mipu_jax import config as config_lib  # pylint: disable=g-import-not-at-top
   reproduce.enable_compilation_cache(cache, workdir)
-  cfg = config_lib.from_config_dict(make_config(row, seed, None, quick=quick, steps=steps))
+  cfg = config_lib.from_config_dict(
+      make_config(row, seed, None, quick=quick, steps=steps, setting=setting))
   reproduce.run_one(cfg, row, seed, os.path.join(workdir, "runs", f"{row}_s{seed}"),
                     log=lambda _: None)
   return row, seed
@@ -79,7 +84,7 @@ def _steps_done(workdir, row, seed):
     return max(sum(1 for _ in f) - 1, 0)  # the step-0 evaluation row is not a step
 
 
-def train_in_workers(rows, seeds, workdir, *, workers, quick, steps, cache):
+def train_in_workers(rows, seeds, workdir, *, workers, quick, steps, cache, setting=""):
   """Trains every (row, seed) in `workers` processes, with one progress bar.
 
   The rows are checked like with like first (`reproduce.check_like_with_like`).
@@ -87,7 +92,7 @@ def train_in_workers(rows, seeds, workdir, *, workers, quick, steps, cache):
   from mipu_jax import config as config_lib  # pylint: disable=g-import-not-at-top
   for seed in seeds:
     configs = {row: config_lib.from_config_dict(
-        make_config(row, seed, None, quick=quick, steps=steps)) for row in rows}
+        make_config(row, seed, None, quick=quick, steps=steps, setting=setting)) for row in rows}
     reproduce.check_like_with_like(configs)
   per_run = configs[rows[0]].num_steps  # like with like: every run's length
   jobs = [(row, seed) for seed in seeds for row in rows]
@@ -95,7 +100,7 @@ def train_in_workers(rows, seeds, workdir, *, workers, quick, steps, cache):
   bar = tqdm.tqdm(total=per_run * len(jobs), desc=f"{len(jobs)} runs", unit="step")
   with concurrent.futures.ProcessPoolExecutor(workers, mp_context=context,
                                               initializer=_init_worker) as pool:
-    futures = [pool.submit(_train_row, row, seed, workdir, cache, quick, steps)
+    futures = [pool.submit(_train_row, row, seed, workdir, cache, quick, steps, setting)
                for row, seed in jobs]
     while True:
       done = sum(min(_steps_done(workdir, r, s), per_run) for r, s in jobs)
@@ -118,11 +123,13 @@ def main(argv):
   start = time.perf_counter()
   if _WORKERS.value > 1:
     train_in_workers(rows, seeds, _WORKDIR.value, workers=_WORKERS.value,
-                     quick=_QUICK.value, steps=_STEPS.value, cache=_CACHE.value)
+                     quick=_QUICK.value, steps=_STEPS.value, cache=_CACHE.value,
+                     setting=_SETTING.value)
   reproduce.enable_compilation_cache(_CACHE.value, _WORKDIR.value)
 
   def config(row, seed, p):
-    c = make_config(row, seed, p, quick=_QUICK.value, steps=_STEPS.value)
+    c = make_config(row, seed, p, quick=_QUICK.value, steps=_STEPS.value,
+                    setting=_SETTING.value)
     c.logging.progress_bar = _WORKERS.value <= 1  # a bar per run when one at a time
     return c
 

@@ -3,6 +3,8 @@ r"""Reproduces the sources' tables on the small CPU task: every row x several se
     python experiments/reproduce_tables.py --workdir results/small_cpu             # 3 seeds
     python experiments/reproduce_tables.py --workdir /tmp/t --quick                # smoke budget
     python experiments/reproduce_tables.py --workdir results/small_cpu --report_only
+    python experiments/reproduce_tables.py --workdir results/small_cpu_lr7e-4 \
+        --setting lr=7e-4,steps=120 --seeds 0,1,2,3,4,5,6,7,8,9   # the study's cleaner setting
 
 Rows are `configs/table.py:<row>` (the mismatch study's collapse setting: an
 int4 / FP8 sampler, tiers 4-5, lr 1e-3, 60 steps); the logic — runs, like
@@ -34,6 +36,9 @@ _REPORT_ONLY = flags.DEFINE_bool("report_only", False,
 _QUICK = flags.DEFINE_bool("quick", False, "Smoke budget: 2 steps, 1 seed, tiny batches.")
 _INIT_FROM = flags.DEFINE_string(
     "init_from", None, "Base policy checkpoint directory (default: the config's).")
+_SETTING = flags.DEFINE_string(
+    "setting", "", "More configs/table.py options, e.g. 'lr=7e-4,steps=120' (the second "
+    "mismatch study's setting).")
 _CACHE = flags.DEFINE_string("jax_cache", None,
                              "Persistent compilation cache (default WORKDIR/.jax_cache; '' off).")
 flags.mark_flag_as_required("workdir")
@@ -49,6 +54,8 @@ def make_config(row, seed, p):
     parts.append(f"prompts={_PROMPTS.value}")
   if p is not None:
     parts.append(f"p={p}")
+  if _SETTING.value:
+    parts.append(_SETTING.value)
   config = table.get_config(",".join(parts))
   if _INIT_FROM.value is not None:
     config.model.init_from = _INIT_FROM.value
