@@ -75,7 +75,7 @@ def _log_softmax(x):
 def test_projection_within_the_rounding_bound(seed, pair):
   wq, aq = pair
   rng = np.random.default_rng(seed)
-  i = int(rng.integers(8, 96))
+  i = (24, 72)[seed % 2]  # two shapes: each new shape compiles the eager ops again
   x = jnp.asarray(rng.normal(size=(6, i)) * rng.uniform(0.1, 10), jnp.float32)
   w = jnp.asarray(rng.normal(size=(i, 10)) * rng.uniform(0.01, 1), jnp.float32)
   qw = quantized.from_float(w, quant.WEIGHT_QTYPES[wq], (1,), (0,), act=aq)
@@ -91,8 +91,8 @@ def test_projection_within_the_rounding_bound(seed, pair):
 
 def test_native_weight_values_are_the_emulated_ones(model):
   params = learner_params(model)
-  for name, axes in quant.LAYER_CHANNEL_AXES.items():
-    w = params["layers"][name]
+  for name in ("q", "o", "down"):  # out axes (N, H); contraction (N, H); F -> D
+    w, axes = params["layers"][name], quant.LAYER_CHANNEL_AXES[name]
     for qtype in ("int8", "int4", "fp8_e4m3"):
       qw = quant.native_weight(w, qtype, axes, act_quant=None, stacked=True)
       out = tuple(a for a in axes if a)
@@ -102,15 +102,21 @@ def test_native_weight_values_are_the_emulated_ones(model):
                                     fake.reshape(qw.values.shape))
 
 
-@pytest.mark.parametrize("weight_quant,act_quant", [
-    ("fp8_e4m3", "fp8"), ("int4", "fp8"), ("int4", None), ("int8", "fp8"), ("fp8_e4m3", None),
-    ("int8", "int8"), ("int4", "int8")])
-@pytest.mark.parametrize("quant_lm_head", [False, True])
-def test_native_log_probs_equal_emulated(model, weight_quant, act_quant, quant_lm_head):
+@pytest.fixture(scope="module")
+def float_log_probs(model):
+  return _log_softmax(_prefill_logits(Sampler(model, **KW)))
+
+
+@pytest.mark.parametrize("weight_quant,act_quant,quant_lm_head", [
+    ("fp8_e4m3", "fp8", False), ("fp8_e4m3", "fp8", True), ("int8", "int8", False),
+    ("int8", "int8", True), ("int4", "fp8", False), ("int4", "int8", False),
+    ("int4", None, True), ("int8", "fp8", False), ("fp8_e4m3", None, False)])
+def test_native_log_probs_equal_emulated(model, float_log_probs, weight_quant, act_quant,
+                                         quant_lm_head):
   kw = dict(weight_quant=weight_quant, act_quant=act_quant, quant_lm_head=quant_lm_head, **KW)
   emulated = _log_softmax(_prefill_logits(Sampler(model, **kw)))
   native = _log_softmax(_prefill_logits(Sampler(model, quant_compute="native", **kw)))
-  float_ = _log_softmax(_prefill_logits(Sampler(model, **KW)))
+  float_ = float_log_probs
   assert np.abs(native - emulated).max() < 1e-4
   assert np.abs(emulated - float_).max() > 1e-2  # the quantization itself is visible
 
