@@ -12,6 +12,7 @@ import json
 import logging
 import os
 import sys
+import time
 
 import pytest
 
@@ -31,8 +32,16 @@ def _wandb_offline(monkeypatch):
   monkeypatch.setenv("WANDB_CONSOLE", "off")
 
 
-def _wandb_steps(workdir, run_id):
-  return [wandb_run.history_steps(p) for p in wandb_run.offline_logs(workdir, run_id)]
+def _wandb_steps(workdir, run_id, expected=None, timeout=60.0):
+  """The history steps of each attempt; with `expected`, polls until they match
+  (W&B's service may still be writing its log when `finish()` returns: seen as
+  an empty history on a loaded 2-core machine)."""
+  deadline = time.monotonic() + timeout
+  while True:
+    steps = [wandb_run.history_steps(p) for p in wandb_run.offline_logs(workdir, run_id)]
+    if expected is None or steps == expected or time.monotonic() > deadline:
+      return steps
+    time.sleep(0.5)
 
 
 def _run_id(workdir):
@@ -70,8 +79,8 @@ def test_wandb_records_the_config_and_continues_the_same_run(tmp_path):
     writer.write(step, {"x": float(step)})
   writer.close()
   run_id = _run_id(workdir)
+  assert _wandb_steps(workdir, run_id, expected=[[0, 1, 2, 3]]) == [[0, 1, 2, 3]]
   (first,) = wandb_run.offline_logs(workdir, run_id)
-  assert wandb_run.history_steps(first) == [0, 1, 2, 3]
   # The run record carries the config, project, name, group and tags.
   run = wandb_run.run_record(first)
   assert (run.project, run.display_name, run.run_group, list(run.tags)) == ("p", "n", "g", ["t"])
@@ -87,7 +96,7 @@ def test_wandb_records_the_config_and_continues_the_same_run(tmp_path):
     writer.write(step, {"x": float(step)})
   writer.close()
   assert _run_id(workdir) == run_id
-  assert _wandb_steps(workdir, run_id) == [[0, 1, 2, 3], [4, 5]]
+  assert _wandb_steps(workdir, run_id, expected=[[0, 1, 2, 3], [4, 5]]) == [[0, 1, 2, 3], [4, 5]]
 
 
 def test_a_backend_failing_mid_run_warns_and_keeps_the_jsonl_row(tmp_path, monkeypatch, caplog):
