@@ -99,7 +99,7 @@ GRID.update(STUDY2)
 STUDY2_LONG = {
     f"{prec}_lr7e-4_tiers45_120s_s{seed}":
         f"precision={prec},lr=7e-4,tiers=45,steps=120,eval_every=20,seed={seed}"
-    for prec in ("fp32", "int4_all", "int4") for seed in STUDY2_SEEDS
+    for prec in ("fp32", "int4_all", "int4", "bf16") for seed in STUDY2_SEEDS
 }
 GRID.update(STUDY2_LONG)
 # Weight-only int4 at lr 1e-3 with the tables' budget: does it collapse in
