@@ -74,6 +74,8 @@ SAMPLER_MODES = {
 }
 DEFAULT_SAMPLER_MODES = ("bf16", "fp8 native", "fp8 emulated", "int8 native", "bf16 + fp8 KV",
                          "fp8 native + fp8 KV", "int8 native + fp8 KV")
+from attention import _best_time  # noqa: E402  (bench/ is on sys.path above)
+
 PARTS = ("learner", "math", "attention", "sampler")  # children first: see XLA_PYTHON_CLIENT_PREALLOCATE
 
 
@@ -100,16 +102,6 @@ def device_info() -> dict:
   return info
 
 
-def _best(fn, repeats):
-  fn()
-  best = float("inf")
-  for _ in range(repeats):
-    t0 = time.perf_counter()
-    fn()
-    best = min(best, time.perf_counter() - t0)
-  return best
-
-
 def matmul_peak_tflops(n: int) -> float:
   """The device's matmul peak, measured: `n³` bf16 (fp32 on CPU) products."""
   import jax  # pylint: disable=g-import-not-at-top
@@ -118,7 +110,7 @@ def matmul_peak_tflops(n: int) -> float:
   a = jax.random.normal(jax.random.key(0), (n, n), jnp.float32).astype(dtype)
   b = jax.random.normal(jax.random.key(1), (n, n), jnp.float32).astype(dtype)
   f = jax.jit(lambda a, b: a @ b)
-  return 2 * n**3 / _best(lambda: f(a, b).block_until_ready(), 10) / 1e12
+  return 2 * n**3 / _best_time(lambda: f(a, b).block_until_ready(), 10) / 1e12
 
 
 def model_config(args):
@@ -318,7 +310,7 @@ def bench_attention(args) -> list[dict]:
       try:
         f = jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2)))
         temp = f.lower(q, kk, v).compile().memory_analysis().temp_size_in_bytes
-        row["ms"] = round(_best(lambda f=f: jax.block_until_ready(f(q, kk, v)), 3) * 1e3, 3)
+        row["ms"] = round(_best_time(lambda f=f: jax.block_until_ready(f(q, kk, v)), 3) * 1e3, 3)
         row["temp_mib"] = round(temp / 2**20, 1)
       except Exception as e:  # pylint: disable=broad-except
         row["error"] = f"{type(e).__name__}: {str(e)[:200]}"
