@@ -13,7 +13,7 @@ D hidden, N query heads, K kv heads, Q = N // K, H head dim, F MLP width,
 V vocab, L layers.
 """
 
-from typing import Callable, NamedTuple, Optional
+from typing import Any, Callable, NamedTuple, Optional
 
 import jax
 import jax.numpy as jnp
@@ -60,14 +60,28 @@ def init_cache(cfg: Qwen3Config, batch: int, max_len: int, dtype=jnp.bfloat16) -
                  index=jnp.zeros((batch,), jnp.int32))
 
 
-def _quantize_kv(x, dtype):
-  """Casts new K/V to the cache dtype; int8 uses per-(token, head) absmax scales."""
+def _quantize_kv(x, dtype, kv_round=None):
+  """Casts new K/V to the cache dtype; int8 uses per-(token, head) absmax scales.
+
+  `kv_round` (a float dtype): round through it first, i.e. keep a cache of that
+  dtype's values in a wider float array (the sampler's `kv_cache_storage='fake'`).
+  """
+  if kv_round is not None:
+    return x.astype(kv_round).astype(dtype), None
   if dtype == jnp.int8:
     scale = jnp.max(jnp.abs(x.astype(jnp.float32)), axis=-1, keepdims=True) / 127.0
     scale = jnp.where(scale == 0, 1.0, scale)
     q = jnp.clip(jnp.round(x.astype(jnp.float32) / scale), -127, 127).astype(jnp.int8)
     return q, scale
   return x.astype(dtype), None
+
+
+def _cache_layer(all_, layer):
+  """`all_[layer]`; a float8 cache is sliced as uint8 (no float8 dynamic-slice on CPU)."""
+  if jnp.dtype(all_.dtype).itemsize == 1 and jnp.issubdtype(all_.dtype, jnp.floating):
+    u8 = jax.lax.bitcast_convert_type(all_, jnp.uint8)[layer]
+    return jax.lax.bitcast_convert_type(u8, all_.dtype)
+  return all_[layer]
 
 
 def _dequantize_kv(x, scale, dtype):
@@ -131,7 +145,7 @@ def _proj(eq: str, x, xq, w, n_in: int):
 
 
 def _layer(cfg: Qwen3Config, x_BTD, w, positions_BT, attn_mask, kv, index, act_quant,
-           prefix_rows=False):
+           prefix_rows=False, kv_round=None):
   """One decoder layer. `w` holds this layer's weights (already in compute dtype).
 
   `kv` is the whole cache `(k, k_scale, v, v_scale, layer)`. Without a cache
@@ -156,8 +170,8 @@ def _layer(cfg: Qwen3Config, x_BTD, w, positions_BT, attn_mask, kv, index, act_q
     # The whole [L, ...] cache is the scan carry: only the T new entries are
     # written (in place), and this layer's slots are read back.
     k_all, ks_all, v_all, vs_all, layer = kv
-    kq_new, ks_new = _quantize_kv(k_BTKH, k_all.dtype)
-    vq_new, vs_new = _quantize_kv(v_BTKH, v_all.dtype)
+    kq_new, ks_new = _quantize_kv(k_BTKH, k_all.dtype, kv_round)
+    vq_new, vs_new = _quantize_kv(v_BTKH, v_all.dtype, kv_round)
     # Row b writes its T entries at its own slots index[b] .. index[b] + T - 1;
     # writes past the end of the cache are dropped.
     b, t = k_BTKH.shape[:2]
@@ -165,15 +179,22 @@ def _layer(cfg: Qwen3Config, x_BTD, w, positions_BT, attn_mask, kv, index, act_q
     slots_BT = index[:, None] + jnp.arange(t)[None, :]
 
     def write(all_, new):
-      return all_.at[layer, rows_BT, slots_BT].set(new.astype(all_.dtype), mode="drop")
+      new = new.astype(all_.dtype)
+      if jnp.dtype(all_.dtype).itemsize == 1 and jnp.issubdtype(all_.dtype, jnp.floating):
+        # XLA:CPU has no float8 scatter: it would convert the whole cache to a wider
+        # float and back on every write. The same bytes scattered as uint8.
+        u8 = lambda a: jax.lax.bitcast_convert_type(a, jnp.uint8)
+        out = u8(all_).at[layer, rows_BT, slots_BT].set(u8(new), mode="drop")
+        return jax.lax.bitcast_convert_type(out, all_.dtype)
+      return all_.at[layer, rows_BT, slots_BT].set(new, mode="drop")
 
     k_all, v_all = write(k_all, kq_new), write(v_all, vq_new)
     k_s = v_s = None
     if ks_all is not None:
       ks_all, vs_all = write(ks_all, ks_new), write(vs_all, vs_new)
       k_s, v_s = ks_all[layer], vs_all[layer]
-    keys_BSKH = _dequantize_kv(k_all[layer], k_s, dt)
-    values_BSKH = _dequantize_kv(v_all[layer], v_s, dt)
+    keys_BSKH = _dequantize_kv(_cache_layer(k_all, layer), k_s, dt)
+    values_BSKH = _dequantize_kv(_cache_layer(v_all, layer), v_s, dt)
     new_kv = (k_all, ks_all, v_all, vs_all)
 
   attn_BTNH = attention.attend(
@@ -263,7 +284,8 @@ class Qwen3(nnx.Module):
                segment_ids_BT: Optional[jax.Array] = None,
                cache: Optional[KVCache] = None,
                act_quant: ActQuant = None, quant_lm_head: bool = True,
-               return_hidden: bool = False, compute_logits: bool = True):
+               return_hidden: bool = False, compute_logits: bool = True,
+               kv_round: Any = None):
     """Runs the decoder.
 
     Args:
@@ -282,6 +304,10 @@ class Qwen3(nnx.Module):
       return_hidden: also return the final normalised hidden state [B, T, D].
       compute_logits: False to return only the final normalised hidden state
         (no `[B, T, V]` logits: the learner's chunked log-probs take it).
+      kv_round: a float dtype the new K/V are rounded through before they are
+        written to a cache of another dtype (a float8 cache kept as float32
+        values: bitwise the same attention, no float8 reads; see
+        `SamplerConfig.kv_cache_storage`).
 
     Returns:
       float32 logits [B, T, V] (or the hidden state, see above);
@@ -330,7 +356,7 @@ class Qwen3(nnx.Module):
         x, k, k_s, v, v_s = carry
         w, layer = xs
         x, kv = _layer(cfg, x, w, positions_BT, attn_mask, (k, k_s, v, v_s, layer),
-                       index_B, act_quant)
+                       index_B, act_quant, kv_round=kv_round)
         return (x, *kv), None
 
       carry = (x_BTD, cache.k, cache.k_scale, cache.v, cache.v_scale)

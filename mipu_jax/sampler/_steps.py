@@ -20,13 +20,18 @@ from mipu_jax.sampler.state import LENGTH, RUNNING, STOP, DecodeState, Prefix
 
 @dataclasses.dataclass(frozen=True)
 class DecodeSpec:
-  """Static (compile-time) settings shared by the step functions."""
+  """Static (compile-time) settings shared by the step functions.
+
+  `kv_dtype` is the cache arrays' dtype; `kv_round`, when set, the float dtype
+  whose values they hold (`SamplerConfig.kv_cache_storage='fake'`).
+  """
 
   graphdef: nnx.GraphDef
   kv_dtype: jnp.dtype
   act_quant: Optional[Callable[[jax.Array], jax.Array]]
   quant_lm_head: bool
   pad_id: int
+  kv_round: Optional[jnp.dtype] = None
 
 
 def build_model(spec: DecodeSpec, params):
@@ -60,6 +65,7 @@ def prefill(spec: DecodeSpec, params, tokens_RP, true_length_R, keys_R, temperat
   left_RP = jnp.where(mask_RP, jnp.take_along_axis(tokens_RP, src_RP, axis=1), spec.pad_id)
   cache = init_cache(model.config, r, p, spec.kv_dtype)
   (_, h_RPD), cache = model(left_RP, mask_BT=mask_RP, cache=cache, act_quant=spec.act_quant,
+                            kv_round=spec.kv_round,
                             quant_lm_head=spec.quant_lm_head, return_hidden=True)
   # Only the last position's logits are needed: the model's own [R, P, V] logits
   # are dead code under jit and XLA drops them (P times fewer LM-head FLOPs).
@@ -170,7 +176,8 @@ def advance(spec: DecodeSpec, params, ds: DecodeState):
   model = build_model(spec, params)
   live_B = live_slots(ds)
   logits_B1V, cache = model(ds.last_token_B[:, None], mask_BT=live_B[:, None], cache=ds.cache,
-                            act_quant=spec.act_quant, quant_lm_head=spec.quant_lm_head)
+                            act_quant=spec.act_quant, quant_lm_head=spec.quant_lm_head,
+                            kv_round=spec.kv_round)
   cache = cache._replace(index=ds.cache.index + live_B.astype(jnp.int32))
   tokens_B, lp_B = sample_logits(logits_B1V[:, 0], _fold(ds.keys_B, ds.num_generated_B),
                                  ds.temperature_B, ds.top_k_B, ds.top_p_B)

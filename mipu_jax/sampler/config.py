@@ -22,6 +22,9 @@ _KV_DTYPES = {
 }
 
 
+KV_STORAGES = ("auto", "real", "fake")
+
+
 def kv_dtype(name: Any) -> jnp.dtype:
   """KV-cache dtype from a name ('bf16', 'fp8', 'int8', ...) or a dtype."""
   if isinstance(name, str):
@@ -109,6 +112,15 @@ class SamplerConfig(SamplerPrecision):
       dequantized values) or 'real' (QArrays, dequantized inside each step);
       `native` always stores the quantized values. See
       `mipu_jax/sampler/quant.py`.
+    kv_cache_storage: how a KV cache of a float dtype other than `dtype` (bf16,
+      fp16, fp8 with a float32 compute dtype, ...) is kept: 'real' (arrays of
+      that dtype), 'fake' (arrays of the compute dtype holding that dtype's
+      values: the new K/V are rounded through it) or 'auto' (fake on CPU,
+      real elsewhere). Fake and real give bitwise the same attention, tokens
+      and log-probs (tested); fake costs more memory and, on CPU, no float8
+      read of the whole cache per decode step (the XLA:CPU float8 converts are
+      scalar code: 3x slower sampling at the table's setting, bench/loop.py).
+      int8 caches are always real.
     max_prefill_length: longest prompt accepted; longer prompts are an error.
     max_decode_length: largest `max_new_tokens` accepted.
     min_prefill_bucket / min_decode_bucket / min_slot_bucket: bucket floors.
@@ -118,6 +130,7 @@ class SamplerConfig(SamplerPrecision):
   """
 
   quant_storage: str = "fake"
+  kv_cache_storage: str = "auto"
   max_prefill_length: int = 512
   max_decode_length: int = 1024
   min_prefill_bucket: int = 16
@@ -135,6 +148,9 @@ class SamplerConfig(SamplerPrecision):
     if self.quant_storage not in quant.STORAGES:
       raise ValueError(
           f"quant_storage must be one of {quant.STORAGES}, got {self.quant_storage!r}.")
+    if self.kv_cache_storage not in KV_STORAGES:
+      raise ValueError(f"kv_cache_storage must be one of {KV_STORAGES}, "
+                       f"got {self.kv_cache_storage!r}.")
     for name in ("max_prefill_length", "max_decode_length", "min_prefill_bucket",
                  "min_decode_bucket", "min_slot_bucket", "max_stop_ids"):
       if getattr(self, name) <= 0:
@@ -143,6 +159,19 @@ class SamplerConfig(SamplerPrecision):
     if len(self.stop_ids) > self.max_stop_ids:
       raise ValueError(
           f"{len(self.stop_ids)} stop ids, more than max_stop_ids={self.max_stop_ids}.")
+
+  def kv_round(self, platform: str) -> Optional[jnp.dtype]:
+    """The dtype a fake-stored cache rounds through on `platform`, or None (real)."""
+    kv = self.kv_cache_dtype
+    # Only where the compute dtype holds every value of the cache dtype exactly:
+    # anything narrower in float32, float8 in bfloat16 / float16.
+    if not jnp.issubdtype(kv, jnp.floating) or kv.itemsize >= self.dtype.itemsize or (
+        self.dtype != jnp.float32 and kv.itemsize != 1):
+      return None
+    if self.kv_cache_storage == "fake" or (self.kv_cache_storage == "auto" and
+                                           platform == "cpu"):
+      return kv
+    return None
 
   def replace(self, **kwargs) -> "SamplerConfig":
     return dataclasses.replace(self, **kwargs)

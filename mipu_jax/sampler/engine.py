@@ -114,10 +114,13 @@ class Engine:
     abstract = nnx.eval_shape(lambda: Qwen3(self.model_config, rngs=nnx.Rngs(0)))
     self._reference = jax.eval_shape(lambda: weights.learner_params(model))
     native = config.quant_compute == "native"  # the weights quantize their own inputs
+    platform = (mesh.devices.flat[0] if mesh is not None else jax.devices()[0]).platform
+    kv_round = config.kv_round(platform)
     self._spec = _steps.DecodeSpec(
-        graphdef=nnx.graphdef(abstract), kv_dtype=config.kv_cache_dtype,
+        graphdef=nnx.graphdef(abstract),
+        kv_dtype=config.kv_cache_dtype if kv_round is None else config.dtype,
         act_quant=None if native else quant.make_act_quant(config.act_quant),
-        quant_lm_head=config.quant_lm_head, pad_id=config.pad_id)
+        quant_lm_head=config.quant_lm_head, pad_id=config.pad_id, kv_round=kv_round)
     self._quant_kwargs = dict(
         weight_quant=config.weight_quant, compute_dtype=config.dtype,
         quant_lm_head=config.quant_lm_head, tie_embeddings=self.model_config.tie_embeddings,
