@@ -1,13 +1,16 @@
-r"""RL steps per CPU-minute of the table's rows, before and after, in one run.
+r"""RL steps per CPU-minute of the table's rows, before and after a code change, in one run.
 
     python bench/loop.py                       # 4 rows x {before, after}, 8 steps each
     python bench/loop.py --steps 12 --workers 2 --rows baseline,mipu
+    python bench/loop.py --before_rev 9182d53 --setting lr=7e-4   # the defaults
 
-Each (variant, row) trains `--steps` RL steps of `configs/table.py:<row>` in
-its own process on one CPU thread (`--workers` processes at once, one per
-core), with no periodic evaluation, no checkpoints and a 1-problem final
-evaluation, from a fresh compilation (no persistent cache). Per run it
-reports:
+`before` is the repository at `--before_rev` (extracted with `git archive`
+into a temporary directory and imported from there), `after` the code this
+script sits in; both train the same `configs/table.py:<row>,<--setting>`.
+Each (variant, row) trains `--steps` RL steps in its own process on one CPU
+thread (`--workers` processes at once, one per core), with no periodic
+evaluation, no checkpoints and a 1-problem final evaluation, from a fresh
+compilation (no persistent cache). Per run it reports:
 
 - `steady s/step`: the median `perf/step_seconds` over steps 2.. (wall time
   of a step; with one thread per process this is CPU time on an idle core);
@@ -18,16 +21,18 @@ reports:
 - `steady steps / CPU-min`: 60 / (steady s/step x CPU / wall of the process),
   i.e. per step, compilation excluded (the CPU / wall factor takes out the
   time the process waited for a core on a shared machine);
-- `60-step run, steps / CPU-min`: a table run's 60 steps over the CPU minutes
-  of compilation + 60 steady steps (compilation included, at the table's run
-  length rather than the bench's).
+- `120-step run, steps / CPU-min`: a table run's 120 steps over the CPU
+  minutes of compilation + 120 steady steps (compilation included, at the
+  table's run length rather than the bench's).
 
-Variants (`VARIANTS`): `before` is the earlier table's setting (int4
-weights, FP8 activations, FP8 KV cache and a quantized LM head, lr 1e-3);
-`native` is the same with native low-precision matmuls
-(`sampling.quant_compute=native`); `after` is `configs/table.py` as it is now;
-`int4w` is the earlier setting with a weight-only int4 sampler. Both have dynamic sampling's 4
-rounds. The load average is printed with the table: on a shared machine the
+`after, cached` (`--cached`, on by default) runs `after` once more per row
+with JAX's persistent compilation cache the first `after` runs filled, as a
+table's second and later runs find it (`reproduce.enable_compilation_cache`).
+
+Results unchanged: for every row the script compares the logged metrics of
+`before` and `after` step by step (every key but `perf/*`, which are
+timings) and prints whether they are bitwise identical, or the first that
+differs. The load average is printed with the table: on a shared machine the
 numbers are only comparable within one run.
 """
 
@@ -35,13 +40,14 @@ import concurrent.futures
 import json
 import multiprocessing
 import os
+import subprocess
 import sys
 import tempfile
 import time
 
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 from absl import app  # pylint: disable=g-import-not-at-top,wrong-import-position
 from absl import flags  # pylint: disable=g-import-not-at-top,wrong-import-position
@@ -49,31 +55,22 @@ from absl import flags  # pylint: disable=g-import-not-at-top,wrong-import-posit
 _STEPS = flags.DEFINE_integer("steps", 8, "RL steps per run.")
 _WORKERS = flags.DEFINE_integer("workers", 1, "Runs at once (one CPU thread each).")
 _ROWS = flags.DEFINE_list("rows", ["control", "baseline", "tis", "mipu"], "Table rows.")
-_VARIANTS = flags.DEFINE_list("variants", ["before", "native", "after"],
-                              "Variants to measure.")
+# The commit before the sampler's KV-cache storage change (kv_cache_storage).
+_BEFORE = flags.DEFINE_string("before_rev", "9182d53",
+                              "Git revision of the `before` code ('' for none).")
+_SETTING = flags.DEFINE_string("setting", "lr=7e-4",
+                               "configs/table.py options shared by every run.")
+_CACHED = flags.DEFINE_bool(
+    "cached", True, "Also measure `after, cached`: `after` again, its compiles read from the "
+    "persistent cache the first `after` runs wrote (a study compiles once, not per run).")
 _OUT = flags.DEFINE_string("out", None, "Also write the results as JSON here.")
 
-# variant -> (extra `configs/table.py` options, config overrides).
-VARIANTS = {
-    "before": ("precision=int4_all,lr=1e-3", {}),
-    # The same sampler with native low-precision matmuls instead of
-    # dequantize-then-float (`sampling.quant_compute`, mipu_jax/sampler/quant.py).
-    "native": ("precision=int4_all,lr=1e-3", {"quant_compute": "native"}),
-    "after": ("", {}),
-    # Weight-only int4 (its weights stored dequantized: no activation, KV-cache
-    # or LM-head quantization), the mismatch study's other collapsing sampler.
-    "int4w": ("precision=int4,lr=1e-3", {}),
-}
+RUN_STEPS = 120  # a table run's length (configs/table.py, --setting steps=120)
 
 
-def _config(row, variant, steps):
+def _config(row, steps, setting):
   from configs import table  # pylint: disable=g-import-not-at-top
-  options, sampling = VARIANTS[variant]
-  arg = ",".join(x for x in (row, f"steps={steps}", options) if x)
-  config = table.get_config(arg)
-  for name, value in sampling.items():
-    if row != "control":  # the control's fp32 sampler has nothing to quantize
-      config.sampling[name] = value
+  config = table.get_config(",".join(x for x in (row, setting, f"steps={steps}") if x))
   config.eval.every = 0
   config.eval.n_per_tier = 1
   config.eval.num_samples = 1
@@ -87,13 +84,24 @@ def _init_worker():
   os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 
-def measure(row, variant, steps):
-  """One run in this process: (row, variant, numbers)."""
+def measure(row, variant, code_dir, steps, setting, cache_dir=None):
+  """One run in this (fresh) process, importing the code of `code_dir`.
+
+  With `cache_dir`, JAX's persistent compilation cache lives there (the
+  tables' `reproduce.enable_compilation_cache`).
+  """
+  sys.path.insert(0, code_dir)
   from absl import logging  # pylint: disable=g-import-not-at-top
+  import mipu_jax  # pylint: disable=g-import-not-at-top
   from mipu_jax import config as config_lib  # pylint: disable=g-import-not-at-top
   from mipu_jax import rl  # pylint: disable=g-import-not-at-top
+  if not os.path.abspath(mipu_jax.__file__).startswith(os.path.abspath(code_dir) + os.sep):
+    raise RuntimeError(f"{variant}: imported {mipu_jax.__file__}, not the code in {code_dir}")
   logging.set_verbosity(logging.WARNING)
-  cfg = config_lib.from_config_dict(_config(row, variant, steps))
+  if cache_dir:
+    from mipu_jax import reproduce  # pylint: disable=g-import-not-at-top
+    reproduce.enable_compilation_cache(cache_dir)
+  cfg = config_lib.from_config_dict(_config(row, steps, setting))
   with tempfile.TemporaryDirectory() as workdir:
     cpu0, wall0 = time.process_time(), time.perf_counter()
     result = rl.train(cfg, workdir)
@@ -101,65 +109,105 @@ def measure(row, variant, steps):
   step_s = np.array([r["perf/step_seconds"] for r in result.rows
                      if "perf/step_seconds" in r])
   rounds = [r["data/sampling_rounds"] for r in result.rows if "data/sampling_rounds" in r]
+  metrics = [{k: v for k, v in r.items() if not k.startswith("perf/")} for r in result.rows]
   steady = float(np.median(step_s[1:]))
   cpu_per_wall = cpu / wall
+  compile_s = float(step_s[0] - steady)
   return row, variant, dict(
       steps=len(step_s), cpu_s=cpu, wall_s=wall, steady_step_s=steady,
-      compile_s=float(step_s[0] - steady),
+      compile_s=compile_s,
       steps_per_cpu_min=len(step_s) * 60 / cpu,
       steady_steps_per_cpu_min=60 / (steady * cpu_per_wall),
-      run60_steps_per_cpu_min=60 * 60 / ((step_s[0] - steady + 60 * steady) * cpu_per_wall),
+      run_steps_per_cpu_min=RUN_STEPS * 60 / (
+          (compile_s + RUN_STEPS * steady) * cpu_per_wall),
       mean_sampling_rounds=float(np.mean(rounds)),
       sampler=f"{cfg.sampling.weight_quant or cfg.sampling.dtype}"
-              f"/{cfg.sampling.act_quant or '-'} {cfg.sampling.quant_compute}")
+              f"/{cfg.sampling.act_quant or '-'} kv {cfg.sampling.kv_cache_dtype or '-'}",
+      metrics=metrics)
+
+
+def same_metrics(a, b):
+  """'identical' when two runs logged bitwise the same metrics, else the first difference."""
+  if len(a) != len(b):
+    return f"{len(a)} vs {len(b)} rows"
+  for i, (ra, rb) in enumerate(zip(a, b)):
+    for k in sorted(set(ra) | set(rb)):
+      va, vb = ra.get(k), rb.get(k)
+      if va != vb and not (isinstance(va, float) and isinstance(vb, float)
+                           and np.isnan(va) and np.isnan(vb)):
+        return f"differ: row {i} (step {ra.get('step')}) {k}: {va} vs {vb}"
+  return "identical"
 
 
 def markdown(results, load):
   lines = [f"load average at start / end: {load[0]} / {load[1]}", "",
-           "| row | variant | sampler (weights/acts) | steady s/step | compile s | "
-           "steps / CPU-min | steady steps / CPU-min | 60-step run, steps / CPU-min | "
+           "| row | variant | sampler (weights/acts, KV) | steady s/step | compile s | "
+           f"steps / CPU-min | steady steps / CPU-min | {RUN_STEPS}-step run, steps / CPU-min | "
            "mean rounds |",
            "|---" * 9 + "|"]
   for (row, variant), m in results.items():
     lines.append(
         f"| {row} | {variant} | {m['sampler']} | {m['steady_step_s']:.2f} | "
         f"{m['compile_s']:.1f} | {m['steps_per_cpu_min']:.1f} | "
-        f"{m['steady_steps_per_cpu_min']:.1f} | {m['run60_steps_per_cpu_min']:.1f} | "
+        f"{m['steady_steps_per_cpu_min']:.1f} | {m['run_steps_per_cpu_min']:.1f} | "
         f"{m['mean_sampling_rounds']:.2f} |")
-  others = [v for v in dict.fromkeys(k[1] for k in results) if v != "before"]
-  lines += ["", "| row | variant | speed-up over before, 60-step run (compile included) | "
-            "steady speed-up |", "|---|---|---|---|"]
-  for row in dict.fromkeys(k[0] for k in results):
-    for v in others:
-      if (row, "before") in results and (row, v) in results:
-        b, a = results[(row, "before")], results[(row, v)]
-        lines.append(
-            f"| {row} | {v} | {a['run60_steps_per_cpu_min'] / b['run60_steps_per_cpu_min']:.2f}x | "
-            f"{a['steady_steps_per_cpu_min'] / b['steady_steps_per_cpu_min']:.2f}x |")
+  lines += ["", f"| row | variant | / before, {RUN_STEPS}-step run (compile included) | "
+            "/ before, bench run (compile included) | steady | metrics vs before, every step |",
+            "|---|---|---|---|---|---|"]
+  variants = [v for v in dict.fromkeys(k[1] for k in results) if v != "before"]
+  for row, v in [(row, v) for row in dict.fromkeys(k[0] for k in results) for v in variants]:
+    if (row, "before") in results and (row, v) in results:
+      b, a = results[(row, "before")], results[(row, v)]
+      lines.append(
+          f"| {row} | {v} | {a['run_steps_per_cpu_min'] / b['run_steps_per_cpu_min']:.2f}x | "
+          f"{a['steps_per_cpu_min'] / b['steps_per_cpu_min']:.2f}x | "
+          f"{a['steady_steps_per_cpu_min'] / b['steady_steps_per_cpu_min']:.2f}x | "
+          f"{same_metrics(b['metrics'], a['metrics'])} |")
   return "\n".join(lines)
+
+
+def _extract(rev, into):
+  """The repository at `rev`, as files under `into` (tracked files only)."""
+  archive = subprocess.run(["git", "-C", REPO, "archive", rev], check=True,
+                           capture_output=True).stdout
+  subprocess.run(["tar", "-x", "-C", into], input=archive, check=True)
+  return into
 
 
 def main(argv):
   del argv
   load0 = " ".join(f"{x:.2f}" for x in os.getloadavg())
-  jobs = [(row, v) for row in _ROWS.value for v in _VARIANTS.value]
-  context = multiprocessing.get_context("spawn")
-  results = {}
-  with concurrent.futures.ProcessPoolExecutor(
-      _WORKERS.value, mp_context=context, initializer=_init_worker,
-      max_tasks_per_child=1) as pool:
-    futures = [pool.submit(measure, row, v, _STEPS.value) for row, v in jobs]
-    for f in futures:
-      row, v, m = f.result()
-      results[(row, v)] = m
-      print(f"{row} {v}: {json.dumps(m)}", flush=True)
+  with tempfile.TemporaryDirectory() as tmp:
+    code = {"after": REPO}
+    if _BEFORE.value:
+      code["before"] = _extract(_BEFORE.value, tmp)
+    cache = os.path.join(tmp, "jax_cache") if _CACHED.value else None
+    phases = [[(row, v, code[v], cache if v == "after" else None)
+               for row in _ROWS.value for v in code]]
+    if cache:  # after every cold run, so each finds the compiles of its own row
+      phases.append([(row, "after, cached", REPO, cache) for row in _ROWS.value])
+    context = multiprocessing.get_context("spawn")
+    results = {}
+    for jobs in phases:
+      with concurrent.futures.ProcessPoolExecutor(
+          _WORKERS.value, mp_context=context, initializer=_init_worker,
+          max_tasks_per_child=1) as pool:
+        futures = [pool.submit(measure, row, v, path, _STEPS.value, _SETTING.value, c)
+                   for row, v, path, c in jobs]
+        for f in futures:
+          row, v, m = f.result()
+          results[(row, v)] = m
+          print(f"{row} {v}: " + json.dumps({k: x for k, x in m.items() if k != "metrics"}),
+                flush=True)
   load1 = " ".join(f"{x:.2f}" for x in os.getloadavg())
   md = markdown(results, (load0, load1))
   print(md)
   if _OUT.value:
     with open(_OUT.value, "w") as f:
-      json.dump({"load": [load0, load1], "steps": _STEPS.value,
-                 "runs": [dict(row=r, variant=v, **m) for (r, v), m in results.items()]},
+      json.dump({"load": [load0, load1], "steps": _STEPS.value, "before_rev": _BEFORE.value,
+                 "setting": _SETTING.value,
+                 "runs": [dict(row=r, variant=v, **{k: x for k, x in m.items() if k != "metrics"})
+                          for (r, v), m in results.items()]},
                 f, indent=2)
 
 

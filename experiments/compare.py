@@ -4,7 +4,8 @@ r"""The main job: the remedies for mismatch side by side on the small CPU task.
     python experiments/compare.py --workdir /tmp/mipu_compare --quick   # smoke budget
 
 Four runs of `configs/table.py` under its high-mismatch sampler (int4 weights,
-FP8 activations, FP8 KV cache, quantized LM head; tiers 4-5, lr 1e-3): the
+FP8 activations, FP8 KV cache, quantized LM head; tiers 4-5, lr 7e-4, 120
+steps: the second mismatch study's setting): the
 no-mismatch control (the same run with an fp32 sampler), the uncorrected
 baseline, token TIS, and MIPU (Step 1 + Step 2); then one table (`table.md`)
 and the overlaid curves (`curves_compare.png`: reward, eval, `k3_kl`,

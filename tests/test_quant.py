@@ -113,3 +113,61 @@ def test_mismatch_grows_with_coarser_precision(model):
   assert all(r.num_tokens == 8 * 12 for r in rows)
   table = mismatch.format_table(rows)
   assert "int4" in table and "k3_kl" in table
+
+
+@pytest.mark.parametrize("kwargs", [
+    dict(weight_quant="int4", act_quant="fp8", kv_cache_dtype="fp8", quant_lm_head=True),
+    dict(kv_cache_dtype="bf16"),
+    dict(dtype="bfloat16", kv_cache_dtype="fp8_e5m2"),
+    dict(dtype="float16", kv_cache_dtype="fp8"),
+])
+def test_fake_kv_storage_samples_bitwise_as_real(model, kwargs):
+  """A cache kept as compute-dtype values rounded through the cache dtype (CPU's
+  default) draws the same tokens with the same log-probs as a cache of that
+  dtype: the attention reads the same numbers. Refill (more samples than slots)
+  included."""
+  common = dict(max_prefill_length=32, max_decode_length=32, max_concurrent_decodes=8,
+                eos_ids=[1], **kwargs)
+  out = {}
+  for storage in ("real", "fake"):
+    sampler = Sampler(model, kv_cache_storage=storage, **common)
+    out[storage] = sampler.generate(PROMPTS, max_new_tokens=20, num_samples=3, seed=5)
+  spec = Sampler(model, kv_cache_storage="fake", **common).engine._spec
+  assert spec.kv_round == jnp.dtype(Sampler(model, **common).config.kv_cache_dtype)
+  assert spec.kv_dtype == jnp.dtype(kwargs.get("dtype", "float32"))
+  np.testing.assert_array_equal(out["real"].tokens_array, out["fake"].tokens_array)
+  np.testing.assert_array_equal(out["real"].logprobs_array, out["fake"].logprobs_array)
+  assert out["real"].lengths.max() > 5  # the decode loop ran, not only prefill
+
+
+def test_kv_storage_rule():
+  """Fake storage only where the compute dtype holds every cache value exactly,
+  and `auto` is fake on CPU only."""
+  from mipu_jax.sampler.config import SamplerConfig  # pylint: disable=g-import-not-at-top
+
+  def kv_round(dtype, kv, storage="auto", platform="cpu"):
+    return SamplerConfig(dtype=dtype, kv_cache_dtype=kv, kv_cache_storage=storage).kv_round(
+        platform)
+
+  assert kv_round("float32", "fp8") == jnp.float8_e4m3fn
+  assert kv_round("float32", "bf16") == jnp.bfloat16
+  assert kv_round("bfloat16", "fp8_e5m2") == jnp.float8_e5m2
+  assert kv_round("float32", "fp8", platform="gpu") is None  # auto: real on accelerators
+  assert kv_round("float32", "fp8", storage="fake", platform="gpu") == jnp.float8_e4m3fn
+  assert kv_round("float32", "fp8", storage="real") is None
+  assert kv_round("bfloat16", "fp16") is None  # fp16 values are not all bfloat16 values
+  assert kv_round("bfloat16", "float32") is None  # wider: nothing to round
+  assert kv_round("float32", None) is None and kv_round("float32", "int8") is None
+  with pytest.raises(ValueError, match="kv_cache_storage"):
+    SamplerConfig(kv_cache_storage="fast")
+
+
+def test_float8_codes_round_trip_exactly():
+  """Every float8 code, as float32 and back, is itself: why a float32 array can
+  hold a float8 cache (NaN codes aside)."""
+  for dtype in (jnp.float8_e4m3fn, jnp.float8_e5m2):
+    codes = np.arange(256, dtype=np.uint8).view(dtype)
+    back = jnp.asarray(codes).astype(jnp.float32).astype(dtype)
+    wide = np.asarray(back).view(np.uint8)
+    finite = np.isfinite(np.asarray(codes, np.float32))
+    np.testing.assert_array_equal(wide[finite], np.arange(256, dtype=np.uint8)[finite])
