@@ -10,7 +10,8 @@ script sits in; both train the same `configs/table.py:<row>,<--setting>`.
 Each (variant, row) trains `--steps` RL steps in its own process on one CPU
 thread (`--workers` processes at once, one per core), with no periodic
 evaluation, no checkpoints and a 1-problem final evaluation, from a fresh
-compilation (no persistent cache). Per run it reports:
+compilation (a cold `after` run fills its row's own persistent cache, which
+starts empty). Per run it reports:
 
 - `steady s/step`: the median `perf/step_seconds` over steps 2.. (wall time
   of a step; with one thread per process this is CPU time on an idle core);
@@ -95,8 +96,10 @@ def measure(row, variant, code_dir, steps, setting, cache_dir=None):
   import mipu_jax  # pylint: disable=g-import-not-at-top
   from mipu_jax import config as config_lib  # pylint: disable=g-import-not-at-top
   from mipu_jax import rl  # pylint: disable=g-import-not-at-top
-  if not os.path.abspath(mipu_jax.__file__).startswith(os.path.abspath(code_dir) + os.sep):
-    raise RuntimeError(f"{variant}: imported {mipu_jax.__file__}, not the code in {code_dir}")
+  import configs  # pylint: disable=g-import-not-at-top
+  for module in (mipu_jax, configs):
+    if not os.path.realpath(module.__file__).startswith(os.path.realpath(code_dir) + os.sep):
+      raise RuntimeError(f"{variant}: imported {module.__file__}, not the code in {code_dir}")
   logging.set_verbosity(logging.WARNING)
   if cache_dir:
     from mipu_jax import reproduce  # pylint: disable=g-import-not-at-top
@@ -126,6 +129,14 @@ def measure(row, variant, code_dir, steps, setting, cache_dir=None):
       metrics=metrics)
 
 
+def _bits(v):
+  """A logged value as bytes: numbers by their float64 bits (so -0.0 != 0.0 and
+  every NaN of one payload is equal), anything else by its repr."""
+  if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, float, np.number)):
+    return repr(v)
+  return np.float64(v).tobytes()
+
+
 def same_metrics(a, b):
   """'identical' when two runs logged bitwise the same metrics, else the first difference."""
   if len(a) != len(b):
@@ -133,8 +144,7 @@ def same_metrics(a, b):
   for i, (ra, rb) in enumerate(zip(a, b)):
     for k in sorted(set(ra) | set(rb)):
       va, vb = ra.get(k), rb.get(k)
-      if va != vb and not (isinstance(va, float) and isinstance(vb, float)
-                           and np.isnan(va) and np.isnan(vb)):
+      if (k in ra) != (k in rb) or _bits(va) != _bits(vb):
         return f"differ: row {i} (step {ra.get('step')}) {k}: {va} vs {vb}"
   return "identical"
 
@@ -166,6 +176,15 @@ def markdown(results, load):
   return "\n".join(lines)
 
 
+def _revision():
+  """This code's commit, with "+changes" when the work tree differs from it."""
+  head = subprocess.run(["git", "-C", REPO, "rev-parse", "--short", "HEAD"],
+                        capture_output=True, text=True, check=False).stdout.strip()
+  dirty = subprocess.run(["git", "-C", REPO, "status", "--porcelain", "--untracked-files=no"],
+                         capture_output=True, text=True, check=False).stdout.strip()
+  return head + ("+changes" if dirty else "")
+
+
 def _extract(rev, into):
   """The repository at `rev`, as files under `into` (tracked files only)."""
   archive = subprocess.run(["git", "-C", REPO, "archive", rev], check=True,
@@ -181,11 +200,14 @@ def main(argv):
     code = {"after": REPO}
     if _BEFORE.value:
       code["before"] = _extract(_BEFORE.value, tmp)
-    cache = os.path.join(tmp, "jax_cache") if _CACHED.value else None
-    phases = [[(row, v, code[v], cache if v == "after" else None)
+    # One cache per row: a cold `after` run compiles everything itself (rows share
+    # programs), and `after, cached` reads what its own row's cold run wrote.
+    cache = {row: os.path.join(tmp, "jax_cache", row) if _CACHED.value else None
+             for row in _ROWS.value}
+    phases = [[(row, v, code[v], cache[row] if v == "after" else None)
                for row in _ROWS.value for v in code]]
-    if cache:  # after every cold run, so each finds the compiles of its own row
-      phases.append([(row, "after, cached", REPO, cache) for row in _ROWS.value])
+    if _CACHED.value:  # after every cold run
+      phases.append([(row, "after, cached", REPO, cache[row]) for row in _ROWS.value])
     context = multiprocessing.get_context("spawn")
     results = {}
     for jobs in phases:
@@ -200,11 +222,12 @@ def main(argv):
           print(f"{row} {v}: " + json.dumps({k: x for k, x in m.items() if k != "metrics"}),
                 flush=True)
   load1 = " ".join(f"{x:.2f}" for x in os.getloadavg())
-  md = markdown(results, (load0, load1))
+  md = f"before: {_BEFORE.value}, after: {_revision()}\n" + markdown(results, (load0, load1))
   print(md)
   if _OUT.value:
     with open(_OUT.value, "w") as f:
       json.dump({"load": [load0, load1], "steps": _STEPS.value, "before_rev": _BEFORE.value,
+                 "after_rev": _revision(),
                  "setting": _SETTING.value,
                  "runs": [dict(row=r, variant=v, **{k: x for k, x in m.items() if k != "metrics"})
                           for (r, v), m in results.items()]},

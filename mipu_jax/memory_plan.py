@@ -112,7 +112,8 @@ def sampler_memory(cfg: TrainConfig, prompt_len: int, num_slots: int,
       cfg.model.preset, dtype=cfg.model.dtype), rngs=nnx.Rngs(0))), SamplerConfig(
           **{**cfg.sampling.precision_kwargs(),
              **{k: v for k, v in sampler_overrides.items() if v is not None}},
-          max_prefill_length=prompt_len, max_decode_length=cfg.sampling.max_new_tokens),
+          max_prefill_length=prompt_len, max_decode_length=cfg.sampling.max_new_tokens,
+          kv_cache_storage="real"),  # an accelerator's cache, even when planned on CPU
       mesh=mesh)
   weights = jax.eval_shape(engine.load_params, params)
   weights = jax.tree.map(

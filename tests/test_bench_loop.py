@@ -7,6 +7,7 @@ import math
 import os
 import subprocess
 
+import numpy as np
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -31,6 +32,10 @@ def test_same_metrics():
   assert same(a, c).startswith("differ: row 0 (step 1) reward")
   assert same(a, a[:1]) == "2 vs 1 rows"
   assert same(a, [dict(a[0], extra=1), a[1]]).startswith("differ: row 0 (step 1) extra")
+  assert same([{"x": 0.0}], [{"x": -0.0}]).startswith("differ")  # bits, not ==
+  assert same([{"x": 1}], [{"x": 1.0}]) == "identical"  # JSON may write either
+  assert same([{"x": np.float32("nan")}], [{"x": math.nan}]) == "identical"
+  assert same([{"x": None}], [{}]).startswith("differ")  # a missing key is a difference
 
 
 def test_extract_is_the_revision(tmp_path):

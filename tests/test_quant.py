@@ -120,6 +120,7 @@ def test_mismatch_grows_with_coarser_precision(model):
     dict(kv_cache_dtype="bf16"),
     dict(dtype="bfloat16", kv_cache_dtype="fp8_e5m2"),
     dict(dtype="float16", kv_cache_dtype="fp8"),
+    dict(weight_quant="int8", act_quant="int8", kv_cache_dtype="fp8", quant_compute="native"),
 ])
 def test_fake_kv_storage_samples_bitwise_as_real(model, kwargs):
   """A cache kept as compute-dtype values rounded through the cache dtype (CPU's
@@ -152,12 +153,17 @@ def test_kv_storage_rule():
   assert kv_round("float32", "fp8") == jnp.float8_e4m3fn
   assert kv_round("float32", "bf16") == jnp.bfloat16
   assert kv_round("bfloat16", "fp8_e5m2") == jnp.float8_e5m2
+  assert kv_round("float32", "fp8", storage="fake") == jnp.float8_e4m3fn
   assert kv_round("float32", "fp8", platform="gpu") is None  # auto: real on accelerators
-  assert kv_round("float32", "fp8", storage="fake", platform="gpu") == jnp.float8_e4m3fn
   assert kv_round("float32", "fp8", storage="real") is None
-  assert kv_round("bfloat16", "fp16") is None  # fp16 values are not all bfloat16 values
-  assert kv_round("bfloat16", "float32") is None  # wider: nothing to round
-  assert kv_round("float32", None) is None and kv_round("float32", "int8") is None
+  # auto leaves every other cache real: nothing to round, or not exact in the compute dtype.
+  for dtype, kv in [("bfloat16", "fp16"), ("bfloat16", "float32"), ("float32", None),
+                    ("float32", "int8")]:
+    assert kv_round(dtype, kv) is None
+    with pytest.raises(ValueError, match="holds"):
+      kv_round(dtype, kv, storage="fake")
+  with pytest.raises(ValueError, match="CPU only"):
+    kv_round("float32", "fp8", storage="fake", platform="gpu")
   with pytest.raises(ValueError, match="kv_cache_storage"):
     SamplerConfig(kv_cache_storage="fast")
 

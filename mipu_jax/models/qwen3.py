@@ -76,9 +76,13 @@ def _quantize_kv(x, dtype, kv_round=None):
   return x.astype(dtype), None
 
 
+def _is_float8(dtype) -> bool:
+  return jnp.dtype(dtype).itemsize == 1 and jnp.issubdtype(dtype, jnp.floating)
+
+
 def _cache_layer(all_, layer):
   """`all_[layer]`; a float8 cache is sliced as uint8 (no float8 dynamic-slice on CPU)."""
-  if jnp.dtype(all_.dtype).itemsize == 1 and jnp.issubdtype(all_.dtype, jnp.floating):
+  if _is_float8(all_.dtype):
     u8 = jax.lax.bitcast_convert_type(all_, jnp.uint8)[layer]
     return jax.lax.bitcast_convert_type(u8, all_.dtype)
   return all_[layer]
@@ -180,7 +184,7 @@ def _layer(cfg: Qwen3Config, x_BTD, w, positions_BT, attn_mask, kv, index, act_q
 
     def write(all_, new):
       new = new.astype(all_.dtype)
-      if jnp.dtype(all_.dtype).itemsize == 1 and jnp.issubdtype(all_.dtype, jnp.floating):
+      if _is_float8(all_.dtype):
         # XLA:CPU has no float8 scatter: it would convert the whole cache to a wider
         # float and back on every write. The same bytes scattered as uint8.
         u8 = lambda a: jax.lax.bitcast_convert_type(a, jnp.uint8)

@@ -112,15 +112,15 @@ class SamplerConfig(SamplerPrecision):
       dequantized values) or 'real' (QArrays, dequantized inside each step);
       `native` always stores the quantized values. See
       `mipu_jax/sampler/quant.py`.
-    kv_cache_storage: how a KV cache of a float dtype other than `dtype` (bf16,
-      fp16, fp8 with a float32 compute dtype, ...) is kept: 'real' (arrays of
-      that dtype), 'fake' (arrays of the compute dtype holding that dtype's
-      values: the new K/V are rounded through it) or 'auto' (fake on CPU,
-      real elsewhere). Fake and real give bitwise the same attention, tokens
-      and log-probs (tested); fake costs more memory and, on CPU, no float8
-      read of the whole cache per decode step (the XLA:CPU float8 converts are
-      scalar code: 3x slower sampling at the table's setting, bench/loop.py).
-      int8 caches are always real.
+    kv_cache_storage: how a float KV cache narrower than `dtype` is kept (fp8 or
+      bf16 / fp16 under float32; fp8 under bfloat16 / float16): 'real' (arrays
+      of the cache dtype), 'fake' (arrays of the compute dtype holding the
+      cache dtype's values: the new K/V are rounded through it; CPU only) or
+      'auto' (fake on CPU where it applies, real elsewhere and for other
+      caches, int8 included). Fake and real give bitwise the same attention,
+      tokens and log-probs (tested on CPU); fake costs more memory and saves
+      XLA:CPU's scalar float8 converts of the whole cache at every decode step
+      (3x slower sampling at the table's setting, bench/README.md "RL loop").
     max_prefill_length: longest prompt accepted; longer prompts are an error.
     max_decode_length: largest `max_new_tokens` accepted.
     min_prefill_bucket / min_decode_bucket / min_slot_bucket: bucket floors.
@@ -161,17 +161,32 @@ class SamplerConfig(SamplerPrecision):
           f"{len(self.stop_ids)} stop ids, more than max_stop_ids={self.max_stop_ids}.")
 
   def kv_round(self, platform: str) -> Optional[jnp.dtype]:
-    """The dtype a fake-stored cache rounds through on `platform`, or None (real)."""
+    """The dtype a fake-stored cache rounds through on `platform`, or None (real).
+
+    Raises:
+      ValueError: `kv_cache_storage='fake'` where it cannot be exact: a cache
+        dtype the compute dtype does not hold exactly (or the compute dtype
+        itself), or a platform other than CPU (XLA's GPU pipeline may fold a
+        float -> float8 -> float convert pair under its default excess-precision
+        rule, which would drop the rounding).
+    """
     kv = self.kv_cache_dtype
     # Only where the compute dtype holds every value of the cache dtype exactly:
     # anything narrower in float32, float8 in bfloat16 / float16.
-    if not jnp.issubdtype(kv, jnp.floating) or kv.itemsize >= self.dtype.itemsize or (
-        self.dtype != jnp.float32 and kv.itemsize != 1):
+    exact = jnp.issubdtype(kv, jnp.floating) and kv.itemsize < self.dtype.itemsize and (
+        self.dtype == jnp.float32 or kv.itemsize == 1)
+    if self.kv_cache_storage == "real":
       return None
-    if self.kv_cache_storage == "fake" or (self.kv_cache_storage == "auto" and
-                                           platform == "cpu"):
-      return kv
-    return None
+    if self.kv_cache_storage == "auto":
+      return kv if exact and platform == "cpu" else None
+    if not exact:
+      raise ValueError(
+          f"kv_cache_storage='fake' needs a float KV-cache dtype whose every value the "
+          f"compute dtype holds (got {kv} under {self.dtype}); use 'real' or 'auto'.")
+    if platform != "cpu":
+      raise ValueError(f"kv_cache_storage='fake' is for CPU only, not {platform!r}; use "
+                       "'real' or 'auto'.")
+    return kv
 
   def replace(self, **kwargs) -> "SamplerConfig":
     return dataclasses.replace(self, **kwargs)

@@ -95,6 +95,18 @@ _jit_init_decode_state = _counted_jit("init_decode_state", _steps.init_decode_st
                                       static_argnums=(0, 1, 2, 3, 4))
 
 
+def _platform(model: Qwen3, mesh: Optional[jax.sharding.Mesh]) -> str:
+  """Where the engine computes: the mesh's devices, else the model weights' device,
+  else JAX's default device."""
+  if mesh is not None:
+    return mesh.devices.flat[0].platform
+  for leaf in jax.tree.leaves(nnx.state(model)):
+    if isinstance(leaf, jax.Array):
+      return next(iter(leaf.devices())).platform
+  default = jax.config.jax_default_device
+  return default.platform if default is not None else jax.devices()[0].platform
+
+
 class Engine:
   """Prefill / insert / generate over fixed decode slots, with log-probs.
 
@@ -114,8 +126,7 @@ class Engine:
     abstract = nnx.eval_shape(lambda: Qwen3(self.model_config, rngs=nnx.Rngs(0)))
     self._reference = jax.eval_shape(lambda: weights.learner_params(model))
     native = config.quant_compute == "native"  # the weights quantize their own inputs
-    platform = (mesh.devices.flat[0] if mesh is not None else jax.devices()[0]).platform
-    kv_round = config.kv_round(platform)
+    kv_round = config.kv_round(_platform(model, mesh))
     self._spec = _steps.DecodeSpec(
         graphdef=nnx.graphdef(abstract),
         kv_dtype=config.kv_cache_dtype if kv_round is None else config.dtype,
