@@ -54,10 +54,11 @@ SETTING = f"precision={PRECISION},lr={LR:g},tiers={TIERS}"
 # LR-decay follows the paper's rule, T_decay = 1.8 x the step at which the
 # uncorrected run's mean response length surged (docs/method.md §6), with the
 # surge step measured on this setting's baseline runs
-# (`schedules.measured_surge_step`: 19-21 -> 43-49 tokens at step 2 in every
-# seed of results/small_cpu/runs/baseline_s*, checked by
-# tests/test_schedules.py). The `auto` detector cannot fire this early (its
-# min_steps is 10), so the row uses the paper's fixed period.
+# (`schedules.measured_surge_step`: the mean length, 19-22 tokens at step 1,
+# doubles at step 2 / 3 / 2 in seeds 0-2 of results/small_cpu/runs/baseline_s*,
+# median 2; checked by tests/test_schedules.py; the first tables' baselines at
+# lr 1e-3 gave 2 in every seed). The `auto` detector cannot fire this early
+# (its min_steps is 10), so the row uses the paper's fixed period.
 SURGE_STEP = 2
 BASELINE_RUNS = "results/small_cpu/runs/baseline_s{seed}"
 

@@ -6,7 +6,7 @@ r"""Reproduces the sources' tables on the small CPU task: every row x ten seeds.
     python experiments/reproduce_tables.py --workdir results/small_cpu --report_only
     python experiments/reproduce_tables.py --workdir /tmp/t --quick                # smoke budget
     python experiments/reproduce_tables.py --workdir results/small_cpu_lr1e-3 \
-        --setting lr=1e-3,steps=60 --seeds 0,1,2 --report_only   # the first tables' setting
+        --setting lr=1e-3,steps=60 --seeds 0,1,2,3,4 --report_only  # the first tables' setting
 
 Rows are `configs/table.py:<row>` (the second mismatch study's setting: an
 int4 / FP8 sampler, tiers 4-5, lr 7e-4, 120 steps); the logic — runs, like
