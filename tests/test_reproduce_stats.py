@@ -54,6 +54,11 @@ def test_paired_test_effect_size_p_and_verdicts():
   assert "p = " in even.line() and "not shown" in even.line()
   none = stats.paired_test(claim, {0: .5}, {1: .4})
   assert none.seeds == () and math.isnan(none.p)
+  # One pair (the main job's single seed): p = 1/2, no spread to report.
+  one = stats.paired_test(claim, {0: .5}, {0: .4})
+  assert one.p == 0.5 and math.isnan(one.d_z)
+  assert "nan" not in one.line() and "one seed: no interval or d_z" in one.line()
+  assert "d_z = +2.00" in r.line() and "95% CI [" in r.line()
 
 
 def test_claims_are_fixed_and_row_stats():

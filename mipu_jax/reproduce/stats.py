@@ -148,9 +148,13 @@ class ClaimResult:
     if not self.seeds:
       return f"- {c.text}: {self.verdict}."
     side = "two-sided" if c.direction == "two-sided" else "one-sided"
+    if len(self.seeds) > 1:
+      spread = (f"(95% CI [{self.diff_ci[0]:+.2f}, {self.diff_ci[1]:+.2f}]), "
+                f"d_z = {self.d_z:+.2f}")
+    else:  # One pair has no spread: no interval, no effect size.
+      spread = "(one seed: no interval or d_z)"
     return (f"- {c.text}: {c.a} − {c.b} = {self.mean_diff:+.2f} points "
-            f"(95% CI [{self.diff_ci[0]:+.2f}, {self.diff_ci[1]:+.2f}]), "
-            f"d_z = {self.d_z:+.2f}, p = {self.p:.3g} ({side} exact sign-flip, "
+            f"{spread}, p = {self.p:.3g} ({side} exact sign-flip, "
             f"n = {len(self.seeds)} paired seeds) — **{self.verdict}**.")
 
 
