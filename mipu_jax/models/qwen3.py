@@ -210,12 +210,29 @@ def _layer(cfg: Qwen3Config, x_BTD, w, positions_BT, attn_mask, kv, index, act_q
 
   h_BTD = rms_norm(x_BTD, w["mlp_norm"], cfg.rms_eps)
   hq_BTD = _aq(h_BTD, act_quant)
-  gate_BTF = _proj("BTD,DF->BTF", h_BTD, hq_BTD, w["gate"], 1)
-  up_BTF = _proj("BTD,DF->BTF", h_BTD, hq_BTD, w["up"], 1)
-  act_BTF = jax.nn.silu(gate_BTF) * up_BTF
+  act_BTF = _gated_mlp_in(h_BTD, hq_BTD, w["gate"], w["up"])
   down_BTD = _proj("BTF,FD->BTD", act_BTF, _aq(act_BTF, act_quant), w["down"], 1)
   x_BTD = x_BTD + down_BTD.astype(x_BTD.dtype)
   return shard_rows(x_BTD), new_kv
+
+
+@jax.checkpoint
+def _gated_mlp_in(h_BTD, hq_BTD, w_gate, w_up):
+  """`silu(h W_gate) * (h W_up)`, recomputed in the backward pass.
+
+  The same values and gradients, bitwise, as without the checkpoint (the
+  backward pass recomputes the two projections with the same operands and
+  applies autodiff's own VJP). What changes is what the layer scan saves for
+  the backward pass: `h` ([B, T, D]) instead of the projections ([B, T, F]
+  each) and their sigmoid. Inside the scan, XLA:CPU fused the SiLU gradient's
+  elementwise math, read from those saved `[L, B, T, F]` stacks, into the
+  transposes feeding the two weight gradients, a loop fusion that took a third
+  of the small task's learner step; with the projections recomputed it reads
+  fresh arrays (`bench/README.md`, RL loop). Fewer saved activations, too.
+  """
+  gate_BTF = _proj("BTD,DF->BTF", h_BTD, hq_BTD, w_gate, 1)
+  up_BTF = _proj("BTD,DF->BTF", h_BTD, hq_BTD, w_up, 1)
+  return jax.nn.silu(gate_BTF) * up_BTF
 
 
 def remat(body, policy: str):
