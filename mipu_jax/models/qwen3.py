@@ -220,13 +220,14 @@ def _layer(cfg: Qwen3Config, x_BTD, w, positions_BT, attn_mask, kv, index, act_q
 def _gated_mlp_in(h_BTD, hq_BTD, w_gate, w_up):
   """`silu(h W_gate) * (h W_up)`, recomputed in the backward pass.
 
-  The same values and gradients, bitwise, as without the checkpoint (the
-  backward pass recomputes the two projections with the same operands and
-  applies autodiff's own VJP). What changes is what the layer scan saves for
+  The same math as without the checkpoint: the backward pass recomputes the
+  two projections with the same operands and applies autodiff's own VJP, and
+  on XLA:CPU the values and gradients are bitwise the same
+  (`tests/test_models.py`, and every metric of `bench/loop.py`). What changes is what the layer scan saves for
   the backward pass: `h` ([B, T, D]) instead of the projections ([B, T, F]
   each) and their sigmoid. Inside the scan, XLA:CPU fused the SiLU gradient's
   elementwise math, read from those saved `[L, B, T, F]` stacks, into the
-  transposes feeding the two weight gradients, a loop fusion that took a third
+  transposes feeding the two weight gradients, a loop fusion that took 38%
   of the small task's learner step; with the projections recomputed it reads
   fresh arrays (`bench/README.md`, RL loop). Fewer saved activations, too.
   """
