@@ -223,9 +223,9 @@ def _gated_mlp_in(h_BTD, hq_BTD, w_gate, w_up):
   The same math as without the checkpoint: the backward pass recomputes the
   two projections with the same operands and applies autodiff's own VJP, and
   on XLA:CPU the values and gradients are bitwise the same
-  (`tests/test_models.py`, and every metric of `bench/loop.py`). What changes is what the layer scan saves for
-  the backward pass: `h` ([B, T, D]) instead of the projections ([B, T, F]
-  each) and their sigmoid. Inside the scan, XLA:CPU fused the SiLU gradient's
+  (`tests/test_models.py`, and every metric of `bench/loop.py`). What changes
+  is what the layer scan saves for the backward pass: `h` ([B, T, D]) instead
+  of the projections ([B, T, F] each) and their sigmoid. Inside the scan, XLA:CPU fused the SiLU gradient's
   elementwise math, read from those saved `[L, B, T, F]` stacks, into the
   transposes feeding the two weight gradients, a loop fusion that took 38%
   of the small task's learner step; with the projections recomputed it reads
