@@ -225,11 +225,12 @@ def _gated_mlp_in(h_BTD, hq_BTD, w_gate, w_up):
   on XLA:CPU the values and gradients are bitwise the same
   (`tests/test_models.py`, and every metric of `bench/loop.py`). What changes
   is what the layer scan saves for the backward pass: `h` ([B, T, D]) instead
-  of the projections ([B, T, F] each) and their sigmoid. Inside the scan, XLA:CPU fused the SiLU gradient's
-  elementwise math, read from those saved `[L, B, T, F]` stacks, into the
-  transposes feeding the two weight gradients, a loop fusion that took 38%
-  of the small task's learner step; with the projections recomputed it reads
-  fresh arrays (`bench/README.md`, RL loop). Fewer saved activations, too.
+  of the projections ([B, T, F] each) and their sigmoid. Inside the scan,
+  XLA:CPU fused the SiLU gradient's elementwise math, read from those saved
+  `[L, B, T, F]` stacks, into the transposes feeding the two weight gradients,
+  a loop fusion that took 38% of the small task's learner step; with the
+  projections recomputed it reads fresh arrays (`bench/README.md`, RL loop).
+  Fewer saved activations, too.
   """
   gate_BTF = _proj("BTD,DF->BTF", h_BTD, hq_BTD, w_gate, 1)
   up_BTF = _proj("BTD,DF->BTF", h_BTD, hq_BTD, w_up, 1)
