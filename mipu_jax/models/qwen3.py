@@ -210,31 +210,42 @@ def _layer(cfg: Qwen3Config, x_BTD, w, positions_BT, attn_mask, kv, index, act_q
 
   h_BTD = rms_norm(x_BTD, w["mlp_norm"], cfg.rms_eps)
   hq_BTD = _aq(h_BTD, act_quant)
-  act_BTF = _gated_mlp_in(h_BTD, hq_BTD, w["gate"], w["up"])
+  mlp_in = _gated_mlp_in_recomputed if _recompute_mlp_in(cfg) else _gated_mlp_in
+  act_BTF = mlp_in(h_BTD, hq_BTD, w["gate"], w["up"])
   down_BTD = _proj("BTF,FD->BTD", act_BTF, _aq(act_BTF, act_quant), w["down"], 1)
   x_BTD = x_BTD + down_BTD.astype(x_BTD.dtype)
   return shard_rows(x_BTD), new_kv
 
 
-@jax.checkpoint
 def _gated_mlp_in(h_BTD, hq_BTD, w_gate, w_up):
-  """`silu(h W_gate) * (h W_up)`, recomputed in the backward pass.
-
-  The same math as without the checkpoint: the backward pass recomputes the
-  two projections with the same operands and applies autodiff's own VJP, and
-  on XLA:CPU the values and gradients are bitwise the same
-  (`tests/test_models.py`, and every metric of `bench/loop.py`). What changes
-  is what the layer scan saves for the backward pass: `h` ([B, T, D]) instead
-  of the projections ([B, T, F] each) and their sigmoid. Inside the scan,
-  XLA:CPU fused the SiLU gradient's elementwise math, read from those saved
-  `[L, B, T, F]` stacks, into the transposes feeding the two weight gradients,
-  a loop fusion that took 38% of the small task's learner step; with the
-  projections recomputed it reads fresh arrays (`bench/README.md`, RL loop).
-  Fewer saved activations, too.
-  """
+  """`silu(h W_gate) * (h W_up)`, the SwiGLU MLP up to its down projection."""
   gate_BTF = _proj("BTD,DF->BTF", h_BTD, hq_BTD, w_gate, 1)
   up_BTF = _proj("BTD,DF->BTF", h_BTD, hq_BTD, w_up, 1)
   return jax.nn.silu(gate_BTF) * up_BTF
+
+
+# `_gated_mlp_in`, recomputed in the backward pass: the same math (the backward
+# pass recomputes the two projections with the same operands and applies
+# autodiff's own VJP), and on XLA:CPU bitwise the same values and gradients
+# (tests/test_models.py, and every metric of bench/loop.py).
+_gated_mlp_in_recomputed = jax.checkpoint(_gated_mlp_in)
+
+
+def _recompute_mlp_in(cfg: Qwen3Config) -> bool:
+  """Whether a layer recomputes its MLP input projections in the backward pass.
+
+  Only on XLA:CPU without layer remat. There the layer scan otherwise saves
+  the projections ([B, T, F] each) and their sigmoid as `[L, B, T, F]` stacks,
+  and XLA fuses the SiLU gradient's elementwise math, read from those stacks,
+  into the transposes that feed the two weight gradients: a loop fusion that
+  took 38% of the small task's learner step. Recomputed, the backward pass
+  reads fresh arrays and the learner step is about 20% faster (bench/README.md,
+  RL loop); the scan saves `h` ([B, T, D]) instead. Elsewhere the recompute
+  would add two matmuls per layer against a fusion measured only on XLA:CPU
+  (the H100 figures of bench/README.md are without it), and under a remat
+  policy the layer is recomputed anyway.
+  """
+  return cfg.remat == "none" and jax.default_backend() == "cpu"
 
 
 def remat(body, policy: str):
