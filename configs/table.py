@@ -35,8 +35,9 @@ Hardware: 2 CPU cores. Time per 120-step run (one CPU thread, a second run
 beside it): about 5 minutes for any row, quantized or not, since the sampler
 keeps its FP8 KV cache as float32 values on CPU (`kv_cache_storage`,
 bench/loop.py); a collapsing run is slower (dynamic sampling redraws all-zero
-groups). That was measured for the committed tables; the learner's recomputed
-MLP (bench/loop.py) has since taken about 12% off a step, same numbers. `results/README.md` has the measured times and the results.
+groups). That was measured for the committed tables. The learner's recomputed
+MLP came after them (same numbers): bench/loop.py's steady baseline step was
+1.48-1.49 s before it and 1.24-1.33 s after, in separate runs. `results/README.md` has the measured times and the results.
 """
 
 from configs import base

@@ -143,16 +143,21 @@ def test_presets_match_public_configs():
                        head_dim=4, intermediate_size=8)
 
 
+@pytest.mark.skipif(__import__("jax").default_backend() != "cpu",
+                    reason="the recompute is on only on XLA:CPU")
 def test_recomputed_gated_mlp_is_bitwise_the_plain_one(monkeypatch):
   """On CPU without remat, a layer recomputes its MLP input projections in the
   backward pass (`qwen3._recompute_mlp_in`): loss, logits and every gradient of
   the scanned model equal, bit for bit, those of the same model that keeps
   `silu(h W_gate) * (h W_up)` for the backward pass."""
   import jax  # pylint: disable=g-import-not-at-top
+  from jax._src import ad_checkpoint  # pylint: disable=g-import-not-at-top
   from mipu_jax.models import qwen3  # pylint: disable=g-import-not-at-top
+  remat_name = ad_checkpoint.remat_p.name  # the primitive of jax.checkpoint
   model = _random_model(CONFIGS["untied_mha"], seed=3)
   assert qwen3._recompute_mlp_in(model.config)
   assert not qwen3._recompute_mlp_in(model.config.replace(remat="layer"))
+  assert not qwen3._recompute_mlp_in(model.config.replace(remat="dots"))
   graphdef, params = nnx.split(model)
   rng = np.random.default_rng(4)
   tokens = jnp.asarray(rng.integers(0, 101, (3, 11)))
@@ -163,7 +168,7 @@ def test_recomputed_gated_mlp_is_bitwise_the_plain_one(monkeypatch):
       logits = nnx.merge(graphdef, p)(tokens, mask_BT=mask)
       return jnp.sum(jnp.sin(logits) * mask[..., None]), logits
     f = jax.value_and_grad(loss, has_aux=True)
-    return jax.jit(f)(params), str(jax.make_jaxpr(f)(params)).count("remat")
+    return jax.jit(f)(params), str(jax.make_jaxpr(f)(params)).count(remat_name + "[")
 
   recomputed, n_recomputed = loss_and_grads()
   monkeypatch.setattr(qwen3, "_recompute_mlp_in", lambda cfg: False)

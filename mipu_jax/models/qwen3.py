@@ -226,21 +226,22 @@ def _gated_mlp_in(h_BTD, hq_BTD, w_gate, w_up):
 
 # `_gated_mlp_in`, recomputed in the backward pass: the same math (the backward
 # pass recomputes the two projections with the same operands and applies
-# autodiff's own VJP), and on XLA:CPU bitwise the same values and gradients
-# (tests/test_models.py, and every metric of bench/loop.py).
+# autodiff's own VJP), and on XLA:CPU (jax 0.10.2) bitwise the same values and
+# gradients where we looked: tests/test_models.py, and at the tables' shapes
+# bench/learner_mlp.py and every metric of bench/loop.py.
 _gated_mlp_in_recomputed = jax.checkpoint(_gated_mlp_in)
 
 
 def _recompute_mlp_in(cfg: Qwen3Config) -> bool:
   """Whether a layer recomputes its MLP input projections in the backward pass.
 
-  Only on XLA:CPU without layer remat. There the layer scan otherwise saves
+  Only on XLA:CPU without a remat policy. There the layer scan otherwise saves
   the projections ([B, T, F] each) and their sigmoid as `[L, B, T, F]` stacks,
   and XLA fuses the SiLU gradient's elementwise math, read from those stacks,
-  into the transposes that feed the two weight gradients: a loop fusion that
-  took 38% of the small task's learner step. Recomputed, the backward pass
-  reads fresh arrays and the learner step is about 20% faster (bench/README.md,
-  RL loop); the scan saves `h` ([B, T, D]) instead. Elsewhere the recompute
+  into the transposes that feed the two weight gradients: loop fusions that
+  took about a third of the small task's learner step. Recomputed, the
+  backward pass reads fresh arrays and the learner step is 1.24x faster
+  (bench/learner_mlp.py); the scan saves `h` ([B, T, D]) instead. Elsewhere the recompute
   would add two matmuls per layer against a fusion measured only on XLA:CPU
   (the H100 figures of bench/README.md are without it), and under a remat
   policy the layer is recomputed anyway.
