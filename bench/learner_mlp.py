@@ -147,7 +147,8 @@ def main(argv):
         f"tokens, {cfg.learner.num_minibatches} updates per step; {_ROUNDS.value} rounds; "
         f"jax {jax.__version__}; load average at start / end: {load0} / "
         + " ".join(f"{x:.2f}" for x in os.getloadavg()))
-  print("\n| variant | learner step, median s | first call (compile) s | / kept | outputs vs kept |")
+  print("\n| variant | learner step, median s | first call (compile) s | / kept | "
+        "outputs vs kept |")
   print("|---|---|---|---|---|")
   for name in learners:
     print(f"| {name} | {median[name]:.3f} | {compile_s[name]:.1f} | "

@@ -37,7 +37,8 @@ keeps its FP8 KV cache as float32 values on CPU (`kv_cache_storage`,
 bench/loop.py); a collapsing run is slower (dynamic sampling redraws all-zero
 groups). That was measured for the committed tables. The learner's recomputed
 MLP came after them (same numbers): bench/loop.py's steady baseline step was
-1.48-1.49 s before it and 1.24-1.33 s after, in separate runs. `results/README.md` has the measured times and the results.
+1.48-1.49 s before it and 1.24-1.34 s after, in separate runs.
+`results/README.md` has the measured times and the results.
 """
 
 from configs import base
