@@ -107,15 +107,16 @@ def main(argv):
   from configs import table  # pylint: disable=g-import-not-at-top
   from mipu_jax import config as config_lib  # pylint: disable=g-import-not-at-top
   from mipu_jax.learner import Learner  # pylint: disable=g-import-not-at-top
+  from mipu_jax.models import qwen3  # pylint: disable=g-import-not-at-top
   from mipu_jax.rl import loop  # pylint: disable=g-import-not-at-top
   from mipu_jax.rl import setup  # pylint: disable=g-import-not-at-top
   logging.set_verbosity(logging.WARNING)
   load0 = " ".join(f"{x:.2f}" for x in os.getloadavg())
   cfg = config_lib.from_config_dict(table.get_config(_ROW.value))
-  if cfg.model.remat != "none" or jax.default_backend() != "cpu":
+  run = setup.build_run(cfg, donate=False)
+  if not qwen3._recompute_mlp_in(run.model.config):  # pylint: disable=protected-access
     raise SystemExit("the recompute is on only on CPU without a remat policy: "
                      f"remat={cfg.model.remat!r}, backend {jax.default_backend()}.")
-  run = setup.build_run(cfg, donate=False)
   params = nnx.to_pure_dict(nnx.state(run.model, nnx.Param))
   state = run.learner.init_state(params, cfg.seed)
   run.sampler.update_weights(state.params)

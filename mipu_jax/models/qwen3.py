@@ -241,10 +241,10 @@ def _recompute_mlp_in(cfg: Qwen3Config) -> bool:
   into the transposes that feed the two weight gradients: loop fusions that
   took about a third of the small task's learner step. Recomputed, the
   backward pass reads fresh arrays and the learner step is 1.24x faster
-  (bench/learner_mlp.py); the scan saves `h` ([B, T, D]) instead. Elsewhere the recompute
-  would add two matmuls per layer against a fusion measured only on XLA:CPU
-  (the H100 figures of bench/README.md are without it), and under a remat
-  policy the layer is recomputed anyway.
+  (bench/learner_mlp.py); the scan saves `h` ([B, T, D]) instead. Elsewhere
+  the recompute would add two matmuls per layer against a fusion measured
+  only on XLA:CPU (the H100 figures of bench/README.md are without it), and
+  under a remat policy the layer is recomputed anyway.
   """
   return cfg.remat == "none" and jax.default_backend() == "cpu"
 
