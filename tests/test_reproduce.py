@@ -123,7 +123,7 @@ def _rows(avgs, se=0.01, rollback=None):
   return out
 
 
-def test_stable_is_last_two_evals_within_two_standard_errors_of_peak():
+def test_stable_is_last_two_evals_within_two_standard_errors_of_the_best_so_far():
   # Peak 0.50 ± 0.01: the floor is 0.48; both of the last two evals count.
   s = reproduce.summarize(_rows([0.3, 0.5, 0.49, 0.48]), TIERS)
   assert s["stable"] and s["peak_avg"] == 0.5 and s["peak_step"] == 1
@@ -136,6 +136,15 @@ def test_stable_is_last_two_evals_within_two_standard_errors_of_peak():
   assert reproduce.summarize(_rows([0.3, 0.5, 0.44], se=0.04), TIERS)["stable"]
   assert reproduce.summarize(_rows([0.6, 0.2]), TIERS)["stable"] is False
   assert reproduce.summarize(_rows([0.2, 0.6]), TIERS)["stable"]
+  # Still rising at the end: 0.40 is 20 SEs below the last evaluation, but
+  # nothing came before it to fall from, so the run is Stable (the overall
+  # peak's rule marked it not Stable).
+  assert reproduce.summarize(_rows([0.2, 0.3, 0.4, 0.6]), TIERS)["stable"]
+  # Fell back from an earlier peak and then rose past it: the second-to-last
+  # evaluation (0.40) is below the best before it (0.5 - 0.02) -> not Stable.
+  assert not reproduce.summarize(_rows([0.2, 0.5, 0.40, 0.6]), TIERS)["stable"]
+  # Rose, then fell 3 SEs at the very end -> not Stable.
+  assert not reproduce.summarize(_rows([0.2, 0.3, 0.5, 0.47]), TIERS)["stable"]
   nan = _rows([0.3, 0.3])
   nan[-1]["actor/grad_norm"] = float("nan")
   assert not reproduce.summarize(nan, TIERS)["stable"]
@@ -171,9 +180,11 @@ def test_tables_have_the_sources_layout():
   assert ("| Method | tier1 | tier2 | tier3 | tier4 | tier5 | Avg. [95% CI] | Eval SE | "
           "Peak Avg. | Stable | Collapsed | k3_kl | Rollback rate |") in md
   # Two seeds at 40 and 50: the bootstrap means are 40, 45, 50.
-  assert (f"| Baseline | {' | '.join(['45.00'] * 5)} | 45.00 [40.00, 50.00] | 2.00 | "
-          "46.00 | ✘ 1/2 | 0/2 |") in md
-  assert "| 60.00 [60.00, 60.00] | 2.00 | 61.00 | ✔ 2/2 | 0/2 | 1.00e-03 | 25.0% |" in md
+  # t interval: 45 ± t_{.975,1} · 7.071 / √2 = 45 ± 12.706 · 5 = 45 ± 63.53.
+  assert (f"| Baseline | {' | '.join(['45.00'] * 5)} | 45.00 [40.00, 50.00] "
+          "t [-18.53, 108.53] | 2.00 | 46.00 | ✘ 1/2 | 0/2 |") in md
+  assert ("| 60.00 [60.00, 60.00] t [60.00, 60.00] | 2.00 | 61.00 | ✔ 2/2 | 0/2 | "
+          "1.00e-03 | 25.0% |") in md
   # MIPU > baseline on 2 seeds: +15 points, p = 1/4, undecidable.
   assert "- MIPU > baseline: mipu − baseline = +15.00 points" in md
   assert "p = 0.25" in md and "undecidable with 2 seeds" in md

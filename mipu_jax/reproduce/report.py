@@ -20,7 +20,7 @@ from mipu_jax.rl import report
 
 
 def _row_cells(runs: Sequence[RunSummary], tiers: Sequence[str]) -> list[str]:
-  """Per-tier means, Avg. mean [95% bootstrap CI], eval SE, peak Avg., Stable
+  """Per-tier means, Avg. mean [95% bootstrap CI] t [95% t CI], eval SE, peak Avg., Stable
   and collapsed seeds (k/n)."""
   def mean(key):
     return 100 * float(np.mean([r.final[key] for r in runs]))
@@ -28,7 +28,8 @@ def _row_cells(runs: Sequence[RunSummary], tiers: Sequence[str]) -> list[str]:
   row = stats.row_stats(runs[0].row, [r.final["avg"] for r in runs],
                         [r.stable for r in runs],
                         [r.collapse_step is not None for r in runs])
-  ci = f" [{row.ci[0]:.2f}, {row.ci[1]:.2f}]" if len(runs) > 1 else ""
+  ci = (f" [{row.ci[0]:.2f}, {row.ci[1]:.2f}] t [{row.t_ci[0]:.2f}, {row.t_ci[1]:.2f}]"
+        if len(runs) > 1 else "")
   cells.append(f"{row.mean:.2f}{ci}")
   cells.append(f"{100 * np.mean([r.final_se for r in runs]):.2f}")
   cells.append(f"{100 * np.mean([r.peak_avg for r in runs]):.2f}")
@@ -98,12 +99,13 @@ def tables_markdown(runs: Sequence[RunSummary], pending: Mapping[str, str],
   seeds = sorted({r.seed for r in runs})
   lines = [
       f"Pass@1 (%) at the last evaluation, mean over seeds {seeds} "
-      f"(Avg.: mean over seeds and its {100 * stats.CI_LEVEL:.0f}% percentile-"
-      f"bootstrap interval over seeds). Eval SE: standard error of one "
+      f"(Avg.: mean over seeds, its {100 * stats.CI_LEVEL:.0f}% percentile-"
+      f"bootstrap interval over seeds and, after t, its Student t interval). "
+      f"Eval SE: standard error of one "
       f"evaluation's Avg. (sampling noise over the eval problems, mean over "
       f"seeds). Peak Avg.: best evaluation of the run (mean over seeds). "
       f"Stable: seeds whose last two evaluations are within {STABLE_SES:g} "
-      "eval SEs of the run's peak (✔ when all are). Collapsed: seeds with an "
+      "eval SEs of the best evaluation up to them (✔ when all are). Collapsed: seeds with an "
       f"evaluation more than {100 * COLLAPSE_DROP:.0f} points below the best "
       "before it. k3_kl: the mismatch over the last quarter of the steps. "
       "Rollback rate: MIPU Step 2 or random rollback.", ""]
@@ -112,9 +114,11 @@ def tables_markdown(runs: Sequence[RunSummary], pending: Mapping[str, str],
   claims = claims_markdown(runs)
   if claims:
     lines += ["### The sources' claims, tested (paired by seed, final Avg.)", "",
-              f"Exact sign-flip permutation test on the per-seed differences, "
-              f"threshold {stats.ALPHA:g} (fixed before the runs: "
-              "`mipu_jax/reproduce/stats.py`).", "", claims, ""]
+              f"Exact sign-flip permutation test on the per-seed differences; "
+              f"verdicts at {stats.ALPHA:g} on p adjusted by Holm's correction "
+              "across the claims below (raw p beside it); 95% intervals of the "
+              "mean difference: percentile bootstrap and Student t "
+              "(`mipu_jax/reproduce/stats.py`).", "", claims, ""]
   if len(seeds) > 1:
     lines += ["### Final Avg. per seed", "",
               "(*: not Stable; ↓: collapsed)", "", per_seed_markdown(runs), ""]

@@ -120,9 +120,13 @@ def summarize(rows: Sequence[Mapping[str, float]], tiers: Sequence[str], *,
               num_ses: float = STABLE_SES) -> dict[str, Any]:
   """Final / peak eval and the Stable flag of one run's logged rows.
 
-  Stable: each of the last two evaluations after step 0's is ≥ peak −
-  `num_ses` × the peak evaluation's standard error, and every logged value is
-  finite.
+  Stable: each of the last two evaluations after step 0's is ≥ the best
+  evaluation up to it (itself included) − `num_ses` × that best evaluation's
+  standard error, and every logged value is finite. The reference is the best
+  so far, not the run's overall peak, so a run still rising at the end (its
+  second-to-last evaluation more than `num_ses` SEs below its last) is Stable:
+  it has not fallen from anything. A run that fell back from an earlier peak
+  by more than the peak's noise is not.
   """
   evals = [r for r in rows if "eval/avg" in r]
   if not evals:
@@ -132,10 +136,13 @@ def summarize(rows: Sequence[Mapping[str, float]], tiers: Sequence[str], *,
                      "before standard errors were logged): re-run it.")
   last = evals[-1]
   peak = max(evals, key=lambda r: r["eval/avg"])
-  floor = peak["eval/avg"] - num_ses * peak["eval/avg_se"]
   finite = all(math.isfinite(v) for r in rows for v in r.values())
-  tail = evals[1:][-2:] or evals[-1:]  # the last two after step 0's
-  held = all(r["eval/avg"] >= floor for r in tail)
+  # The last two evaluations after step 0's (step 0's alone if it is the only one).
+  tail = range(max(1, len(evals) - 2), len(evals)) if len(evals) > 1 else (0,)
+
+  def held(i: int) -> bool:
+    best = max(evals[:i + 1], key=lambda r: r["eval/avg"])
+    return evals[i]["eval/avg"] >= best["eval/avg"] - num_ses * best["eval/avg_se"]
   rate = [r["mipu/rollback_rate"] for r in rows if "mipu/rollback_rate" in r]
   k3 = [r["rollout_corr/k3_kl"] for r in rows if "rollout_corr/k3_kl" in r]
   return dict(
@@ -143,7 +150,7 @@ def summarize(rows: Sequence[Mapping[str, float]], tiers: Sequence[str], *,
       final_se=float(last["eval/avg_se"]),
       peak_avg=peak["eval/avg"], peak_step=int(peak["step"]),
       peak_se=float(peak["eval/avg_se"]),
-      stable=bool(finite and held),
+      stable=bool(finite and all(held(i) for i in tail)),
       rollback_rate=float(rate[-1]) if rate else 0.0,
       k3_kl=float(np.mean(k3[-max(len(k3) // 4, 1):])) if k3 else 0.0,
       collapse_step=collapse_step(rows))

@@ -1,9 +1,15 @@
 """The tables' statistics, fixed before the ten-seed runs: per-row intervals and
 one paired test per claim of the sources.
 
-Per row (over seeds): the mean final eval Avg., a 95% percentile-bootstrap
-interval of that mean (`bootstrap_ci`), and the fractions of seeds that are
-Stable and that collapsed (`spec.summarize`, `spec.collapse_step`).
+Per row (over seeds): the mean final eval Avg., two 95% intervals of that
+mean — the percentile bootstrap (`bootstrap_ci`) and Student's t interval
+(`t_ci`) — and the fractions of seeds that are Stable and that collapsed
+(`spec.summarize`, `spec.collapse_step`). At n = 10 the percentile bootstrap
+undercovers: the resampled means spread by sd·√((n-1)/n)/√n, and its
+percentiles sit near the normal ±1.96 of that, about ±1.86 sd/√n, while the
+t interval is ±2.262 sd/√n (9 degrees of freedom) and has its nominal
+coverage when the seeds' values are roughly normal. Both are printed; the t
+interval is the one to read at ten seeds.
 
 Per claim (`CLAIMS`): the runs of the two rows are paired by seed (the same
 seed is the same initial policy, training prompts and evaluation problems), and
@@ -16,12 +22,20 @@ deterministic. Its smallest possible p-value is `2^-n` one-sided (`2^(1-n)`
 two-sided): 3 seeds can never reach 0.05, 10 seeds can (1/1024).
 
 Effect size: the mean paired difference in points of pass@1, its 95%
-bootstrap interval, and Cohen's `d_z = mean(d) / sd(d)`.
+bootstrap and t intervals, and Cohen's `d_z = mean(d) / sd(d)`.
 
-Verdict, at `ALPHA` = 0.05: a directional claim `A > B` is **supported** when
-its one-sided p < 0.05, **contradicted** when the opposite one-sided p < 0.05,
-and **not shown** otherwise; a two-sided claim `A ≠ B` is supported when the
-two-sided p < 0.05. With too few seeds to ever reach 0.05 the verdict says so.
+Multiple claims: a table tests several claims at once, so the verdicts use
+Holm's step-down correction across the table's claims (`holm`; Holm 1979,
+"A simple sequentially rejective multiple test procedure"), which keeps the
+family-wise error rate at `ALPHA` under any dependence between the claims.
+The raw p is printed beside the adjusted one.
+
+Verdict, at `ALPHA` = 0.05 on Holm-adjusted p: a directional claim `A > B` is
+**supported** when its adjusted one-sided p < 0.05, **contradicted** when the
+adjusted opposite one-sided p < 0.05 (the opposite p's are adjusted as a
+family of their own), and **not shown** otherwise; a two-sided claim `A ≠ B`
+is supported when its adjusted two-sided p < 0.05. With too few seeds to ever
+reach 0.05 the verdict says so.
 """
 
 import dataclasses
@@ -82,6 +96,39 @@ def bootstrap_ci(values: Sequence[float], *, level: float = CI_LEVEL,
   return float(lo), float(hi)
 
 
+def t_ci(values: Sequence[float], *, level: float = CI_LEVEL) -> tuple[float, float]:
+  """Student's t interval of the mean: mean ± t_{(1+level)/2, n-1} · sd / √n.
+
+  Fewer than two values have no spread to estimate: (nan, nan).
+  """
+  from scipy import stats as scipy_stats  # pylint: disable=g-import-not-at-top
+  x = np.asarray(values, np.float64)
+  if x.size < 2:
+    return math.nan, math.nan
+  half = (scipy_stats.t.ppf((1 + level) / 2, x.size - 1)
+          * x.std(ddof=1) / math.sqrt(x.size))
+  return float(x.mean() - half), float(x.mean() + half)
+
+
+def holm(p: Sequence[float]) -> list[float]:
+  """Holm's step-down adjusted p-values, in the order given.
+
+  With the m finite p's sorted ascending, p_(1) ≤ ... ≤ p_(m), the adjusted
+  p_(i) is max_{j ≤ i} min(1, (m - j + 1) p_(j)); a claim is rejected at
+  level α when its adjusted p < α. NaN entries (claims not tested) stay NaN
+  and do not count in m.
+  """
+  p = np.asarray(p, np.float64)
+  out = np.full(p.shape, math.nan)
+  idx = np.flatnonzero(np.isfinite(p))
+  order = idx[np.argsort(p[idx], kind="stable")]
+  m, running = order.size, 0.0
+  for j, i in enumerate(order):
+    running = max(running, min(1.0, (m - j) * p[i]))
+    out[i] = running
+  return [float(v) for v in out]
+
+
 def sign_flip_p(d: Sequence[float], direction: str) -> float:
   """Exact paired sign-flip permutation p-value of mean(d) (see module doc).
 
@@ -117,29 +164,38 @@ class RowStats:
   n: int
   mean: float
   ci: tuple[float, float]
+  t_ci: tuple[float, float]
   frac_stable: float
   frac_collapsed: float
 
 
 def row_stats(row: str, finals: Sequence[float], stable: Sequence[bool],
               collapsed: Sequence[bool]) -> RowStats:
-  """Mean, bootstrap interval and Stable / collapsed fractions of one row."""
+  """Mean, bootstrap and t intervals and Stable / collapsed fractions of one row."""
   x = 100 * np.asarray(finals, np.float64)
   return RowStats(row=row, n=int(x.size), mean=float(x.mean()),
-                  ci=bootstrap_ci(x), frac_stable=float(np.mean(stable)),
+                  ci=bootstrap_ci(x), t_ci=t_ci(x), frac_stable=float(np.mean(stable)),
                   frac_collapsed=float(np.mean(collapsed)))
 
 
 @dataclasses.dataclass(frozen=True)
 class ClaimResult:
-  """A claim's paired test; differences in points of pass@1."""
+  """A claim's paired test; differences in points of pass@1.
+
+  `p` and `p_opposite` are raw; `p_holm` and `p_opposite_holm` are adjusted
+  across the claims tested together (`claim_results`); the verdict reads the
+  adjusted ones. A claim tested alone is its own family (adjusted = raw).
+  """
   claim: Claim
   seeds: tuple[int, ...]
   mean_diff: float
   diff_ci: tuple[float, float]
+  diff_t_ci: tuple[float, float]
   d_z: float
   p: float
   p_opposite: Optional[float]
+  p_holm: float
+  p_opposite_holm: Optional[float]
   verdict: str
 
   def line(self) -> str:
@@ -149,18 +205,21 @@ class ClaimResult:
       return f"- {c.text}: {self.verdict}."
     side = "two-sided" if c.direction == "two-sided" else "one-sided"
     if len(self.seeds) > 1:
-      spread = (f"(95% CI [{self.diff_ci[0]:+.2f}, {self.diff_ci[1]:+.2f}]), "
+      spread = (f"(95% CI bootstrap [{self.diff_ci[0]:+.2f}, {self.diff_ci[1]:+.2f}], "
+                f"t [{self.diff_t_ci[0]:+.2f}, {self.diff_t_ci[1]:+.2f}]), "
                 f"d_z = {self.d_z:+.2f}")
     else:  # One pair has no spread: no interval, no effect size.
       spread = "(one seed: no interval or d_z)"
     return (f"- {c.text}: {c.a} − {c.b} = {self.mean_diff:+.2f} points "
-            f"{spread}, p = {self.p:.3g} ({side} exact sign-flip, "
-            f"n = {len(self.seeds)} paired seeds) — **{self.verdict}**.")
+            f"{spread}, p = {self.p:.3g}, Holm-adjusted {self.p_holm:.3g} "
+            f"({side} exact sign-flip, n = {len(self.seeds)} paired seeds) — "
+            f"**{self.verdict}**.")
 
 
 def verdict(direction: str, p: float, p_opposite: Optional[float], n: int,
             alpha: float = ALPHA) -> str:
-  """The words of a claim's verdict (module docstring)."""
+  """The words of a claim's verdict (module docstring); `p` and `p_opposite`
+  are the Holm-adjusted ones when the claim is one of several."""
   floor = 2.0 ** -n if direction != "two-sided" else 2.0 ** (1 - n)
   if floor >= alpha:
     return (f"undecidable with {n} seeds (the smallest possible p is "
@@ -169,19 +228,21 @@ def verdict(direction: str, p: float, p_opposite: Optional[float], n: int,
     return "supported" if direction != "two-sided" else "supported (they differ)"
   if p_opposite is not None and p_opposite < alpha:
     return "contradicted (significant in the opposite direction)"
-  return f"not shown (p ≥ {alpha:g})"
+  return f"not shown (Holm-adjusted p ≥ {alpha:g})"
 
 
 def paired_test(claim: Claim, a: Mapping[int, float],
                 b: Mapping[int, float]) -> ClaimResult:
   """The claim's test on final eval Avg. (fractions in [0, 1]) keyed by seed.
 
-  Only seeds present in both rows are paired.
+  Only seeds present in both rows are paired. The claim is its own family
+  (Holm-adjusted p = raw p); `claim_results` adjusts across claims.
   """
   seeds = tuple(sorted(set(a) & set(b)))
+  nan2 = (math.nan, math.nan)
   if not seeds:
-    return ClaimResult(claim, (), math.nan, (math.nan, math.nan), math.nan,
-                       math.nan, None, "no paired seeds yet")
+    return ClaimResult(claim, (), math.nan, nan2, nan2, math.nan, math.nan,
+                       None, math.nan, None, "no paired seeds yet")
   d = 100 * np.array([a[s] - b[s] for s in seeds], np.float64)
   p = sign_flip_p(d, claim.direction)
   opposite = {"greater": "less", "less": "greater"}.get(claim.direction)
@@ -192,12 +253,26 @@ def paired_test(claim: Claim, a: Mapping[int, float],
   else:
     d_z = float(d.mean()) / sd
   return ClaimResult(claim=claim, seeds=seeds, mean_diff=float(d.mean()),
-                     diff_ci=bootstrap_ci(d), d_z=d_z, p=p, p_opposite=p_opp,
+                     diff_ci=bootstrap_ci(d), diff_t_ci=t_ci(d), d_z=d_z, p=p,
+                     p_opposite=p_opp, p_holm=p, p_opposite_holm=p_opp,
                      verdict=verdict(claim.direction, p, p_opp, len(seeds)))
 
 
 def claim_results(finals: Mapping[str, Mapping[int, float]],
-                claims: Sequence[Claim] = CLAIMS) -> list[ClaimResult]:
-  """Every claim whose two rows both ran (`finals`: row -> seed -> final Avg.)."""
-  return [paired_test(c, finals[c.a], finals[c.b]) for c in claims
-          if c.a in finals and c.b in finals]
+                  claims: Sequence[Claim] = CLAIMS) -> list[ClaimResult]:
+  """Every claim whose two rows both ran (`finals`: row -> seed -> final Avg.),
+  with Holm's correction across them and verdicts on the adjusted p."""
+  raw = [paired_test(c, finals[c.a], finals[c.b]) for c in claims
+         if c.a in finals and c.b in finals]
+  adj = holm([r.p for r in raw])
+  opp = holm([math.nan if r.p_opposite is None else r.p_opposite for r in raw])
+  out = []
+  for r, p, q in zip(raw, adj, opp):
+    if not r.seeds:
+      out.append(r)
+      continue
+    q = None if r.p_opposite is None else q
+    out.append(dataclasses.replace(
+        r, p_holm=p, p_opposite_holm=q,
+        verdict=verdict(r.claim.direction, p, q, len(r.seeds))))
+  return out
