@@ -20,7 +20,10 @@ only say "undecidable"; `--seeds 0,1,2,3,4` is the least that can decide
 
 The runs train in `--workers` processes at once, each on one CPU thread (on a
 small model that is faster than one process using every core), with one
-progress bar over all of them; then the table is made from the finished runs.
+progress bar over all of them; every message a run logs (a health warning, a
+logging backend's failure) and a worker's error start with its name, e.g.
+`[baseline seed 0] step 45: mismatch health: ...` (`reproduce.run_label`).
+Then the table is made from the finished runs.
 Re-running resumes: finished runs are read back, unfinished ones continue
 from their newest checkpoint.
 """
@@ -68,13 +71,16 @@ def _init_worker():
 
 
 def _train_row(row, seed, workdir, cache, quick, steps, setting):
-  """One run in a worker process."""
+  """One run in a worker process; its messages and its error name the run."""
   from mipu_jax import config as config_lib  # pylint: disable=g-import-not-at-top
-  reproduce.enable_compilation_cache(cache, workdir)
-  cfg = config_lib.from_config_dict(
-      make_config(row, seed, None, quick=quick, steps=steps, setting=setting))
-  reproduce.run_one(cfg, row, seed, os.path.join(workdir, "runs", f"{row}_s{seed}"),
-                    log=lambda _: None)
+  try:
+    reproduce.enable_compilation_cache(cache, workdir)
+    cfg = config_lib.from_config_dict(
+        make_config(row, seed, None, quick=quick, steps=steps, setting=setting))
+    reproduce.run_one(cfg, row, seed, os.path.join(workdir, "runs", f"{row}_s{seed}"),
+                      log=lambda _: None)
+  except Exception as e:  # the main process re-raises it: say whose it is
+    raise RuntimeError(f"[{row} seed {seed}] {type(e).__name__}: {e}") from e
   return row, seed
 
 

@@ -284,3 +284,55 @@ def test_lr_decay_figure_needs_both_rows(tmp_path):
                                      stable=True, rollback_rate=0.0, k3_kl=0.0, seconds=1.0))
   assert reproduce.plot_lr_decay(runs[:1], str(tmp_path / "a.png")) is None
   assert os.path.getsize(reproduce.plot_lr_decay(runs, str(tmp_path / "b.png"))) > 10_000
+
+
+def test_every_message_of_a_run_names_its_row_and_seed(tmp_path, monkeypatch, caplog):
+  """Issue 28, item 9: a run's health warnings, backend failures and Python
+  warnings say which run they come from (the main job's workers share one
+  terminal); messages after the run do not carry its label."""
+  import logging  # pylint: disable=g-import-not-at-top
+  import types  # pylint: disable=g-import-not-at-top
+  import warnings  # pylint: disable=g-import-not-at-top
+  from mipu_jax.rl import health  # pylint: disable=g-import-not-at-top
+
+  cfg = _build(table, "baseline")
+
+  def fake_train(cfg, workdir):
+    del cfg
+    os.makedirs(workdir)
+    health.warn(health.Report({}, {"k3_kl": "surge"},
+                              "step 45: mismatch health: k3_kl 0.0213 is 2.03x its median"))
+    logging.getLogger("mipu_jax.rl.writer").warning("Step %d: logging backend %r failed", 7, "wandb")
+    warnings.warn("a library's warning")
+    rows = [{"step": float(s), "eval/avg": 0.5, "eval/avg_se": 0.01,
+             **{f"eval/{t}": 0.5 for t in cfg_tiers}} for s in (0, 1)]
+    return types.SimpleNamespace(rows=rows)
+
+  cfg_tiers = cfg.eval.tiers
+  monkeypatch.setattr(reproduce.runs.rl, "train", fake_train)
+  caplog.set_level(logging.WARNING)
+  s = reproduce.run_one(cfg, "mipu", 3, str(tmp_path / "run"), log=lambda _: None)
+  assert s.stable and s.seed == 3
+  messages = [r.getMessage() for r in caplog.records]
+  assert "[mipu seed 3] step 45: mismatch health: k3_kl 0.0213 is 2.03x its median" in messages
+  assert "[mipu seed 3] Step 7: logging backend 'wandb' failed" in messages
+  assert any(m.startswith("[mipu seed 3] ") and "a library's warning" in m for m in messages)
+  assert len(messages) == 3
+  # Outside the run nothing is labelled, and warnings go back to stderr.
+  caplog.clear()
+  logging.getLogger("mipu_jax.rl.health").warning("after the run")
+  assert [r.getMessage() for r in caplog.records] == ["after the run"]
+  with reproduce.run_label("base%line", 0):  # a '%' in a name does not break formatting
+    logging.getLogger("x").warning("step %d", 5)
+  assert caplog.records[-1].getMessage() == "[base%line seed 0] step 5"
+
+
+def test_a_main_job_workers_error_names_its_run(tmp_path):
+  """A worker's error reaches the main process with its row and seed."""
+  code = ("import sys; sys.path[:0] = [sys.argv[1], sys.argv[2]]; import compare; "
+          "compare._train_row('no_such_row', 4, sys.argv[3], '', True, None, '')")
+  proc = subprocess.run(
+      [sys.executable, "-c", code, os.path.join(ROOT, "experiments"), ROOT, str(tmp_path)],
+      capture_output=True, text=True, timeout=300, env=dict(os.environ, JAX_PLATFORMS="cpu"))
+  assert proc.returncode != 0
+  assert "RuntimeError: [no_such_row seed 4] " in proc.stderr, proc.stderr[-2000:]

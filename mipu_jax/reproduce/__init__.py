@@ -57,6 +57,7 @@ from mipu_jax.reproduce.report import tables_markdown
 from mipu_jax.reproduce.runs import check_like_with_like
 from mipu_jax.reproduce.runs import enable_compilation_cache
 from mipu_jax.reproduce.runs import order_rows
+from mipu_jax.reproduce.runs import run_label
 from mipu_jax.reproduce.runs import run_one
 from mipu_jax.reproduce.runs import run_table
 from mipu_jax.reproduce.spec import ABLATION_ROWS
@@ -83,5 +84,5 @@ __all__ = [
     "RunSummary", "SOURCE_TABLES", "STABLE_SES", "TableResult",
     "check_like_with_like", "claims_markdown", "collapse_step",
     "enable_compilation_cache", "order_rows", "per_seed_markdown", "plot_curves",
-    "plot_gap", "plot_lr_decay", "run_one", "run_table", "summarize", "tables_markdown",
+    "plot_gap", "plot_lr_decay", "run_label", "run_one", "run_table", "summarize", "tables_markdown",
 ]

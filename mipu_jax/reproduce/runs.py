@@ -1,8 +1,10 @@
 """Running a table: rows x seeds through the RL loop, like with like, resumable
 (the package docstring has the whole procedure)."""
 
+import contextlib
 import dataclasses
 import json
+import logging
 import os
 import time
 from typing import Callable, Mapping, Optional, Sequence
@@ -72,6 +74,35 @@ def enable_compilation_cache(path: Optional[str], workdir: str = "") -> None:
   jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
 
 
+@contextlib.contextmanager
+def run_label(row: str, seed: int):
+  """Every log record made inside starts with `[<row> seed <seed>]`.
+
+  The main job trains several runs at once in worker processes whose output
+  shares one terminal; a health warning ("step 45: mismatch health: k3_kl
+  ...") or a logging backend's failure must say whose it is. The label goes
+  into each record as it is created (a log-record factory), so it reaches
+  every handler, absl's included; Python warnings are routed through logging
+  meanwhile, so they carry it too. The previous factory and warning routing
+  are restored on exit.
+  """
+  label = f"[{row} seed {seed}] ".replace("%", "%%")
+  previous = logging.getLogRecordFactory()
+
+  def factory(*args, **kwargs):
+    record = previous(*args, **kwargs)
+    record.msg = label + str(record.msg)
+    return record
+
+  logging.setLogRecordFactory(factory)
+  logging.captureWarnings(True)
+  try:
+    yield
+  finally:
+    logging.captureWarnings(False)
+    logging.setLogRecordFactory(previous)
+
+
 def _as_train_config(cfg) -> config_lib.TrainConfig:
   if isinstance(cfg, config_lib.TrainConfig):
     return cfg
@@ -121,7 +152,8 @@ def run_one(cfg: config_lib.TrainConfig, row: str, seed: int, workdir: str,
   # An unfinished earlier attempt resumes from its newest checkpoint (the loop
   # checks its config and repairs its log: docs/reliability.md).
   start = time.perf_counter()
-  result = rl.train(cfg, workdir)
+  with run_label(row, seed):
+    result = rl.train(cfg, workdir)
   seconds = time.perf_counter() - start
   s = RunSummary(row=row, seed=seed, workdir=workdir, seconds=seconds,
                  **summarize(result.rows, cfg.eval.tiers))
