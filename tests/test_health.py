@@ -109,3 +109,26 @@ def test_health_thresholds_are_documented():
   defaults = json.loads(json.dumps(config_lib.as_json(config_lib.TrainConfig())))
   for name, value in defaults["logging"]["health"].items():
     assert f"`{name}` ({value:g})" in section or f"`{name}` ({value})" in section, name
+
+
+def test_results_readme_quotes_the_health_check_runs_maxima():
+  """results/README.md's largest |kl| and chi2_token of the live health-check
+  run, over the whole run and over steps 41-60, are the logged ones."""
+  from mipu_jax import rl  # pylint: disable=g-import-not-at-top
+  root = os.path.join(os.path.dirname(__file__), "..")
+  rows = rl.read_jsonl(os.path.join(root, "results", "health_check", "metrics.jsonl"))
+  readme = " ".join(open(os.path.join(root, "results", "README.md")).read().split())
+
+  def largest(name, first=1):
+    step, value = max(((r["step"], abs(r[name])) for r in rows
+                       if name in r and r["step"] >= first), key=lambda p: p[1])
+    return int(step), value
+
+  kl_step, kl = largest("rollout_corr/kl")
+  chi_step, chi = largest("rollout_corr/chi2_token")
+  assert (f"the largest `|kl|` was {kl:.3f} (step {kl_step}, the opening length surge; "
+          "threshold 0.1)") in readme
+  assert f"the largest `chi2_token` {chi:.2f} (step {chi_step};" in readme
+  assert (f"over steps 41–60, where the collapse came, {largest('rollout_corr/kl', 41)[1]:.3f} "
+          f"and {largest('rollout_corr/chi2_token', 41)[1]:.3f}") in readme
+  assert kl < 0.1 and chi < 1.0  # "never fired": below verl's thresholds
