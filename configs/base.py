@@ -53,12 +53,15 @@ def get_config():
 
 def batch_run(config, *, eval_every: int):
   """Settings of a run that is one of many (a table row, a study cell): periodic
-  evaluation on 32 problems x 4 samples per tier; a checkpoint at every
-  evaluation (the newest kept), so an interrupted job resumes where it stopped;
-  no TensorBoard, per-run plots or progress bar (the caller reports)."""
+  evaluation on 32 problems x 4 samples per tier, of the deployed sampler μ
+  and of the learner's π at full precision (`eval.pi`: twice the evaluation
+  time); a checkpoint at every evaluation (the newest kept), so an interrupted
+  job resumes where it stopped; no TensorBoard, per-run plots or progress bar
+  (the caller reports)."""
   config.eval.every = eval_every
   config.eval.n_per_tier = 32
   config.eval.num_samples = 4
+  config.eval.pi = True
   config.checkpoint.enabled = True
   config.checkpoint.every = eval_every
   config.checkpoint.keep = 1
@@ -82,6 +85,7 @@ def quick(config):
   config.eval.every = 0
   config.eval.n_per_tier = 4
   config.eval.num_samples = 4
+  config.eval.pi = False  # a smoke run: no second sampler to compile
   config.learner.log_entropy = False
   config.mipu.num_probe_prompts = 4
   return config

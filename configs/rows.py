@@ -17,6 +17,16 @@ MIPU Step 2 switches), so every row shares the rest of its base.
 | `step2` | + Step 2 | Step 2 only (no correction) |
 | `random_rollback` | Random rollback | Step 1 + rollback with probability p (§5) |
 | `mipu_probe32` | (ablation) | MIPU with Step 2 probing 32 prompts instead of the base's |
+| `control_lr_decay` | (isolating LR-decay) | LR-decay on the no-mismatch control |
+| `lr_decay_long` | (isolating LR-decay) | LR-decay with the period the base config sets for it (`configs/table.py`: 10x the surge step) |
+| `baseline_lr_mean` | (isolating LR-decay) | the baseline at a constant rate equal to LR-decay's mean over the run |
+| `baseline_lr_floor` | (isolating LR-decay) | the baseline at LR-decay's floor, `min_ratio` x lr, from step 1 |
+
+The four isolating rows ask whether LR-decay helps because of the mismatch
+or because it lowers the step size: the rate-matched baselines take LR-decay's
+period from `optim.length_surge` of the base config (which must set `fixed`
+mode and `decay_period`, as `configs/table.py` does) and compute the schedule's
+rates with `schedules.fixed_rates`.
 
 `tis` and `step1` are the same computation: docs/method.md §5 defines Step 1 as the
 decoupled mode with token TIS (`mipu_step1` has exactly `token_tis`'s fields).
@@ -135,10 +145,56 @@ def random_rollback(config, p: float | None = None):
   return config
 
 
+def control_lr_decay(config):
+  """LR-decay on the no-mismatch control: LR-decay's gain without mismatch."""
+  return lr_decay(control(config))
+
+
+def lr_decay_long(config):
+  """LR-decay with the longer period the base config sets for this row
+  (`configs/table.py`): whether the gain survives a schedule that decays slowly."""
+  return lr_decay(config)
+
+
+def _lr_decay_rates(config):
+  """LR-decay's per-step rates in `config`'s setting (fixed mode only)."""
+  from mipu_jax import schedules  # pylint: disable=g-import-not-at-top
+  ls = config.optim.length_surge
+  if ls.mode != "fixed" or not ls.decay_period:
+    raise ValueError("the rate-matched baselines need the base config to set "
+                     "optim.length_surge.mode='fixed' and its decay_period (the "
+                     "period LR-decay runs with).")
+  ratio = 0.1 if ls.min_ratio is None else ls.min_ratio
+  rates = schedules.fixed_rates(config.optim.learning_rate, ls.decay_period,
+                                config.num_steps, ratio)
+  ls.mode = ls.decay_period = None  # a constant rate: nothing else differs
+  return rates, ratio
+
+
+def baseline_lr_mean(config):
+  """The baseline at a constant rate equal to the mean of LR-decay's rates
+  over the run (same lr, period, floor and steps): what LR-decay gives beyond
+  a smaller average step."""
+  rates, _ = _lr_decay_rates(config)
+  config = baseline(config)
+  config.optim.learning_rate = float(rates.mean())
+  return config
+
+
+def baseline_lr_floor(config):
+  """The baseline at LR-decay's floor (`min_ratio` x lr) from step 1."""
+  _, ratio = _lr_decay_rates(config)
+  config = baseline(config)
+  config.optim.learning_rate = float(ratio * config.optim.learning_rate)
+  return config
+
+
 _FUNCTIONS: dict[str, Callable[..., config_dict.ConfigDict]] = {
     "control": control, "baseline": baseline, "tis": tis, "mis": mis, "lr_decay": lr_decay,
     "mipu": mipu, "step1": step1, "step2": step2,
     "random_rollback": random_rollback, "mipu_probe32": mipu_probe32,
+    "control_lr_decay": control_lr_decay, "lr_decay_long": lr_decay_long,
+    "baseline_lr_mean": baseline_lr_mean, "baseline_lr_floor": baseline_lr_floor,
 }
 assert tuple(_FUNCTIONS) == ROWS
 

@@ -64,6 +64,11 @@ SETTING = f"precision={PRECISION},lr={LR:g},tiers={TIERS}"
 # (its min_steps is 10), so the row uses the paper's fixed period.
 SURGE_STEP = 2
 BASELINE_RUNS = "results/small_cpu/runs/baseline_s{seed}"
+# Rows that run LR-decay's schedule or match its rates (configs/rows.py), and
+# the slow-decay row's period: 10x the surge step instead of 1.8x.
+DECAY_ROWS = ("lr_decay", "control_lr_decay", "lr_decay_long", "baseline_lr_mean",
+              "baseline_lr_floor")
+LONG_PERIOD_FACTOR = 10
 
 
 def get_config(arg=None):
@@ -82,8 +87,9 @@ def get_config(arg=None):
     base.quick(config)
   if arg.prompts:
     config.data.prompts_per_step = arg.prompts
-  if arg.row == "lr_decay":
+  if arg.row in DECAY_ROWS:
     config.optim.length_surge.mode = "fixed"
-    config.optim.length_surge.decay_period = schedules.decay_period_from_surge(
-        SURGE_STEP)
+    config.optim.length_surge.decay_period = (
+        LONG_PERIOD_FACTOR * SURGE_STEP if arg.row == "lr_decay_long"
+        else schedules.decay_period_from_surge(SURGE_STEP))
   return rows.apply(config, arg.row, p=arg.p)

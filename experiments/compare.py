@@ -28,15 +28,12 @@ Re-running resumes: finished runs are read back, unfinished ones continue
 from their newest checkpoint.
 """
 
-import concurrent.futures
-import multiprocessing
 import os
 import time
 
 from absl import app
 from absl import flags
 from absl import logging
-import tqdm
 
 from configs import table
 from mipu_jax import reproduce
@@ -63,64 +60,19 @@ def make_config(row, seed, p, *, quick, steps, setting=""):
   return table.get_config(arg + (f",{setting}" if setting else ""))
 
 
-def _init_worker():
-  """A worker's XLA on one CPU thread (read when its backend starts)."""
-  os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_cpu_multi_thread_eigen"
-                             "=false intra_op_parallelism_threads=1").strip()
-  logging.set_verbosity(logging.WARNING)
-
-
-def _train_row(row, seed, workdir, cache, quick, steps, setting):
-  """One run in a worker process; its messages and its error name the run."""
-  from mipu_jax import config as config_lib  # pylint: disable=g-import-not-at-top
-  try:
-    reproduce.enable_compilation_cache(cache, workdir)
-    cfg = config_lib.from_config_dict(
-        make_config(row, seed, None, quick=quick, steps=steps, setting=setting))
-    reproduce.run_one(cfg, row, seed, os.path.join(workdir, "runs", f"{row}_s{seed}"),
-                      log=lambda _: None)
-  except Exception as e:  # the main process re-raises it: say whose it is
-    raise RuntimeError(f"[{row} seed {seed}] {type(e).__name__}: {e}") from e
-  return row, seed
-
-
-def _steps_done(workdir, row, seed):
-  path = os.path.join(workdir, "runs", f"{row}_s{seed}", "metrics.jsonl")
-  if not os.path.exists(path):
-    return 0
-  with open(path) as f:
-    return max(sum(1 for _ in f) - 1, 0)  # the step-0 evaluation row is not a step
-
-
 def train_in_workers(rows, seeds, workdir, *, workers, quick, steps, cache, setting=""):
-  """Trains every (row, seed) in `workers` processes, with one progress bar.
-
-  The rows are checked like with like first (`reproduce.check_like_with_like`).
-  """
+  """Trains every (row, seed) in `workers` processes, with one progress bar
+  (`reproduce.train_in_workers`), after checking the rows like with like."""
   from mipu_jax import config as config_lib  # pylint: disable=g-import-not-at-top
+  jobs = []
   for seed in seeds:
     configs = {row: config_lib.from_config_dict(
         make_config(row, seed, None, quick=quick, steps=steps, setting=setting)) for row in rows}
     reproduce.check_like_with_like(configs)
-  per_run = configs[rows[0]].num_steps  # like with like: every run's length
-  jobs = [(row, seed) for seed in seeds for row in rows]
-  context = multiprocessing.get_context("spawn")  # a fresh JAX per worker
-  bar = tqdm.tqdm(total=per_run * len(jobs), desc=f"{len(jobs)} runs", unit="step")
-  with concurrent.futures.ProcessPoolExecutor(workers, mp_context=context,
-                                              initializer=_init_worker) as pool:
-    futures = [pool.submit(_train_row, row, seed, workdir, cache, quick, steps, setting)
-               for row, seed in jobs]
-    while True:
-      done = sum(min(_steps_done(workdir, r, s), per_run) for r, s in jobs)
-      bar.update(done - bar.n)
-      finished = [f for f in futures if f.done()]
-      bar.set_postfix(finished=f"{len(finished)}/{len(jobs)}")
-      if len(finished) == len(futures):
-        break
-      time.sleep(2.0)
-    for f in futures:
-      f.result()  # a worker's error stops the job here
-  bar.close()
+    jobs += [reproduce.Job(row, seed, configs[row],
+                           os.path.join(workdir, "runs", f"{row}_s{seed}")) for row in rows]
+  reproduce.train_in_workers(jobs, workers=workers,
+                             cache=os.path.join(workdir, ".jax_cache") if cache is None else cache)
 
 
 def main(argv):

@@ -67,6 +67,36 @@ class CheckpointWriteError(OSError):
     return self.strerror
 
 
+class FingerprintMismatch(ValueError):
+  """Restored arrays differ from the fingerprint saved with them.
+
+  The fingerprint is computed over the global arrays, so with several
+  processes every process sees the same mismatch and they fall back together.
+  """
+
+
+class UnreadableCheckpointError(ValueError):
+  """With several processes: a step that this process could not read.
+
+  The step has been moved aside; every process's rerun skips it.
+  """
+
+
+def committed_steps(directory: str | os.PathLike[str]) -> list[int]:
+  """The committed steps under `directory`, oldest first, by listing it.
+
+  Orbax renames `<step>.orbax-checkpoint-tmp-*` to `<step>` only once the
+  step is complete, so a step-named directory is committed. No orbax call and
+  no collective: safe from a watchdog thread while another process is lost.
+  """
+  try:
+    names = os.listdir(directory)
+  except FileNotFoundError:
+    return []
+  return sorted(int(n) for n in names
+                if n.isdigit() and os.path.isdir(os.path.join(directory, n)))
+
+
 class Checkpointer:
   """Saves and restores `(state, metadata)` per training step.
 
@@ -191,6 +221,16 @@ class Checkpointer:
         # files); any of them means "try the previous step". The step is moved
         # aside so that it is never picked again and a later save of the same
         # step number does not collide with it.
+        if jax.process_count() > 1 and not isinstance(e, FingerprintMismatch):
+          # A read error may be this process's alone (its own shards): falling
+          # back here would leave the others restoring another step. Move the
+          # step aside for every process's next attempt and stop the job.
+          moved = self._move_aside(candidate, any_process=True)
+          raise UnreadableCheckpointError(
+              f"Checkpoint step {candidate} in {self._directory} cannot be read by "
+              f"process {jax.process_index()} ({e!r}); moved it to {moved}. "
+              "Stopping the job: rerun the same command on every process to "
+              "resume from the newest step that remains.") from e
         newest_error = newest_error or e
         moved = self._move_aside(candidate)
         logging.warning(
@@ -246,19 +286,28 @@ class Checkpointer:
     except Exception:  # pylint: disable=broad-except
       return []
 
-  def _move_aside(self, step: int) -> str | None:
-    """Renames unreadable step `step` out of the step namespace; its new path."""
+  def _move_aside(self, step: int, *, any_process: bool = False) -> str | None:
+    """Renames unreadable step `step` out of the step namespace; its new path.
+
+    With several processes (one shared directory) only process 0 renames,
+    unless `any_process` (a fault only this process sees).
+    """
     src = os.path.join(self._directory, str(step))
     if not os.path.exists(src):
       return None
     aside = self._directory.rstrip(os.sep) + ".unreadable"
+    if jax.process_index() != 0 and not any_process:
+      return aside
     os.makedirs(aside, exist_ok=True)
     dst = os.path.join(aside, f"{step}-{time.strftime('%Y%m%dT%H%M%S')}")
     suffix = 0
     while os.path.exists(dst + (f".{suffix}" if suffix else "")):
       suffix += 1
     dst += f".{suffix}" if suffix else ""
-    os.replace(src, dst)
+    try:
+      os.replace(src, dst)
+    except FileNotFoundError:  # another process moved it first
+      pass
     self._manager.reload()
     return dst
 
@@ -285,7 +334,7 @@ class Checkpointer:
     state = self._manager.restore(step, args=ocp.args.Composite(**{
         _STATE: ocp.args.StandardRestore(abstract)}))[_STATE]
     if expected is not None and fingerprint(state) != expected:
-      raise ValueError(f"checkpoint step {step}: the restored arrays do not match "
+      raise FingerprintMismatch(f"checkpoint step {step}: the restored arrays do not match "
                        f"the fingerprint saved with them (corrupted data).")
     if target is not None:
       state = jax.tree.map(

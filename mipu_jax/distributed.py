@@ -14,6 +14,13 @@ MPI and the like need no arguments; elsewhere give the coordinator, the
 number of processes and this process's id); `auto` starts it when the
 environment describes several processes. On CPU the cross-process
 collectives use gloo.
+
+The runtime's timeouts are the project's, not JAX's defaults: a process that
+stops sending heartbeats for `heartbeat_timeout_s` is declared dead and the
+runtime aborts every other process (from C++, with a message naming the dead
+task); a process that exits waits at most `shutdown_timeout_s` for the others
+at the shutdown barrier. `mipu_jax.rl.guard` ends the job earlier, and says
+which checkpoint is intact (docs/reliability.md).
 """
 
 from __future__ import annotations
@@ -25,6 +32,9 @@ import jax
 import numpy as np
 
 MODES = ("auto", "on", "off")
+HEARTBEAT_TIMEOUT_S = 90
+SHUTDOWN_TIMEOUT_S = 60
+INITIALIZATION_TIMEOUT_S = 300
 
 
 def _env_processes() -> int:
@@ -38,10 +48,17 @@ def _env_processes() -> int:
 
 def initialize(mode: str = "auto", *, coordinator_address: Optional[str] = None,
                num_processes: Optional[int] = None,
-               process_id: Optional[int] = None) -> bool:
+               process_id: Optional[int] = None,
+               heartbeat_timeout_s: int = HEARTBEAT_TIMEOUT_S,
+               shutdown_timeout_s: int = SHUTDOWN_TIMEOUT_S,
+               initialization_timeout_s: int = INITIALIZATION_TIMEOUT_S) -> bool:
   """Starts JAX's distributed runtime if `mode` asks for it; returns whether it did.
 
-  Must run before any other JAX call of the process.
+  Must run before any other JAX call of the process. The timeouts (seconds)
+  go to `jax.distributed.initialize`: `heartbeat_timeout_s` bounds how long a
+  dead process goes unnoticed, `shutdown_timeout_s` how long an exiting one
+  waits for the others, `initialization_timeout_s` how long the processes
+  have to find each other.
 
   Raises:
     ValueError: an unknown mode.
@@ -56,8 +73,29 @@ def initialize(mode: str = "auto", *, coordinator_address: Optional[str] = None,
       or jax.config.jax_platforms == "cpu"):
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
   jax.distributed.initialize(coordinator_address=coordinator_address,
-                             num_processes=num_processes, process_id=process_id)
+                             num_processes=num_processes, process_id=process_id,
+                             initialization_timeout=initialization_timeout_s,
+                             heartbeat_timeout_seconds=heartbeat_timeout_s,
+                             shutdown_timeout_seconds=shutdown_timeout_s)
   return True
+
+
+def kv_client():
+  """The distributed runtime's client: the coordination service's key-value
+  store and barriers, which work while a collective is stuck.
+
+  JAX has no public accessor; orbax reaches it the same way
+  (`orbax.checkpoint.multihost.get_jax_distributed_client`).
+
+  Raises:
+    RuntimeError: the distributed runtime is not started.
+  """
+  from jax._src import distributed as jax_distributed  # pylint: disable=g-import-not-at-top
+  client = jax_distributed.global_state.client
+  if client is None:
+    raise RuntimeError("JAX's distributed runtime is not started "
+                       "(mipu_jax.distributed.initialize).")
+  return client
 
 
 def is_main() -> bool:

@@ -84,6 +84,8 @@ class CellResult:
       attempts are not in it).
     step_minutes: minutes spent in RL steps over all attempts (the sum of
       `perf/step_seconds`; evaluations and compilation excluded).
+    final_pi_avg: the last evaluation's Avg. of the learner's π at full
+      precision (`eval_pi/avg`); None for a cell that did not evaluate π.
   """
   name: str
   arg: str
@@ -99,6 +101,7 @@ class CellResult:
   entropy_last: float
   seconds: float
   step_minutes: float
+  final_pi_avg: Optional[float] = None
 
 
 def _quarter_means(rows, name: str) -> tuple[float, float]:
@@ -121,7 +124,8 @@ def summarize_cell(name: str, arg: str, rows: Sequence[Mapping[str, float]],
                     collapse_step=collapse_step(rows), k3_first=k3[0],
                     k3_last=k3[1], entropy_first=ent[0], entropy_last=ent[1],
                     seconds=seconds,
-                    step_minutes=sum(r.get("perf/step_seconds", 0.0) for r in rows) / 60)
+                    step_minutes=sum(r.get("perf/step_seconds", 0.0) for r in rows) / 60,
+                    final_pi_avg=s["final_pi"])
 
 
 def run_sweep(make_config: Callable[[str], Any], cells: Mapping[str, str],
@@ -168,17 +172,22 @@ def run_sweep(make_config: Callable[[str], Any], cells: Mapping[str, str],
 
 
 def grid_markdown(results: Sequence[CellResult]) -> str:
-  """The grid as a markdown table (pass@1 in %)."""
+  """The grid as a markdown table (pass@1 in %; π's final Avg. when a cell
+  evaluated it)."""
+  with_pi = any(r.final_pi_avg is not None for r in results)
   lines = ["| cell | config | final Avg. ± SE | peak Avg. (step) | Stable | "
            "collapse step | k3_kl first → last quarter | entropy first → last | "
-           "RL-step minutes |", "|---" * 9 + "|"]
+           "RL-step minutes |" + (" π final Avg. |" if with_pi else ""),
+           "|---" * (9 + with_pi) + "|"]
   for r in results:
+    pi = "" if not with_pi else (
+        " — |" if r.final_pi_avg is None else f" {100 * r.final_pi_avg:.1f} |")
     lines.append(
         f"| {r.name} | `{r.arg}` | {100 * r.final_avg:.1f} ± {100 * r.eval_se:.1f} | "
         f"{100 * r.peak_avg:.1f} ({r.peak_step}) | {'✔' if r.stable else '✘'} | "
         f"{'—' if r.collapse_step is None else r.collapse_step} | "
         f"{r.k3_first:.2e} → {r.k3_last:.2e} | "
-        f"{r.entropy_first:.3f} → {r.entropy_last:.3f} | {r.step_minutes:.1f} |")
+        f"{r.entropy_first:.3f} → {r.entropy_last:.3f} | {r.step_minutes:.1f} |" + pi)
   return "\n".join(lines)
 
 

@@ -134,3 +134,21 @@ def test_claim_verdicts_use_holm_across_the_table():
   # The opposite p's are a family of their own: MIPU < baseline has raw
   # p = 1 - 1/1024 (every pattern but the all-plus one), not contradicted.
   assert r.p_opposite_holm == pytest.approx(1.0)
+
+
+def test_difference_of_differences_claim_by_hand():
+  """LR-decay's gain with mismatch against its gain without, paired by seed."""
+  claim = stats.ISOLATE_CLAIMS[1]
+  assert claim.rows == ("lr_decay", "baseline", "control_lr_decay", "control")
+  finals = {"lr_decay": {0: .70, 1: .60, 2: .65}, "baseline": {0: .40, 1: .50, 2: .45},
+            "control_lr_decay": {0: .60, 1: .62, 2: .58, 3: .5}, "control": {0: .55, 1: .60, 2: .60}}
+  got = {c.claim.text: c for c in stats.claim_results(finals, stats.ISOLATE_CLAIMS)}
+  r = got[claim.text]
+  # (70-40)-(60-55) = 25, (60-50)-(62-60) = 8, (65-45)-(58-60) = 22; seed 3 is unpaired.
+  assert r.seeds == (0, 1, 2) and r.mean_diff == pytest.approx((25 + 8 + 22) / 3)
+  assert r.p == pytest.approx(1 / 8)  # all positive: only the identity pattern is as large
+  assert "lr_decay − baseline − (control_lr_decay − control)" in r.line()
+  # The mean-rate claim needs its row: alone in the family, Holm changes nothing.
+  assert len(got) == 1 and r.p_holm == r.p
+  with pytest.raises(ValueError, match="exactly when it has `minus`"):
+    stats.paired_test(claim, finals["lr_decay"], finals["baseline"])

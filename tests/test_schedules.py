@@ -285,3 +285,33 @@ def test_table_lr_decay_row_acts_on_the_measured_surge():
   np.testing.assert_allclose(rates, want, rtol=1e-6)
   base = config_lib.from_config_dict(table.get_config("baseline"))
   assert base.optim.schedule == "constant"
+
+
+@pytest.mark.parametrize("period,steps", [(4, 120), (20, 120), (1, 7), (204, 500)])
+def test_fixed_rates_are_the_transformations_rates(period, steps):
+  lr0 = 7e-4
+  rates, _ = run_schedule(schedules.length_surge(lr0, mode="fixed", decay_period=period),
+                          np.full(steps, 50.0))
+  np.testing.assert_allclose(schedules.fixed_rates(lr0, period, steps), rates, rtol=1e-6)
+
+
+def test_isolating_rows_match_lr_decays_rates_by_hand():
+  """The rate-matched baselines of the tables' setting (lr 7e-4, T_decay 4,
+  120 steps, floor 0.1): steps 1-3 at 7e-4, 4-7 at 3.5e-4, 8-11 at 1.75e-4,
+  12-15 at 8.75e-5, 16-120 (105 steps) at 7e-5: mean 119e-4 / 120."""
+  from configs import table  # pylint: disable=g-import-not-at-top
+  from mipu_jax import config as config_lib  # pylint: disable=g-import-not-at-top
+  from mipu_jax import reproduce  # pylint: disable=g-import-not-at-top
+  cfgs = {row: config_lib.from_config_dict(table.get_config(row))
+          for row in reproduce.ISOLATE_ROWS}
+  reproduce.check_like_with_like(cfgs)  # each differs only in what it compares
+  mean = (3 * 7 + 4 * 3.5 + 4 * 1.75 + 4 * 0.875 + 105 * 0.7) * 1e-4 / 120
+  assert cfgs["baseline_lr_mean"].optim.learning_rate == pytest.approx(mean, rel=1e-12)
+  assert cfgs["baseline_lr_floor"].optim.learning_rate == pytest.approx(7e-5, rel=1e-12)
+  for row in ("baseline_lr_mean", "baseline_lr_floor"):
+    assert cfgs[row].optim.schedule == "constant"
+    assert cfgs[row].optim.length_surge == cfgs["baseline"].optim.length_surge
+  kw = lambda row: cfgs[row].optim.schedule_kwargs(cfgs[row].num_steps)
+  assert kw("lr_decay") == kw("control_lr_decay") == {"mode": "fixed", "decay_period": 4}
+  assert kw("lr_decay_long") == {"mode": "fixed", "decay_period": 20}  # 10 x surge step 2
+  assert cfgs["control_lr_decay"].sampling == cfgs["control"].sampling

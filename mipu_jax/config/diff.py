@@ -18,8 +18,9 @@ from typing import Any, Mapping
 # sees: the run's length (unless it sets the cosine schedule's horizon), what
 # is logged, evaluated, checkpointed and exported, and the non-finite patience.
 # Prefixes end with "." (a whole section); others are exact paths.
-RESUME_NEUTRAL = ("num_steps", "logging.", "eval.every", "checkpoint.every",
-                  "checkpoint.keep", "export.", "learner.max_nonfinite_steps")
+RESUME_NEUTRAL = ("num_steps", "logging.", "eval.every", "eval.pi",
+                  "checkpoint.every", "checkpoint.keep", "export.",
+                  "learner.max_nonfinite_steps")
 
 
 def as_json(cfg: Any) -> dict[str, Any]:

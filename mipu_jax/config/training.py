@@ -157,7 +157,8 @@ class LearnerConfig:
 
 @dataclasses.dataclass(frozen=True)
 class EvalConfig:
-  """Periodic evaluation of the sampler μ: pass@1 over k samples.
+  """Periodic evaluation of the sampler μ (and, with `pi`, of the learner's π):
+  pass@1 over k samples.
 
   Attributes:
     every: evaluate every this many steps (0: only before and after training).
@@ -171,6 +172,14 @@ class EvalConfig:
       for the names in `benchmarks`; a missing one is skipped); "" for none.
     benchmarks: math: the benchmarks to look for.
     max_problems: math: the first problems of each benchmark (0: all).
+    pi: also evaluate the learner's policy π at full precision (an fp32
+      sampler without quantization, holding the learner's parameters) on the
+      same problems with the same sampling seeds, logged as `eval_pi/*` beside
+      μ's `eval/*`. The gap between the two is the cost of serving the
+      quantized model, apart from what training did. It doubles the
+      evaluation time and holds a second copy of the weights and KV cache (in
+      fp32); with an fp32 μ the two are the same numbers and nothing is
+      recomputed.
   """
   every: int = 0
   num_samples: int = 4
@@ -181,6 +190,7 @@ class EvalConfig:
   benchmark_dir: str = ""
   benchmarks: tuple[str, ...] = eval_lib.BENCHMARKS
   max_problems: int = 0
+  pi: bool = False
 
   def __post_init__(self):
     object.__setattr__(self, "tiers", tuple(self.tiers))

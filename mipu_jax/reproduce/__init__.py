@@ -61,6 +61,7 @@ from mipu_jax.reproduce.runs import run_label
 from mipu_jax.reproduce.runs import run_one
 from mipu_jax.reproduce.runs import run_table
 from mipu_jax.reproduce.spec import ABLATION_ROWS
+from mipu_jax.reproduce.spec import ISOLATE_ROWS
 from mipu_jax.reproduce.spec import COLLAPSE_DROP
 from mipu_jax.reproduce.spec import collapse_step
 from mipu_jax.reproduce.spec import COMPARE_ROWS
@@ -77,12 +78,15 @@ from mipu_jax.reproduce.spec import SOURCE_TABLES
 from mipu_jax.reproduce.spec import STABLE_SES
 from mipu_jax.reproduce.spec import summarize
 from mipu_jax.reproduce.spec import TableResult
+from mipu_jax.reproduce.workers import Job
+from mipu_jax.reproduce.workers import train_in_workers
 
 __all__ = [
-    "ABLATION_ROWS", "COLLAPSE_DROP", "COMPARE_ROWS", "COMPARE_TABLES", "LABELS", "MAIN_ROWS",
+    "ABLATION_ROWS", "COLLAPSE_DROP", "ISOLATE_ROWS", "Job", "COMPARE_ROWS", "COMPARE_TABLES", "LABELS", "MAIN_ROWS",
     "MakeConfig", "PANELS", "PRECISION_FIELDS", "ROLLBACK_ROWS", "ROW_FIELDS",
     "RunSummary", "SOURCE_TABLES", "STABLE_SES", "TableResult",
     "check_like_with_like", "claims_markdown", "collapse_step",
     "enable_compilation_cache", "order_rows", "per_seed_markdown", "plot_curves",
     "plot_gap", "plot_lr_decay", "run_label", "run_one", "run_table", "summarize", "tables_markdown",
+    "train_in_workers",
 ]

@@ -41,6 +41,20 @@ def _row_cells(runs: Sequence[RunSummary], tiers: Sequence[str]) -> list[str]:
   return cells
 
 
+def _pi_cells(runs: Sequence[RunSummary]) -> list[str]:
+  """π's final Avg. mean [95% bootstrap CI] and peak, over the seeds that
+  evaluated π (all of them, or the cell says how many)."""
+  pi = [r for r in runs if r.final_pi is not None]
+  if not pi:
+    return ["—", "—"]
+  x = 100 * np.array([r.final_pi for r in pi])
+  ci = stats.bootstrap_ci(x)
+  cell = f"{x.mean():.2f}" + (f" [{ci[0]:.2f}, {ci[1]:.2f}]" if x.size > 1 else "")
+  if len(pi) < len(runs):
+    cell += f" ({len(pi)}/{len(runs)} seeds)"
+  return [cell, f"{100 * np.mean([r.peak_pi for r in pi]):.2f}"]
+
+
 def per_seed_markdown(runs: Sequence[RunSummary]) -> str:
   """Final Avg. (%) of every run, one row per table row, one column per seed."""
   seeds = sorted({r.seed for r in runs})
@@ -64,14 +78,22 @@ def claims_markdown(runs: Sequence[RunSummary]) -> str:
   finals: dict[str, dict[int, float]] = {}
   for r in runs:
     finals.setdefault(r.row, {})[r.seed] = r.final["avg"]
-  results = stats.claim_results(finals)
-  return "\n".join(c.line() for c in results)
+  lines = [c.line() for c in stats.claim_results(finals)]
+  isolate = stats.claim_results(finals, stats.ISOLATE_CLAIMS)  # its own Holm family
+  if isolate:
+    lines += ["", "What LR-decay's gain is made of (a Holm family of its own):"]
+    lines += [c.line() for c in isolate]
+  return "\n".join(lines)
 
 
 def _table(title: str, names: Sequence[str], by_row: Mapping[str, list],
            pending: Mapping[str, str], tiers: Sequence[str]) -> list[str]:
   head = ["Method", *tiers, "Avg. [95% CI]", "Eval SE", "Peak Avg.", "Stable",
           "Collapsed", "k3_kl", "Rollback rate"]
+  # π's evaluation (eval.pi), when any run of the table logged it.
+  with_pi = any(r.final_pi is not None for n in names for r in by_row.get(n, ()))
+  if with_pi:
+    head += ["π Avg. [95% CI]", "π Peak Avg."]
   lines = [f"### {title}", "", "| " + " | ".join(head) + " |",
            "|" + "---|" * len(head)]
   for name in names:
@@ -80,8 +102,11 @@ def _table(title: str, names: Sequence[str], by_row: Mapping[str, list],
       cells = _row_cells(rs, tiers)
       cells.append(f"{np.mean([r.k3_kl for r in rs]):.2e}")
       cells.append(f"{100 * np.mean([r.rollback_rate for r in rs]):.1f}%")
+      if with_pi:
+        cells += _pi_cells(rs)
     elif name in pending:
-      cells = ["—"] * (len(tiers) + 3) + ["pending", "—", "—", "—"]
+      cells = (["—"] * (len(tiers) + 3) + ["pending", "—", "—", "—"]
+               + ["—"] * (2 * with_pi))
     else:
       continue
     lines.append(f"| {LABELS.get(name, name)} | " + " | ".join(cells) + " |")
@@ -108,7 +133,11 @@ def tables_markdown(runs: Sequence[RunSummary], pending: Mapping[str, str],
       "eval SEs of the best evaluation up to them (✔ when all are). Collapsed: seeds with an "
       f"evaluation more than {100 * COLLAPSE_DROP:.0f} points below the best "
       "before it. k3_kl: the mismatch over the last quarter of the steps. "
-      "Rollback rate: MIPU Step 2 or random rollback.", ""]
+      "Rollback rate: MIPU Step 2 or random rollback."
+      + (" π Avg.: the learner's policy π evaluated at full precision on the "
+         "same problems with the same seeds (eval.pi); the other columns are "
+         "the deployed sampler μ's." if any(r.final_pi is not None for r in runs)
+         else ""), ""]
   for _, title, names in tables:
     lines += _table(title, names, by_row, pending, tiers)
   claims = claims_markdown(runs)
@@ -166,6 +195,14 @@ def plot_curves(runs: Sequence[RunSummary], names: Sequence[str],
       ax.plot(xs, ys.mean(0), label=LABELS.get(name, name), color=color,
               marker="o" if n < 15 else None, markersize=3)
       drawn = True
+      if metric == "eval/avg":  # π at full precision, where the runs logged it
+        pi = [_series(r.workdir, "eval_pi/avg") for r in runs if r.row == name]
+        pi = [c for c in pi if len(c[0])]
+        if pi:
+          m = min(len(c[0]) for c in pi)
+          ax.plot(pi[0][0][:m], np.stack([c[1][:m] for c in pi]).mean(0),
+                  color=color, linestyle="--", marker="x" if m < 15 else None,
+                  markersize=3)
       if len(curves) > 1:
         ax.fill_between(xs, ys.min(0), ys.max(0), alpha=0.15, color=color)
     if not drawn:

@@ -15,6 +15,10 @@ LABELS = {
     "mipu": "Ours (MIPU)", "step1": "+ Step 1", "step2": "+ Step 2",
     "random_rollback": "Random rollback",
     "mipu_probe32": "Ours (MIPU), 32 probe prompts",
+    "control_lr_decay": "LR-decay, no mismatch (fp32 sampler)",
+    "lr_decay_long": "LR-decay, period 10x the surge step",
+    "baseline_lr_mean": "Baseline at LR-decay's mean rate",
+    "baseline_lr_floor": "Baseline at LR-decay's floor rate",
 }
 # What a row may change relative to the others (dotted config paths): the
 # settings the tables compare. Everything else must be equal across rows; the
@@ -24,12 +28,20 @@ ROW_FIELDS = ("loss.correction", "optim.schedule", "optim.length_surge",
 PRECISION_FIELDS = ("sampling.dtype", "sampling.weight_quant", "sampling.act_quant",
                     "sampling.kv_cache_dtype", "sampling.quant_lm_head")
 _ROW_EXTRA_FIELDS = {"control": PRECISION_FIELDS,
-                     "mipu_probe32": ("mipu.num_probe_prompts",)}
+                     "control_lr_decay": PRECISION_FIELDS,
+                     "mipu_probe32": ("mipu.num_probe_prompts",),
+                     "baseline_lr_mean": ("optim.learning_rate",),
+                     "baseline_lr_floor": ("optim.learning_rate",)}
 # The sources' tables: MIPU's main table (plus TIS), its ablation, and the
 # "Step 2 is not random rollback" comparison.
 MAIN_ROWS = ("control", "baseline", "tis", "mis", "lr_decay", "mipu")
 ABLATION_ROWS = ("baseline", "step1", "step2", "mipu", "mipu_probe32")
 ROLLBACK_ROWS = ("mipu", "random_rollback", "step2")
+# Whether LR-decay's gain is about the mismatch or a smaller step size
+# (configs/rows.py): LR-decay with and without mismatch, a slower decay, and
+# the baseline at LR-decay's mean and floor rates.
+ISOLATE_ROWS = ("control", "control_lr_decay", "baseline", "lr_decay", "lr_decay_long",
+                "baseline_lr_mean", "baseline_lr_floor")
 # The main job's side-by-side comparison (`experiments/compare.py`).
 COMPARE_ROWS = ("control", "baseline", "tis", "mipu")
 # (file key, title, rows) of each table; each gets `curves_<key>.png`.
@@ -37,12 +49,13 @@ SOURCE_TABLES = (
     ("main", "Main results (MIPU table, + TIS)", MAIN_ROWS),
     ("ablation", "Ablation (Step 1 and Step 2)", ABLATION_ROWS),
     ("rollback", "Step 2 is not random rollback", ROLLBACK_ROWS),
+    ("isolate", "What LR-decay's gain is made of", ISOLATE_ROWS),
 )
 COMPARE_TABLES = (
     ("compare", "Side by side under a high-mismatch sampler", COMPARE_ROWS),)
 PANELS = (
     ("rollout/reward_mean", "training reward"),
-    ("eval/avg", "eval pass@1 (Avg of 5 tiers)"),
+    ("eval/avg", "eval pass@1 (Avg of 5 tiers; dashed: π at full precision)"),
     ("rollout_corr/k3_kl", "k3_kl (sampler vs learner)"),
     ("rollout/response_length_mean", "response length"),
     ("actor/grad_norm", "grad norm"),
@@ -77,6 +90,9 @@ class RunSummary:
     collapse_step: `collapse_step` of its evaluations (None: no collapse).
     seconds: wall time of the run.
     note: e.g. "same run as tis" for a deduplicated row.
+    final_pi: the last evaluation's Avg. of the learner's π at full precision
+      (`eval_pi/avg`, `eval.pi`); None for a run that did not evaluate it.
+    peak_pi: the best `eval_pi/avg` (None likewise).
   """
   row: str
   seed: int
@@ -92,6 +108,8 @@ class RunSummary:
   seconds: float
   collapse_step: Optional[int] = None
   note: str = ""
+  final_pi: Optional[float] = None
+  peak_pi: Optional[float] = None
 
 
 @dataclasses.dataclass
@@ -118,7 +136,8 @@ def collapse_step(rows: Sequence[Mapping[str, float]],
 
 def summarize(rows: Sequence[Mapping[str, float]], tiers: Sequence[str], *,
               num_ses: float = STABLE_SES) -> dict[str, Any]:
-  """Final / peak eval and the Stable flag of one run's logged rows.
+  """Final / peak eval (μ's, and π's when logged) and the Stable flag of one
+  run's logged rows.
 
   Stable: each of the last two evaluations after step 0's is ≥ the best
   evaluation up to it (itself included) − `num_ses` × that best evaluation's
@@ -153,4 +172,6 @@ def summarize(rows: Sequence[Mapping[str, float]], tiers: Sequence[str], *,
       stable=bool(finite and all(held(i) for i in tail)),
       rollback_rate=float(rate[-1]) if rate else 0.0,
       k3_kl=float(np.mean(k3[-max(len(k3) // 4, 1):])) if k3 else 0.0,
-      collapse_step=collapse_step(rows))
+      collapse_step=collapse_step(rows),
+      final_pi=float(last["eval_pi/avg"]) if "eval_pi/avg" in last else None,
+      peak_pi=max((r["eval_pi/avg"] for r in evals if "eval_pi/avg" in r), default=None))

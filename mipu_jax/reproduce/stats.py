@@ -57,11 +57,19 @@ class Claim:
   """A claim of the sources about two rows: `a` `direction` `b`.
 
   `direction` is "greater" (a > b), "less" (a < b) or "two-sided" (a ≠ b).
+  With `minus = (c, d)` the claim is about a difference of differences:
+  `(a − b) − (c − d)` compared with 0, paired by seed (e.g. LR-decay's gain
+  with mismatch against its gain without).
   """
   a: str
   b: str
   direction: str
   text: str
+  minus: Optional[tuple[str, str]] = None
+
+  @property
+  def rows(self) -> tuple[str, ...]:
+    return (self.a, self.b) + (self.minus or ())
 
 
 # The sources' claims, each tested on final eval Avg. paired by seed. "+ Step 1"
@@ -76,6 +84,16 @@ CLAIMS = (
           "Step 2 ≠ random rollback at the same rate (MIPU vs random rollback)"),
     Claim("step1", "baseline", "greater", "+ Step 1 > baseline"),
     Claim("step2", "baseline", "greater", "+ Step 2 > baseline"),
+)
+# What LR-decay's gain is made of (issue 28's isolating rows, configs/rows.py),
+# a family of its own: fixed before those rows ran.
+ISOLATE_CLAIMS = (
+    Claim("lr_decay", "baseline_lr_mean", "greater",
+          "LR-decay > the baseline at a constant rate of LR-decay's mean"),
+    Claim("lr_decay", "baseline", "greater",
+          "LR-decay's gain with mismatch > its gain without "
+          "((LR-decay − baseline) − (LR-decay fp32 − control))",
+          minus=("control_lr_decay", "control")),
 )
 
 
@@ -210,7 +228,8 @@ class ClaimResult:
                 f"d_z = {self.d_z:+.2f}")
     else:  # One pair has no spread: no interval, no effect size.
       spread = "(one seed: no interval or d_z)"
-    return (f"- {c.text}: {c.a} − {c.b} = {self.mean_diff:+.2f} points "
+    what = f"{c.a} − {c.b}" + (f" − ({c.minus[0]} − {c.minus[1]})" if c.minus else "")
+    return (f"- {c.text}: {what} = {self.mean_diff:+.2f} points "
             f"{spread}, p = {self.p:.3g}, Holm-adjusted {self.p_holm:.3g} "
             f"({side} exact sign-flip, n = {len(self.seeds)} paired seeds) — "
             f"**{self.verdict}**.")
@@ -232,12 +251,20 @@ def verdict(direction: str, p: float, p_opposite: Optional[float], n: int,
 
 
 def paired_test(claim: Claim, a: Mapping[int, float],
-                b: Mapping[int, float]) -> ClaimResult:
+                b: Mapping[int, float], c: Optional[Mapping[int, float]] = None,
+                d: Optional[Mapping[int, float]] = None) -> ClaimResult:
   """The claim's test on final eval Avg. (fractions in [0, 1]) keyed by seed.
 
-  Only seeds present in both rows are paired. The claim is its own family
+  Only seeds present in every row are paired; `c`, `d`: the rows of
+  `claim.minus`, whose difference is subtracted. The claim is its own family
   (Holm-adjusted p = raw p); `claim_results` adjusts across claims.
   """
+  if (claim.minus is None) != (c is None or d is None):
+    raise ValueError(f"claim {claim.text!r}: give c and d exactly when it has `minus`.")
+  if claim.minus is not None:
+    seeds = tuple(sorted(set(a) & set(b) & set(c) & set(d)))
+    a = {s: a[s] - b[s] - (c[s] - d[s]) for s in seeds}
+    b = {s: 0.0 for s in seeds}
   seeds = tuple(sorted(set(a) & set(b)))
   nan2 = (math.nan, math.nan)
   if not seeds:
@@ -262,8 +289,8 @@ def claim_results(finals: Mapping[str, Mapping[int, float]],
                   claims: Sequence[Claim] = CLAIMS) -> list[ClaimResult]:
   """Every claim whose two rows both ran (`finals`: row -> seed -> final Avg.),
   with Holm's correction across them and verdicts on the adjusted p."""
-  raw = [paired_test(c, finals[c.a], finals[c.b]) for c in claims
-         if c.a in finals and c.b in finals]
+  raw = [paired_test(c, *(finals[r] for r in c.rows)) for c in claims
+         if all(r in finals for r in c.rows)]
   adj = holm([r.p for r in raw])
   opp = holm([math.nan if r.p_opposite is None else r.p_opposite for r in raw])
   out = []

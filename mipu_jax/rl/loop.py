@@ -35,6 +35,7 @@ from mipu_jax.rl import batching
 from mipu_jax.rl import evaluation
 from mipu_jax.rl import export
 from mipu_jax.rl import gates as gates_lib
+from mipu_jax.rl import guard as guard_lib
 from mipu_jax.rl import health
 from mipu_jax.rl import hooks
 from mipu_jax.rl import report
@@ -57,11 +58,14 @@ class RunResult:
     table: the markdown results table.
     files: paths written (`metrics`, `table`, `plots`, `config`, and the
       Hugging Face exports `export_final` / `export_best`).
+    stopped_at: the step after which the job stopped on a preemption notice,
+      checkpointed (None: it ran all its steps).
   """
   state: LearnerState
   rows: list[dict[str, float]]
   table: str
   files: dict[str, str]
+  stopped_at: Optional[int] = None
 
 
 def collect(run: setup.Run, step: int):
@@ -112,14 +116,16 @@ def update(run: setup.Run, state: LearnerState, batch, step: int,
   """Learner step → weight sync → optional gate, with sampler rollback."""
   sampler = run.sampler
   previous, previous_sampler_params = state, sampler.params
-  candidate, device_metrics = run.learner.step(state, batch)
-  # The next rollout needs the synced weights, so the loop waits for the step
-  # here anyway; fetching its metrics now costs nothing extra.
-  metrics = {k: float(v) for k, v in distributed.to_host(device_metrics).items()}
-  sampler.update_weights(candidate.params)
+  with guard_lib.phase("learner step", step):
+    candidate, device_metrics = run.learner.step(state, batch)
+    # The next rollout needs the synced weights, so the loop waits for the
+    # step here anyway; fetching its metrics now costs nothing extra.
+    metrics = {k: float(v) for k, v in distributed.to_host(device_metrics).items()}
+    sampler.update_weights(candidate.params)
   if gate is None:
     return candidate, metrics
-  decision = gate(run, candidate, previous, step)
+  with guard_lib.phase("Step 2 probe", step):
+    decision = gate(run, candidate, previous, step)
   if not decision.accepted:
     sampler.params = previous_sampler_params
   metrics.update({k: float(v) for k, v in decision.metrics.items()})
@@ -133,9 +139,11 @@ def rl_step(run: setup.Run, state: LearnerState, step: int,
   if gate is not None and run.learner.donate:
     raise ValueError("an update gate needs a learner built with donate=False.")
   t0 = time.perf_counter()
-  chosen, everything, data_stats = collect(run, step)
+  with guard_lib.phase("rollout", step):
+    chosen, everything, data_stats = collect(run, step)
   t1 = time.perf_counter()
-  batch = learner_batch(run, state, chosen, float(everything.lengths_R.mean()))
+  with guard_lib.phase("learner step", step):
+    batch = learner_batch(run, state, chosen, float(everything.lengths_R.mean()))
   state, metrics = update(run, state, batch, step, gate)
   t2 = time.perf_counter()
 
@@ -157,14 +165,15 @@ def rl_step(run: setup.Run, state: LearnerState, step: int,
   return state, metrics
 
 
-def _evaluate(run: setup.Run, sets) -> dict[str, float]:
+def _evaluate(run: setup.Run, sets, step: int, params) -> dict[str, float]:
   cfg = run.cfg
   if not sets:
     return {}
-  return evaluation.evaluate(
-      run.sampler, run.task, sets, num_samples=cfg.eval.num_samples,
-      temperature=cfg.eval.temperature,
-      max_new_tokens=cfg.sampling.max_new_tokens, seed=cfg.eval.seed)
+  with guard_lib.phase("evaluation", step):
+    return evaluation.evaluate_policies(  # μ, and π with eval.pi
+        run.sampler, run.pi_sampler, params, run.task, sets,
+        num_samples=cfg.eval.num_samples, temperature=cfg.eval.temperature,
+        max_new_tokens=cfg.sampling.max_new_tokens, seed=cfg.eval.seed)
 
 
 def _restore(ckpt, run: setup.Run, state: LearnerState,
@@ -182,9 +191,14 @@ def _restore(ckpt, run: setup.Run, state: LearnerState,
 
 
 def _train_steps(cfg, workdir, run, state, start, rows, writer, ckpt, gate,
-                 streak, files, best_eval):
+                 streak, files, best_eval, guard):
   """Steps `start + 1 … num_steps` with evaluation, logging, health checks and
-  checkpoints."""
+  checkpoints; stops early, checkpointed, on a preemption notice.
+
+  Returns:
+    `(state, rows, stopped_at)`: `stopped_at` is the step after which the
+    processes agreed to stop (None: all steps ran).
+  """
   main = distributed.is_main()
   monitor = health.HealthMonitor(cfg.logging.health, rows)
   eval_sets = run.task.eval_sets(cfg.eval.seed)
@@ -194,7 +208,7 @@ def _train_steps(cfg, workdir, run, state, start, rows, writer, ckpt, gate,
     rows.append({"step": float(step), **metrics})
 
   if start == 0:
-    log(0, {**_evaluate(run, eval_sets), **run.task.data_stats()})
+    log(0, {**_evaluate(run, eval_sets, 0, state.params), **run.task.data_stats()})
   evals = [r["eval/avg"] for r in rows if "eval/avg" in r]
   last_eval = evals[-1] if evals else float("nan")
   # Every process decides on the best export alike (it gathers parameters),
@@ -207,7 +221,7 @@ def _train_steps(cfg, workdir, run, state, start, rows, writer, ckpt, gate,
   for step in bar:
     state, metrics = rl_step(run, state, step, gate)
     if step == cfg.num_steps or (cfg.eval.every and step % cfg.eval.every == 0):
-      metrics.update(_evaluate(run, eval_sets))
+      metrics.update(_evaluate(run, eval_sets, step, state.params))
       last_eval = metrics.get("eval/avg", last_eval)
       if cfg.export.best and last_eval > best_eval:
         best_eval = last_eval
@@ -227,7 +241,11 @@ def _train_steps(cfg, workdir, run, state, start, rows, writer, ckpt, gate,
     # Skipped updates leave the parameters as they were, so the checkpoint
     # of the last step before the error is still a good one.
     streak.update(step, metrics, lambda: _newest(ckpt))
-    if ckpt is not None and hooks.should_save(step, cfg.num_steps, cfg.checkpoint):
+    # Every process learns whether any got a preemption notice (SIGTERM):
+    # all of them stop after this step, with a checkpoint of it.
+    stop = guard.stop_requested(step) and step < cfg.num_steps
+    if ckpt is not None and (stop or hooks.should_save(step, cfg.num_steps,
+                                                       cfg.checkpoint)):
       meta = {"step": step, "data_position": step,
               "config": dataclasses.asdict(cfg), "nonfinite_streak": streak.count,
               "best_eval": best_eval if math.isfinite(best_eval) else None}
@@ -237,8 +255,12 @@ def _train_steps(cfg, workdir, run, state, start, rows, writer, ckpt, gate,
         rollbacks = int(meta["gate_state"].get("num_rollbacks", 0))
       # Syncs that stand: the sampler holds the weights of this many updates.
       meta["sampler_sync_version"] = step - rollbacks
-      ckpt.save(step, state, meta)
-  return state, rows
+      with guard_lib.phase("checkpoint save", step):
+        ckpt.save(step, state, meta)
+    if stop:
+      _log.warning("Preemption notice: stopped after step %d, checkpointed.", step)
+      return state, rows, step
+  return state, rows, None
 
 
 def _newest(ckpt) -> str:
@@ -248,6 +270,14 @@ def _newest(ckpt) -> str:
   step = ckpt.latest_step()
   return (f"step {step} in {ckpt.directory}" if step is not None
           else f"none yet in {ckpt.directory}")
+
+
+def _committed(directory: Optional[str]) -> str:
+  """The newest committed step, by listing (the guard's messages: no orbax call)."""
+  if directory is None:
+    return "none (checkpoint.enabled=False)"
+  steps = checkpoint.committed_steps(directory)
+  return f"step {steps[-1]} in {directory}" if steps else f"none yet in {directory}"
 
 
 def _write_error(e: OSError, workdir: str, ckpt) -> OSError:
@@ -267,7 +297,8 @@ def _write_error(e: OSError, workdir: str, ckpt) -> OSError:
 
 def train(cfg: TrainConfig, workdir: str, *,
           gate: Optional[hooks.UpdateGate] = None,
-          allow_config_change: bool = False) -> RunResult:
+          allow_config_change: bool = False,
+          limits: Optional[guard_lib.JobLimits] = None) -> RunResult:
   """Runs `cfg.num_steps` RL steps; writes metrics, table, plots, checkpoints.
 
   Resumes from the newest readable checkpoint in `workdir/checkpoints` if
@@ -282,6 +313,11 @@ def train(cfg: TrainConfig, workdir: str, *,
     allow_config_change: resuming with a config that changes what the run
       computes is intended (otherwise `resume.ConfigChangedError`); both
       configs are kept and the step of the change recorded.
+    limits: the job guard's timeouts (`guard.JobLimits`: a lost process, a
+      stuck step, the preemption grace time). A SIGTERM stops the run at the
+      next step boundary, checkpointed (`RunResult.stopped_at`). With several
+      processes, any error ends the process at once after its message
+      (`guard.JobGuard.fail`) instead of raising.
 
   Returns:
     A `RunResult`.
@@ -294,6 +330,17 @@ def train(cfg: TrainConfig, workdir: str, *,
       unwritable workdir); the message names the newest intact checkpoint.
     writer.BackendStartError: a backend of `logging.backends` could not start.
   """
+  ckpt_dir = os.path.join(workdir, "checkpoints")
+  newest = lambda: _committed(ckpt_dir if cfg.checkpoint.enabled else None)
+  with guard_lib.JobGuard(limits or guard_lib.JobLimits(), newest) as guard:
+    try:
+      return _train(cfg, workdir, gate, allow_config_change, guard)
+    except Exception as e:
+      guard.fail(e)  # several processes: ends this one now
+      raise
+
+
+def _train(cfg, workdir, gate, allow_config_change, guard) -> RunResult:
   main = distributed.is_main()  # only process 0 writes files
   if main:  # a missing backend package is an error before the model loads
     writer_lib.check_backends(cfg.logging.backend_names)
@@ -310,7 +357,8 @@ def train(cfg: TrainConfig, workdir: str, *,
   # the parameter shardings that every later sync produces.
   run.sampler.update_weights(state.params)
   ckpt = hooks.open_checkpoints(workdir, cfg.checkpoint)
-  state, start, meta = _restore(ckpt, run, state, gate)
+  with guard_lib.phase("restore", 0):
+    state, start, meta = _restore(ckpt, run, state, gate)
   diff = {}
   if start:
     diff = resume.check_config(meta["config"], cfg, allow_change=allow_config_change,
@@ -331,12 +379,17 @@ def train(cfg: TrainConfig, workdir: str, *,
     for r in rows:
       writer.write(int(r["step"]), {k: v for k, v in r.items() if k != "step"},
                    replay=True)
-    state, rows = _train_steps(cfg, workdir, run, state, start, rows, writer,
-                               ckpt, gate, streak, files, meta.get("best_eval"))
+    state, rows, stopped_at = _train_steps(
+        cfg, workdir, run, state, start, rows, writer, ckpt, gate, streak, files,
+        meta.get("best_eval"), guard)
     if ckpt is not None:
-      ckpt.wait()  # the last save's write error, if any, surfaces here
-  except OSError as e:
-    raise _write_error(e, workdir, ckpt) from e
+      with guard_lib.phase("checkpoint save", stopped_at or cfg.num_steps):
+        ckpt.wait()  # the last save's write error, if any, surfaces here
+  except Exception as e:
+    guard.fail(e)  # several processes: ends this one now, before any barrier
+    if isinstance(e, OSError):
+      raise _write_error(e, workdir, ckpt) from e
+    raise
   finally:
     writer.close()
     if ckpt is not None:
@@ -345,6 +398,9 @@ def train(cfg: TrainConfig, workdir: str, *,
       except OSError:
         pass  # already raised by `wait` above, or superseded by the error in flight
 
+  if stopped_at is not None:  # preempted: the rerun finishes the run
+    return RunResult(state=state, rows=rows, table="", files=files if main else {},
+                     stopped_at=stopped_at)
   if cfg.export.final:
     files["export_final"] = export.export_policy(
         run, state.params, os.path.join(workdir, "export", "final"))

@@ -144,6 +144,16 @@ def make_sampler(model: models.Qwen3, cfg: TrainConfig, task: base.Task,
       pad_id=tok.pad_id, **s.precision_kwargs())
 
 
+def full_precision(cfg: TrainConfig) -> TrainConfig:
+  """`cfg` with its sampler at full precision: fp32 matmuls, no weight,
+  activation, KV-cache or LM-head quantization (the sampler of π; the
+  no-mismatch control's μ)."""
+  sampling = dataclasses.replace(
+      cfg.sampling, dtype="float32", weight_quant=None, act_quant=None,
+      kv_cache_dtype=None, quant_lm_head=False, quant_compute="emulated")
+  return dataclasses.replace(cfg, sampling=sampling)
+
+
 @dataclasses.dataclass
 class Run:
   """A run's live pieces, handed to hooks (e.g. the MIPU Step 2 gate).
@@ -157,6 +167,9 @@ class Run:
     sampler: the inference engine μ.
     seq_len: learner row length `T` (prompt budget + response budget).
     ref_params: frozen reference parameters (only with a KL term).
+    pi_sampler: with `eval.pi`, the full-precision sampler that evaluates the
+      learner's policy π (`sampler` itself when μ is already full precision);
+      None otherwise.
   """
   cfg: TrainConfig
   task: Task
@@ -166,6 +179,7 @@ class Run:
   sampler: sampler_lib.Sampler
   seq_len: int
   ref_params: Any = None
+  pi_sampler: Any = None
 
 
 def build_run(cfg: TrainConfig, *, donate: bool = True) -> Run:
@@ -180,5 +194,10 @@ def build_run(cfg: TrainConfig, *, donate: bool = True) -> Run:
     ref = jax.device_put(nnx.to_pure_dict(nnx.state(model, nnx.Param)),
                          learner.state_shardings.params)
   seq_len = -(-(task.prompt_budget + cfg.sampling.max_new_tokens) // 8) * 8
+  pi_sampler = None
+  if cfg.eval.pi:
+    full = full_precision(cfg)
+    pi_sampler = (sampler if full.sampling == cfg.sampling
+                  else make_sampler(model, full, task, mesh))
   return Run(cfg=cfg, task=task, model=model, mesh=mesh, learner=learner,
-             sampler=sampler, seq_len=seq_len, ref_params=ref)
+             sampler=sampler, seq_len=seq_len, ref_params=ref, pi_sampler=pi_sampler)

@@ -21,6 +21,7 @@ from mipu_jax.schedules.factory import replace_schedule_state
 from mipu_jax.schedules.factory import schedule_metrics
 from mipu_jax.schedules.length_surge import decay_period_from_surge
 from mipu_jax.schedules.length_surge import length_surge
+from mipu_jax.schedules.length_surge import fixed_rates
 from mipu_jax.schedules.length_surge import measured_surge_step
 from mipu_jax.schedules.length_surge import LengthSurgeState
 

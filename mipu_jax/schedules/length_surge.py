@@ -86,6 +86,23 @@ def decay_period_from_surge(surge_step: int, period_factor: float = 1.8) -> int:
   return max(int(np.round(period_factor * surge_step)), 1)
 
 
+def fixed_rates(learning_rate: float, decay_period: int, num_steps: int,
+                min_ratio: float = 0.1) -> np.ndarray:
+  """The rate of each RL step 1 … ``num_steps`` in ``fixed`` mode, in closed form.
+
+  Step ``t`` runs at ``max(η_0 · 2^-⌊t / T_decay⌋, min_ratio · η_0)``: the
+  first halved step is ``T_decay`` itself (module docstring). What a
+  constant-rate run must use to match the schedule's mean or floor
+  (configs/rows.py); tests/test_schedules.py checks it against the
+  transformation's own rates.
+  """
+  if decay_period < 1 or num_steps < 1:
+    raise ValueError(f"decay_period and num_steps must be >= 1, got {decay_period} "
+                     f"and {num_steps}.")
+  t = np.arange(1, num_steps + 1)
+  return np.maximum(learning_rate * 0.5 ** (t // decay_period), min_ratio * learning_rate)
+
+
 class LengthSurgeState(NamedTuple):
   """State of `length_surge` (docs/method.md §6); all leaves are scalars but one.
 

@@ -1,0 +1,93 @@
+"""Training many runs at once: worker processes, one CPU thread each, one bar.
+
+On the small CPU task one process per core, each on one XLA thread, trains
+faster than one process using every core. `train_in_workers` trains a list
+of runs (`Job`) in `workers` such processes with one progress bar over all
+of them; a run's messages and its error name it (`runs.run_label`). Runs
+resume: a finished one is read back, an unfinished one continues from its
+newest checkpoint (`runs.run_one`).
+"""
+
+import concurrent.futures
+import dataclasses
+import logging
+import multiprocessing
+import os
+import time
+from typing import Optional, Sequence
+
+import tqdm
+
+from mipu_jax import config as config_lib
+from mipu_jax.reproduce import runs
+
+ONE_THREAD = "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"
+
+
+@dataclasses.dataclass(frozen=True)
+class Job:
+  """One run: its row label and seed (for messages), config and directory."""
+  row: str
+  seed: int
+  cfg: config_lib.TrainConfig
+  workdir: str
+
+
+def _init_worker():
+  """A worker's XLA on one CPU thread (read when its backend starts)."""
+  os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + ONE_THREAD).strip()
+  logging.getLogger("absl").setLevel(logging.WARNING)
+  from absl import logging as absl_logging  # pylint: disable=g-import-not-at-top
+  absl_logging.set_verbosity(absl_logging.WARNING)  # orbax logs every save at INFO
+
+
+def _train(job: Job, cache: Optional[str]):
+  """One run in a worker process; its error names the run."""
+  try:
+    runs.enable_compilation_cache(cache, os.path.dirname(os.path.dirname(job.workdir)))
+    runs.run_one(job.cfg, job.row, job.seed, job.workdir, log=lambda _: None)
+  except Exception as e:  # the main process re-raises it: say whose it is
+    raise RuntimeError(f"[{job.row} seed {job.seed}] {type(e).__name__}: {e}") from e
+  return job.row, job.seed
+
+
+def steps_done(workdir: str) -> int:
+  """RL steps a run has logged (its step-0 evaluation row is not a step)."""
+  path = os.path.join(workdir, "metrics.jsonl")
+  if not os.path.exists(path):
+    return 0
+  with open(path) as f:
+    return max(sum(1 for _ in f) - 1, 0)
+
+
+def train_in_workers(jobs: Sequence[Job], *, workers: int, cache: Optional[str] = None,
+                     desc: str = "") -> None:
+  """Trains every job in `workers` processes (spawned: a fresh JAX each).
+
+  Args:
+    jobs: the runs, trained in this order as workers free up.
+    workers: processes at once.
+    cache: JAX's persistent compilation cache (None: `<runs dir>/../.jax_cache`
+      of each job, i.e. the study's; "" for none).
+    desc: the progress bar's label.
+
+  Raises:
+    RuntimeError: a run's error, naming it (after the other runs finished).
+  """
+  total = sum(j.cfg.num_steps for j in jobs)
+  bar = tqdm.tqdm(total=total, desc=desc or f"{len(jobs)} runs", unit="step")
+  context = multiprocessing.get_context("spawn")
+  with concurrent.futures.ProcessPoolExecutor(workers, mp_context=context,
+                                              initializer=_init_worker) as pool:
+    futures = [pool.submit(_train, j, cache) for j in jobs]
+    while True:
+      done = sum(min(steps_done(j.workdir), j.cfg.num_steps) for j in jobs)
+      bar.update(done - bar.n)
+      finished = [f for f in futures if f.done()]
+      bar.set_postfix(finished=f"{len(finished)}/{len(jobs)}")
+      if len(finished) == len(futures):
+        break
+      time.sleep(2.0)
+    for f in futures:
+      f.result()  # a worker's error stops the job here
+  bar.close()

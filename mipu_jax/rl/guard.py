@@ -1,0 +1,290 @@
+"""The job guard: a lost, stuck or preempted process ends the job in bounded time.
+
+JAX's own heartbeat (`distributed.initialize(heartbeat_timeout_s=...)`) ends
+the other processes of a job when one dies, but from C++, with an abort that
+says nothing of the checkpoints; and a process that is alive but stuck (a
+reward call that never returns, blocked I/O, a stalled device) keeps beating,
+so the others wait in their next collective forever (jax-ml/jax#38503). The
+guard is a watchdog thread in every process of `rl.train`:
+
+- **Lost process.** Every `poll_s` it publishes a sign of life (a counter, the
+  step and the phase) in the coordination service's key-value store and
+  reads the others'. A process whose sign has not changed for
+  `peer_timeout_s` is lost: this process prints which one, where it was last
+  seen and the newest committed checkpoint, and exits with `EXIT_PEER_LOST`.
+  When the store itself cannot be reached for as long, process 0 (which hosts
+  it) is the lost one.
+- **Stuck step.** A phase of a step (`phase(name, step)`: rollout, learner
+  step, Step 2's probe, evaluation, checkpoint save, step boundary) that has
+  lasted `step_timeout_s` ends the process with `EXIT_STUCK` and a message
+  naming the phase, unless another process is behind it (then this one is
+  waiting for that one, whose own guard ends it first and is then seen lost).
+- **Preemption notice.** SIGTERM sets a flag; at every step boundary the
+  processes exchange their flags (`stop_requested`), so all of them stop
+  after the same step, which the loop checkpoints before returning. If the
+  job is still running `preemption_grace_s` after the notice, the guard ends
+  it with `EXIT_GRACE_EXCEEDED` (the committed steps are intact).
+- **An error on one process** (`fail`): in a job of several processes, the
+  process prints the error and the newest committed checkpoint and exits at
+  once with `EXIT_ERROR`, instead of raising into shutdown handlers that would
+  wait for the others (which wait for it in a collective).
+
+Exiting is `os._exit`: no Python cleanup, no orbax barrier, no distributed
+shutdown barrier, which would all wait for the lost process. What a rerun
+finds is the same as after a SIGKILL (docs/reliability.md).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import os
+import signal
+import sys
+import threading
+import time
+import traceback
+from typing import Callable, Iterator, Optional
+
+import jax
+
+from mipu_jax import distributed
+
+_log = logging.getLogger(__name__)
+
+EXIT_ERROR = 1
+EXIT_PEER_LOST = 75
+EXIT_STUCK = 76
+EXIT_GRACE_EXCEEDED = 77
+
+_ALIVE = "mipu_jax/guard/alive/"
+_active: Optional["JobGuard"] = None
+_STOP = "mipu_jax/guard/stop/"
+
+
+@dataclasses.dataclass(frozen=True)
+class JobLimits:
+  """How long the guard waits before it ends the job (seconds).
+
+  Attributes:
+    peer_timeout_s: a process without a sign of life for this long is lost.
+      Keep it below JAX's heartbeat timeout (`distributed.initialize`), which
+      otherwise aborts the survivors first, without naming the checkpoint.
+    step_timeout_s: the longest a phase of a step may last (None: no limit).
+      It must exceed the slowest legitimate phase, compilation included.
+    preemption_grace_s: after a SIGTERM, the time the job has to reach the
+      next step boundary, save and exit.
+    poll_s: how often the watchdog looks.
+  """
+  peer_timeout_s: float = 60.0
+  step_timeout_s: Optional[float] = None
+  preemption_grace_s: float = 120.0
+  poll_s: float = 1.0
+
+  def __post_init__(self):
+    for name in ("peer_timeout_s", "preemption_grace_s", "poll_s"):
+      if not getattr(self, name) > 0:
+        raise ValueError(f"JobLimits.{name} must be > 0, got {getattr(self, name)}.")
+    if self.step_timeout_s is not None and not self.step_timeout_s > 0:
+      raise ValueError(f"JobLimits.step_timeout_s must be > 0 or None, got "
+                       f"{self.step_timeout_s}.")
+    if self.poll_s * 2 > self.peer_timeout_s:
+      raise ValueError("JobLimits.poll_s must be at most half of peer_timeout_s.")
+
+
+class JobGuard:
+  """The watchdog of one process; a context manager around the training loop.
+
+  Args:
+    limits: the timeouts.
+    newest_checkpoint: describes the newest committed checkpoint for the
+      messages; called from the watchdog thread, so it must not block on
+      other processes (a directory listing).
+  """
+
+  def __init__(self, limits: JobLimits, newest_checkpoint: Callable[[], str]):
+    self.limits = limits
+    self._newest_checkpoint = newest_checkpoint
+    self._pid = jax.process_index()
+    self._count = jax.process_count()
+    self._client = distributed.kv_client() if self._count > 1 else None
+    self._lock = threading.Lock()
+    self._phase, self._step, self._progress = "start", 0, 0
+    self._phase_since = time.monotonic()
+    self._notice_at: Optional[float] = None
+    self._stop = threading.Event()
+    self._thread: Optional[threading.Thread] = None
+    self._previous_handler = None
+
+  # -- the loop's side -------------------------------------------------------
+
+  @contextlib.contextmanager
+  def phase(self, name: str, step: int) -> Iterator[None]:
+    """Marks the loop as in phase `name` of step `step` while inside."""
+    with self._lock:
+      outer = (self._phase, self._step, self._phase_since)
+      self._phase, self._step = name, step
+      self._progress += 1
+      self._phase_since = time.monotonic()
+    try:
+      yield
+    finally:
+      with self._lock:
+        self._phase, self._step, self._phase_since = outer
+        self._progress += 1
+
+  @property
+  def notice_received(self) -> bool:
+    """Whether this process has received a preemption notice (SIGTERM)."""
+    return self._notice_at is not None
+
+  def stop_requested(self, step: int) -> bool:
+    """Whether any process has received a preemption notice, agreed by all.
+
+    Every process must call it once at the end of every step: the processes
+    exchange their flags through the coordination service, so they all stop
+    after the same step.
+    """
+    local = self.notice_received
+    if self._client is None:
+      return local
+    with self.phase("step boundary", step):
+      self._client.key_value_set(f"{_STOP}{step}/{self._pid}", "1" if local else "0")
+      flags = [self._client.blocking_key_value_get(f"{_STOP}{step}/{p}", 2**31 - 1)
+               for p in range(self._count)]
+      if step > 1:  # every process has read step - 1's flags by now
+        self._client.key_value_delete(f"{_STOP}{step - 1}/{self._pid}")
+    return "1" in flags
+
+  def fail(self, error: BaseException) -> None:
+    """Ends this process of a multi-process job on `error`, after saying so.
+
+    A no-op with one process (the caller raises as usual). With several, it
+    waits briefly for the watchdog to find a lost process (a failed
+    collective usually means one), then exits with `EXIT_ERROR`.
+    """
+    if self._count == 1:
+      return
+    where = self._where()
+    if _is_collective(error):
+      time.sleep(self.limits.peer_timeout_s + 3 * self.limits.poll_s)
+    detail = "".join(traceback.format_exception(error)).rstrip()
+    self._exit(EXIT_ERROR, f"{detail}\n{type(error).__name__} in {where}; "
+               "ending this process so the others stop.")
+
+  # -- lifecycle ---------------------------------------------------------------
+
+  def __enter__(self) -> JobGuard:
+    global _active
+    _active = self
+    if threading.current_thread() is threading.main_thread():
+      self._previous_handler = signal.signal(signal.SIGTERM, self._on_sigterm)
+    else:
+      _log.warning("Not in the main thread: SIGTERM (a preemption notice) is not "
+                   "caught, the job cannot stop at a step boundary on one.")
+    self._thread = threading.Thread(target=self._watch, name="mipu_jax-guard",
+                                    daemon=True)
+    self._thread.start()
+    return self
+
+  def __exit__(self, *exc_info) -> None:
+    global _active
+    _active = None
+    self._stop.set()
+    self._thread.join()
+    if self._previous_handler is not None:  # None: a handler set outside Python
+      signal.signal(signal.SIGTERM, self._previous_handler)
+
+  # -- the watchdog ------------------------------------------------------------
+
+  def _on_sigterm(self, signum, frame) -> None:
+    del signum, frame
+    if self._notice_at is None:
+      self._notice_at = time.monotonic()
+      _log.warning("Process %d: preemption notice (SIGTERM); stopping at the next "
+                   "step boundary after a checkpoint.", self._pid)
+
+  def _watch(self) -> None:
+    limits = self.limits
+    beat = 0
+    seen: dict[int, tuple[str, float]] = {}
+    unreachable_since = None
+    while not self._stop.wait(limits.poll_s):
+      now = time.monotonic()
+      if self._notice_at is not None and now - self._notice_at > limits.preemption_grace_s:
+        self._exit(EXIT_GRACE_EXCEEDED, (
+            f"the job did not stop within the preemption grace time "
+            f"({limits.preemption_grace_s:g} s after SIGTERM); last in {self._where()}."))
+      peers = {}
+      if self._client is not None:
+        beat += 1
+        try:
+          with self._lock:
+            mine = f"{beat} {self._progress} {self._step} {self._phase}"
+          self._client.key_value_set(f"{_ALIVE}{self._pid}", mine, allow_overwrite=True)
+          for p in range(self._count):
+            if p != self._pid:
+              peers[p] = self._client.key_value_try_get(f"{_ALIVE}{p}")
+          unreachable_since = None
+        except Exception as e:  # pylint: disable=broad-except
+          # The store lives in process 0: unreachable means process 0 is gone
+          # (or a peer has not published yet: NOT_FOUND, fine at the start).
+          if "NOT_FOUND" not in str(e):
+            unreachable_since = unreachable_since or now
+            if now - unreachable_since > limits.peer_timeout_s:
+              self._exit(EXIT_PEER_LOST, (
+                  f"process 0 is lost: the coordination service it hosts has not "
+                  f"answered for {now - unreachable_since:.0f} s ({e})."))
+          continue
+        for p, value in peers.items():
+          if seen.get(p, (None,))[0] != value:
+            seen[p] = (value, now)
+          elif now - seen[p][1] > limits.peer_timeout_s:
+            _, _, step, phase = value.split(" ", 3)
+            self._exit(EXIT_PEER_LOST, (
+                f"process {p} is lost: no sign of life for {now - seen[p][1]:.0f} s "
+                f"(peer_timeout_s={limits.peer_timeout_s:g}); it was last in "
+                f"{phase} of step {step}."))
+      with self._lock:
+        age, progress = now - self._phase_since, self._progress
+      if limits.step_timeout_s is not None and age > limits.step_timeout_s:
+        behind = [p for p, (v, _) in seen.items() if int(v.split(" ")[1]) < progress]
+        if not behind:
+          self._exit(EXIT_STUCK, (
+              f"stuck: {self._where()} has lasted {age:.0f} s "
+              f"(step_timeout_s={limits.step_timeout_s:g})."))
+
+  def _where(self) -> str:
+    with self._lock:
+      return f"{self._phase} of step {self._step}"
+
+  def _exit(self, code: int, message: str) -> None:
+    try:
+      newest = self._newest_checkpoint()
+    except Exception as e:  # pylint: disable=broad-except
+      newest = f"unknown ({e!r})"
+    text = (f"[mipu_jax] process {self._pid} of {self._count}: {message} "
+            f"Newest committed checkpoint: {newest}. Exiting with {code}; rerun "
+            "the same command on every process to resume from it.")
+    _log.error(text)
+    print(text, file=sys.stderr, flush=True)
+    sys.stdout.flush()
+    os._exit(code)  # pylint: disable=protected-access
+
+
+@contextlib.contextmanager
+def phase(name: str, step: int) -> Iterator[None]:
+  """`JobGuard.phase` of the running guard; nothing when none runs (custom loops)."""
+  if _active is None:
+    yield
+  else:
+    with _active.phase(name, step):
+      yield
+
+
+def _is_collective(error: BaseException) -> bool:
+  """Whether `error` looks like a failed cross-process collective."""
+  text = str(error)
+  return any(s in text for s in ("Gloo", "gloo", "Connection reset", "UNAVAILABLE",
+                                 "DEADLINE_EXCEEDED", "Barrier", "barrier"))

@@ -1,0 +1,90 @@
+"""The job guard in one process: the stuck-step watchdog, the preemption notice
+and its grace time, and the listing of committed steps its messages use.
+
+A guard that ends its process does so with `os._exit`, so those cases run in
+a subprocess. The multi-process behaviour is tests/test_multiprocess_faults.py.
+"""
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from mipu_jax import checkpoint
+from mipu_jax.rl import guard
+
+
+def _run(body: str, timeout_s: float = 60):
+  script = textwrap.dedent("""
+      import os, signal, time
+      from mipu_jax.rl import guard
+      """) + textwrap.dedent(body)
+  start = time.monotonic()
+  proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                        timeout=timeout_s, env=dict(os.environ, JAX_PLATFORMS="cpu"))
+  return proc, time.monotonic() - start
+
+
+def test_a_stuck_phase_ends_the_process_saying_where_it_was():
+  proc, seconds = _run("""
+      limits = guard.JobLimits(peer_timeout_s=2, step_timeout_s=1.5, poll_s=0.2)
+      with guard.JobGuard(limits, lambda: "step 7 in /ckpts") as g:
+        with g.phase("rollout", 3):
+          time.sleep(60)  # a reward call that never returns
+      """)
+  assert proc.returncode == guard.EXIT_STUCK, proc.stderr
+  assert "stuck: rollout of step 3 has lasted" in proc.stderr
+  assert "Newest committed checkpoint: step 7 in /ckpts" in proc.stderr
+  assert seconds < 30  # 1.5 s plus the interpreter's start
+
+
+def test_a_preemption_notice_past_its_grace_time_ends_the_process():
+  proc, _ = _run("""
+      limits = guard.JobLimits(preemption_grace_s=1.0, poll_s=0.2)
+      with guard.JobGuard(limits, lambda: "step 2 in /ckpts") as g:
+        with g.phase("learner step", 5):
+          os.kill(os.getpid(), signal.SIGTERM)
+          time.sleep(60)  # never reaches the step boundary
+      """)
+  assert proc.returncode == guard.EXIT_GRACE_EXCEEDED, proc.stderr
+  assert "did not stop within the preemption grace time" in proc.stderr
+  assert "last in learner step of step 5" in proc.stderr
+
+
+def test_a_preemption_notice_stops_at_the_step_boundary():
+  before = signal.getsignal(signal.SIGTERM)
+  with guard.JobGuard(guard.JobLimits(poll_s=0.2), lambda: "none") as g:
+    assert not g.stop_requested(1)
+    os.kill(os.getpid(), signal.SIGTERM)
+    time.sleep(0.1)  # the handler runs between bytecodes
+    assert g.notice_received and g.stop_requested(2)
+    g.fail(RuntimeError("one process: raised by the caller"))  # a no-op
+  assert signal.getsignal(signal.SIGTERM) == before
+
+
+def test_phases_nest_and_restore_the_outer_one():
+  g = guard.JobGuard(guard.JobLimits(), lambda: "none")
+  with g.phase("rollout", 4):
+    with g.phase("evaluation", 4):
+      assert g._where() == "evaluation of step 4"  # pylint: disable=protected-access
+    assert g._where() == "rollout of step 4"  # pylint: disable=protected-access
+  guard.phase("rollout", 1).__enter__()  # no guard running: nothing happens
+
+
+@pytest.mark.parametrize("limits", [dict(peer_timeout_s=0), dict(step_timeout_s=-1),
+                                    dict(peer_timeout_s=1, poll_s=1)])
+def test_bad_limits_are_an_error(limits):
+  with pytest.raises(ValueError):
+    guard.JobLimits(**limits)
+
+
+def test_committed_steps_are_the_step_named_directories(tmp_path):
+  for name in ("3", "12", "5.orbax-checkpoint-tmp-123", "notes"):
+    (tmp_path / name).mkdir()
+  (tmp_path / "7").write_text("a file, not a step")
+  assert checkpoint.committed_steps(tmp_path) == [3, 12]
+  assert checkpoint.committed_steps(tmp_path / "missing") == []
