@@ -75,7 +75,10 @@ def _log_softmax(x):
 def test_projection_within_the_rounding_bound(seed, pair):
   wq, aq = pair
   rng = np.random.default_rng(seed)
-  i = (24, 72)[seed % 2]  # two shapes: each new shape compiles the eager ops again
+  # Contraction lengths: multiples of 4 and not (odd ones included; the int8
+  # GEMM pads those, quantized.INT8_CONTRACTION_MULTIPLE). Few shapes: each
+  # new one compiles the eager ops again.
+  i = (24, 23, 30, 72, 13)[seed % 5]
   x = jnp.asarray(rng.normal(size=(6, i)) * rng.uniform(0.1, 10), jnp.float32)
   w = jnp.asarray(rng.normal(size=(i, 10)) * rng.uniform(0.01, 1), jnp.float32)
   qw = quantized.from_float(w, quant.WEIGHT_QTYPES[wq], (1,), (0,), act=aq)
@@ -87,6 +90,18 @@ def test_projection_within_the_rounding_bound(seed, pair):
   gamma = (i + 2) * u / (1 - (i + 2) * u)
   bound = gamma * (np.abs(x_hat) @ np.abs(w_hat))
   assert np.all(np.abs(native - exact) <= bound + 1e-30), np.max(np.abs(native - exact) / bound)
+
+
+@pytest.mark.parametrize("i", [1, 3, 4, 13, 30, 64])
+def test_int8_dot_is_the_exact_integer_product(i):
+  """int8 x int8 -> int32 equals numpy's integer product exactly, whatever the
+  contraction length (padded to a multiple of 4 inside)."""
+  rng = np.random.default_rng(i)
+  a = rng.integers(-127, 128, (5, i), dtype=np.int8)
+  b = rng.integers(-127, 128, (7, i), dtype=np.int8)
+  got = np.asarray(quantized._int8_dot_tn(jnp.asarray(a), jnp.asarray(b)))
+  assert got.dtype == np.int32
+  np.testing.assert_array_equal(got, a.astype(np.int64) @ b.astype(np.int64).T)
 
 
 def test_native_weight_values_are_the_emulated_ones(model):

@@ -49,7 +49,7 @@ def test_sharded_rollout_equals_single_device(model):
   _same(_generate(sharded), _generate(single), atol=1e-4)
   state = sharded.engine.init_decode_state(num_slots=8, prefill_length=16, decode_length=16)
   spec = state.cache.k.sharding.spec
-  assert spec[1] == ("data", "fsdp") and spec[3] == "tensor"  # slots and KV heads
+  assert spec[1] == ("data", "fsdp") and spec[0] == "tensor"  # pages and KV heads
   assert state.tokens_BN.sharding.spec[0] == ("data", "fsdp")
   per_device = state.cache.k.addressable_shards[0].data.nbytes
   assert per_device * 8 == state.cache.k.nbytes

@@ -41,6 +41,10 @@ import jax
 import jax.numpy as jnp
 
 IMPLEMENTATIONS = ("dense", "blockwise", "cudnn", "splash")
+# Attention over a paged KV cache (`mipu_jax.models.kv_cache`): `paged` reads
+# page by page only the pages some query may attend (the portable path, every
+# platform); `dense` gathers every slot and runs `attend`'s dense reference.
+CACHE_IMPLEMENTATIONS = ("dense", "paged")
 NEG_INF = float(jnp.finfo(jnp.float32).min)
 
 
@@ -311,3 +315,74 @@ def _splash(q_BTNH, k_BSKH, v_BSKH, mask: AttentionMask, block_q: int,
 
   out_BNTH = jax.vmap(one)(q_NTH, k_NTH, v_NTH, q_seg_BT, k_seg_BT)
   return jnp.swapaxes(out_BNTH, 1, 2)[:, :t0].astype(v_BSKH.dtype)
+
+
+# --- paged KV cache ----------------------------------------------------------
+
+
+def paged(q_BTNH: jax.Array, k_pool: jax.Array, v_pool: jax.Array, k_scale, v_scale,
+          page_ids_BJ: jax.Array, valid_BS: jax.Array, q_slot_BT: jax.Array,
+          dtype) -> jax.Array:
+  """Attention of each row's T queries over its pages of a paged KV cache.
+
+  Query t of row b (at slot `q_slot_BT[b, t]`) attends the valid slots at or
+  before it, as `cache_mask` says. The loop runs over page columns j from the
+  batch's first page holding a valid slot to the page of its last query, and
+  gathers one page per row per step (`kv_cache.read_pages`): a decode step
+  reads the pages of filled slots, not the whole cache. Online softmax in
+  float32 (FlashAttention's forward; no backward: sampling only).
+
+  A row's result does not depend on the other rows (which widen the loop's
+  range): a fully masked page before the row's first valid one is discarded
+  exactly (its running max resets the sums by a factor of 0), one after its
+  last adds exact zeros.
+
+  Args:
+    q_BTNH: queries (RoPE applied).
+    k_pool, v_pool: `[K, L*P, G, H]` pools (`kv_cache.KVCache`).
+    k_scale, v_scale: int8 pools' `[K, L*P, G, 1]` scales, else None.
+    page_ids_BJ: row b's j-th page in the pool, this layer's offset included.
+    valid_BS: whether slot s of row b holds a real token.
+    q_slot_BT: each query's slot.
+    dtype: the compute dtype keys and values are dequantized to.
+
+  Returns:
+    `[B, T, N, H]` in `dtype`.
+  """
+  from mipu_jax.models import kv_cache  # pylint: disable=g-import-not-at-top
+
+  b, t, n, h = q_BTNH.shape
+  kh, g = k_pool.shape[0], k_pool.shape[2]
+  s = valid_BS.shape[1]
+  per_kv = n // kh
+  q_BTKQH = q_BTNH.reshape(b, t, kh, per_kv, h)
+  first_B = jnp.where(valid_BS.any(axis=1), jnp.argmax(valid_BS, axis=1), s)
+  j_lo = jnp.min(first_B).astype(jnp.int32) // g
+  j_hi = jnp.minimum(jnp.max(q_slot_BT) // g + 1, s // g).astype(jnp.int32)
+
+  def step(j, carry):
+    m_BKQT, l_BKQT, acc_BKQTH = carry
+    ids_B = jax.lax.dynamic_index_in_dim(page_ids_BJ, j, axis=1, keepdims=False)
+    k_BKGH = kv_cache.read_pages(k_pool, k_scale, ids_B, dtype)
+    v_BKGH = kv_cache.read_pages(v_pool, v_scale, ids_B, dtype)
+    s_BKQTG = jnp.einsum("BTKQH,BKGH->BKQTG", q_BTKQH, k_BKGH,
+                         preferred_element_type=jnp.float32) * (h ** -0.5)
+    slots_G = j * g + jnp.arange(g, dtype=jnp.int32)
+    valid_BG = jax.lax.dynamic_slice_in_dim(valid_BS, j * g, g, axis=1)
+    mask_BTG = (slots_G[None, None, :] <= q_slot_BT[:, :, None]) & valid_BG[:, None, :]
+    s_BKQTG = jnp.where(mask_BTG[:, None, None], s_BKQTG, NEG_INF)
+    m_new = jnp.maximum(m_BKQT, s_BKQTG.max(-1))
+    p_BKQTG = jnp.exp(s_BKQTG - m_new[..., None])
+    corr = jnp.exp(m_BKQT - m_new)
+    l_new = l_BKQT * corr + p_BKQTG.sum(-1)
+    acc = acc_BKQTH * corr[..., None] + jnp.einsum(
+        "BKQTG,BKGH->BKQTH", p_BKQTG.astype(dtype), v_BKGH,
+        preferred_element_type=jnp.float32)
+    return m_new, l_new, acc
+
+  init = (jnp.full((b, kh, per_kv, t), NEG_INF, jnp.float32),
+          jnp.zeros((b, kh, per_kv, t), jnp.float32),
+          jnp.zeros((b, kh, per_kv, t, h), jnp.float32))
+  _, l_BKQT, acc_BKQTH = jax.lax.fori_loop(j_lo, j_hi, step, init)
+  out_BKQTH = acc_BKQTH / jnp.where(l_BKQT == 0, 1.0, l_BKQT)[..., None]
+  return jnp.moveaxis(out_BKQTH, 3, 1).reshape(b, t, n, h).astype(dtype)

@@ -31,6 +31,8 @@ def as_dtype(dtype: Any) -> jnp.dtype:
 
 REMAT_POLICIES = ("none", "layer", "dots")
 ATTENTIONS = ("dense", "blockwise", "cudnn", "splash")
+# Attention over a KV cache (prefill into it, decode): `mipu_jax.models.attention`.
+DECODE_ATTENTIONS = ("auto", "paged", "dense")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,6 +58,10 @@ class Qwen3Config:
     attention: "dense" (the reference), "blockwise" (flash-style, pure JAX),
       "cudnn" (GPU) or "splash" (TPU); `mipu_jax.models.attention`.
     attention_block: query and key tile of the blockwise and splash kernels.
+    decode_attention: attention over a KV cache: "paged" (reads only the pages
+      that hold a filled slot of some row; `attention.paged`), "dense" (gathers
+      every slot: the reference) or "auto" (= "paged" on every platform: no
+      Pallas decode kernel is wired in yet).
   """
 
   vocab_size: int
@@ -73,6 +79,7 @@ class Qwen3Config:
   remat: Any = "none"
   attention: str = "dense"
   attention_block: int = 512
+  decode_attention: str = "auto"
 
   def __post_init__(self):
     for name in ("vocab_size", "hidden_size", "num_layers", "num_heads",
@@ -90,6 +97,11 @@ class Qwen3Config:
     if self.attention not in ATTENTIONS:
       raise ValueError(f"unknown attention {self.attention!r}; choose one of "
                        f"{ATTENTIONS}.")
+    if self.decode_attention not in DECODE_ATTENTIONS:
+      raise ValueError(f"unknown decode_attention {self.decode_attention!r}; choose one of "
+                       f"{DECODE_ATTENTIONS}.")
+    if self.decode_attention == "auto":
+      object.__setattr__(self, "decode_attention", "paged")
     if self.attention_block < 1:
       raise ValueError(f"attention_block must be >= 1, got {self.attention_block}.")
     object.__setattr__(self, "param_dtype", as_dtype(self.param_dtype))

@@ -144,6 +144,25 @@ def _dot_tn(a_MI, b_OI, out_dtype):
                              preferred_element_type=out_dtype)
 
 
+# The int8 GEMM's contraction is padded with zeros to a multiple of this. On
+# the H100 (jax 0.11.2) an int8 x int8 -> int32 dot whose contraction length
+# was not a multiple of 4 came out exactly 2x the exact value in one generated
+# case (bench/README.md); cuBLAS's int8 GEMM wants K % 4 == 0 and XLA's
+# fallback for other K was the suspect. Zeros add exact zeros to an int32
+# sum, so padding changes no value; Qwen3's widths are multiples of 4, so a
+# real model never pays for it.
+INT8_CONTRACTION_MULTIPLE = 4
+
+
+def _int8_dot_tn(a_MI, b_OI):
+  """`a @ b.T` of int8 operands, accumulated exactly in int32."""
+  pad = -a_MI.shape[1] % INT8_CONTRACTION_MULTIPLE
+  if pad:
+    a_MI = jnp.pad(a_MI, ((0, 0), (0, pad)))
+    b_OI = jnp.pad(b_OI, ((0, 0), (0, pad)))
+  return _dot_tn(a_MI, b_OI, jnp.int32)
+
+
 def project(x: jax.Array, w: QuantizedWeight, n_in: int, out_dtype=None) -> jax.Array:
   """`x[..., *in]` times the weight → `[..., *w.out_shape]` in `out_dtype` (default x's).
 
@@ -158,7 +177,7 @@ def project(x: jax.Array, w: QuantizedWeight, n_in: int, out_dtype=None) -> jax.
   scale_O = w.scale.astype(jnp.float32).reshape(1, -1)  # [1, O]
   if kind == "int8":
     xq_MI, sx_M1 = quantize_rows(x_MI, w.act)
-    acc_MO = _dot_tn(xq_MI, w.values.astype(jnp.int8), jnp.int32)
+    acc_MO = _int8_dot_tn(xq_MI, w.values.astype(jnp.int8))
     y_MO = acc_MO.astype(jnp.float32) * sx_M1 * scale_O
   elif kind == "fp8":
     xq_MI, sx_M1 = quantize_rows(x_MI, w.act)

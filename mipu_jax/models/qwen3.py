@@ -20,78 +20,12 @@ import jax.numpy as jnp
 from flax import nnx
 
 from mipu_jax.models import attention
+from mipu_jax.models import kv_cache
 from mipu_jax.models import quantized
 from mipu_jax.models.config import Qwen3Config
+from mipu_jax.models.kv_cache import KVCache, init_cache  # pylint: disable=unused-import
 
 ActQuant = Optional[Callable[[jax.Array], jax.Array]]
-
-
-class KVCache(NamedTuple):
-  """Preallocated key/value cache shared by prefill and decode.
-
-  Attributes:
-    k: [L, B, S, K, H] keys in the cache dtype (int8 with `k_scale`).
-    v: [L, B, S, K, H] values.
-    k_scale: [L, B, S, K, 1] float32 absmax scales when the cache is int8, else None.
-    v_scale: as `k_scale`.
-    valid: [B, S] bool, whether a slot holds a real (non-padding) token.
-    index: [B] int32, each row's next slot to write: rows advance on their own
-      (a sampler slot refilled with a new request restarts its row), and a
-      call writes row b's T entries at `index[b] ..` (past the end: dropped).
-  """
-
-  k: jax.Array
-  v: jax.Array
-  k_scale: Optional[jax.Array]
-  v_scale: Optional[jax.Array]
-  valid: jax.Array
-  index: jax.Array
-
-
-def init_cache(cfg: Qwen3Config, batch: int, max_len: int, dtype=jnp.bfloat16) -> KVCache:
-  """An empty cache of `max_len` slots; `dtype` float32/bfloat16/float8_*/int8."""
-  dtype = jnp.dtype(dtype)
-  shape = (cfg.num_layers, batch, max_len, cfg.num_kv_heads, cfg.head_dim)
-  scale = None
-  if dtype == jnp.int8:
-    scale = jnp.ones(shape[:-1] + (1,), jnp.float32)
-  return KVCache(k=jnp.zeros(shape, dtype), v=jnp.zeros(shape, dtype), k_scale=scale,
-                 v_scale=scale, valid=jnp.zeros((batch, max_len), bool),
-                 index=jnp.zeros((batch,), jnp.int32))
-
-
-def _quantize_kv(x, dtype, kv_round=None):
-  """Casts new K/V to the cache dtype; int8 uses per-(token, head) absmax scales.
-
-  `kv_round` (a float dtype): round through it first, i.e. keep a cache of that
-  dtype's values in a wider float array (the sampler's `kv_cache_storage='fake'`).
-  """
-  if kv_round is not None:
-    return x.astype(kv_round).astype(dtype), None
-  if dtype == jnp.int8:
-    scale = jnp.max(jnp.abs(x.astype(jnp.float32)), axis=-1, keepdims=True) / 127.0
-    scale = jnp.where(scale == 0, 1.0, scale)
-    q = jnp.clip(jnp.round(x.astype(jnp.float32) / scale), -127, 127).astype(jnp.int8)
-    return q, scale
-  return x.astype(dtype), None
-
-
-def _is_float8(dtype) -> bool:
-  return jnp.dtype(dtype).itemsize == 1 and jnp.issubdtype(dtype, jnp.floating)
-
-
-def _cache_layer(all_, layer):
-  """`all_[layer]`; a float8 cache is sliced as uint8 (no float8 dynamic-slice on CPU)."""
-  if _is_float8(all_.dtype):
-    u8 = jax.lax.bitcast_convert_type(all_, jnp.uint8)[layer]
-    return jax.lax.bitcast_convert_type(u8, all_.dtype)
-  return all_[layer]
-
-
-def _dequantize_kv(x, scale, dtype):
-  if scale is None:
-    return x.astype(dtype)
-  return (x.astype(jnp.float32) * scale).astype(dtype)
 
 
 def rms_norm(x, weight, eps):
@@ -152,11 +86,13 @@ def _layer(cfg: Qwen3Config, x_BTD, w, positions_BT, attn_mask, kv, index, act_q
            prefix_rows=False, kv_round=None):
   """One decoder layer. `w` holds this layer's weights (already in compute dtype).
 
-  `kv` is the whole cache `(k, k_scale, v, v_scale, layer)`. Without a cache
-  (`kv is None`) the keys are the T positions themselves; with one, the new
-  keys are written at `cache.index` and attention runs over all S slots.
+  `kv` is `(k, k_scale, v, v_scale, layer, pages, P)`: the cache's pools of
+  every layer (`kv_cache.KVCache`), this layer's index, the page table and the
+  pages per layer. Without a cache (`kv is None`) the keys are the T positions
+  themselves; with one, the new keys are written at `index` and attention
+  runs over the row's valid earlier slots (`cfg.decode_attention`).
   `attn_mask` is the `attention.AttentionMask` of the call. Returns the new
-  hidden state and the new K/V (cache-layout).
+  hidden state and the new pools.
   """
   dt = cfg.dtype
   x_BTD = shard_rows(x_BTD)
@@ -169,42 +105,35 @@ def _layer(cfg: Qwen3Config, x_BTD, w, positions_BT, attn_mask, kv, index, act_q
   k_BTKH = rope(rms_norm(k_BTKH, w["k_norm"], cfg.rms_eps), positions_BT, cfg.rope_theta)
 
   if kv is None:
-    keys_BSKH, values_BSKH, new_kv = k_BTKH, v_BTKH, None
+    attn_BTNH = attention.attend(
+        q_BTNH, k_BTKH, v_BTKH, attn_mask, implementation=cfg.attention,
+        block_q=cfg.attention_block, block_k=cfg.attention_block,
+        prefix_rows=prefix_rows)
+    new_kv = None
   else:
-    # The whole [L, ...] cache is the scan carry: only the T new entries are
-    # written (in place), and this layer's slots are read back.
-    k_all, ks_all, v_all, vs_all, layer = kv
-    kq_new, ks_new = _quantize_kv(k_BTKH, k_all.dtype, kv_round)
-    vq_new, vs_new = _quantize_kv(v_BTKH, v_all.dtype, kv_round)
-    # Row b writes its T entries at its own slots index[b] .. index[b] + T - 1;
-    # writes past the end of the cache are dropped.
-    b, t = k_BTKH.shape[:2]
-    rows_BT = jnp.broadcast_to(jnp.arange(b)[:, None], (b, t))
-    slots_BT = index[:, None] + jnp.arange(t)[None, :]
+    # The pools hold every layer's pages (kv_cache.py): only the T new entries
+    # are written (one scatter, in place), and attention reads this layer's
+    # pages through page ids offset by `layer * P`; no layer is sliced out.
+    k_pool, ks_pool, v_pool, vs_pool, layer, pages_BJ, per_layer = kv
+    page_BT, off_BT = kv_cache.write_targets(
+        pages_BJ, index, k_BTKH.shape[1], k_pool.shape[2], layer, per_layer)
+    kq_new, ks_new = kv_cache.quantize(k_BTKH, k_pool.dtype, kv_round)
+    vq_new, vs_new = kv_cache.quantize(v_BTKH, v_pool.dtype, kv_round)
+    k_pool = kv_cache.write(k_pool, kq_new, page_BT, off_BT)
+    v_pool = kv_cache.write(v_pool, vq_new, page_BT, off_BT)
+    if ks_pool is not None:
+      ks_pool = kv_cache.write(ks_pool, ks_new, page_BT, off_BT)
+      vs_pool = kv_cache.write(vs_pool, vs_new, page_BT, off_BT)
+    ids_BJ = pages_BJ + layer * per_layer
+    if cfg.decode_attention == "dense":  # the reference: every slot, gathered
+      keys_BSKH = kv_cache.logical_view(k_pool, ks_pool, pages_BJ, layer, per_layer, dt)
+      values_BSKH = kv_cache.logical_view(v_pool, vs_pool, pages_BJ, layer, per_layer, dt)
+      attn_BTNH = attention.attend(q_BTNH, keys_BSKH, values_BSKH, attn_mask)
+    else:
+      attn_BTNH = attention.paged(q_BTNH, k_pool, v_pool, ks_pool, vs_pool, ids_BJ,
+                                  attn_mask.k_valid_BS, attn_mask.q_slot_BT, dt)
+    new_kv = (k_pool, ks_pool, v_pool, vs_pool)
 
-    def write(all_, new):
-      new = new.astype(all_.dtype)
-      if _is_float8(all_.dtype):
-        # XLA:CPU has no float8 scatter: it would convert the whole cache to a wider
-        # float and back on every write. The same bytes scattered as uint8.
-        u8 = lambda a: jax.lax.bitcast_convert_type(a, jnp.uint8)
-        out = u8(all_).at[layer, rows_BT, slots_BT].set(u8(new), mode="drop")
-        return jax.lax.bitcast_convert_type(out, all_.dtype)
-      return all_.at[layer, rows_BT, slots_BT].set(new, mode="drop")
-
-    k_all, v_all = write(k_all, kq_new), write(v_all, vq_new)
-    k_s = v_s = None
-    if ks_all is not None:
-      ks_all, vs_all = write(ks_all, ks_new), write(vs_all, vs_new)
-      k_s, v_s = ks_all[layer], vs_all[layer]
-    keys_BSKH = _dequantize_kv(_cache_layer(k_all, layer), k_s, dt)
-    values_BSKH = _dequantize_kv(_cache_layer(v_all, layer), v_s, dt)
-    new_kv = (k_all, ks_all, v_all, vs_all)
-
-  attn_BTNH = attention.attend(
-      q_BTNH, keys_BSKH, values_BSKH, attn_mask, implementation=cfg.attention,
-      block_q=cfg.attention_block, block_k=cfg.attention_block,
-      prefix_rows=prefix_rows)
   o_BTD = _proj("BTNH,NHD->BTD", attn_BTNH, _aq(attn_BTNH, act_quant), w["o"], 2)
   x_BTD = x_BTD + o_BTD.astype(x_BTD.dtype)
 
@@ -387,18 +316,21 @@ class Qwen3(nnx.Module):
                                     mask_BT, mode="drop")
       attn_mask = attention.cache_mask(index_B, t, valid_BS)
 
+      per_layer = cache.pages_per_layer(cfg.num_layers)
+
       def body(carry, xs):
         x, k, k_s, v, v_s = carry
         w, layer = xs
-        x, kv = _layer(cfg, x, w, positions_BT, attn_mask, (k, k_s, v, v_s, layer),
-                       index_B, act_quant, kv_round=kv_round)
+        kv = (k, k_s, v, v_s, layer, cache.pages, per_layer)
+        x, kv = _layer(cfg, x, w, positions_BT, attn_mask, kv, index_B, act_quant,
+                       kv_round=kv_round)
         return (x, *kv), None
 
       carry = (x_BTD, cache.k, cache.k_scale, cache.v, cache.v_scale)
       (x_BTD, k, k_s, v, v_s), _ = jax.lax.scan(
           body, carry, (weights, jnp.arange(cfg.num_layers)))
-      new_cache = KVCache(k=k, v=v, k_scale=k_s, v_scale=v_s, valid=valid_BS,
-                          index=index_B + t)
+      new_cache = KVCache(k=k, v=v, k_scale=k_s, v_scale=v_s, pages=cache.pages,
+                          valid=valid_BS, index=index_B + t)
 
     h_BTD = rms_norm(x_BTD, self.final_norm[...], cfg.rms_eps)
     if not compute_logits:

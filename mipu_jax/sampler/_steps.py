@@ -12,7 +12,8 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from mipu_jax.models.qwen3 import KVCache, init_cache
+from mipu_jax.models import kv_cache
+from mipu_jax.models.kv_cache import KVCache, init_cache
 from mipu_jax.sampler import quant
 from mipu_jax.sampler.sampling import sample_logits
 from mipu_jax.sampler.state import LENGTH, RUNNING, STOP, DecodeState, Prefix
@@ -32,6 +33,11 @@ class DecodeSpec:
   quant_lm_head: bool
   pad_id: int
   kv_round: Optional[jnp.dtype] = None
+  page_size: int = kv_cache.DEFAULT_PAGE_SIZE
+
+  def page_size_for(self, *lengths: int) -> int:
+    """The cache page size for rows (regions) of these lengths."""
+    return kv_cache.page_size_for(*lengths, maximum=self.page_size)
 
 
 def build_model(spec: DecodeSpec, params):
@@ -63,7 +69,7 @@ def prefill(spec: DecodeSpec, params, tokens_RP, true_length_R, keys_R, temperat
   src_RP = (jnp.arange(p)[None, :] - shift_R[:, None]) % p
   mask_RP = jnp.arange(p)[None, :] >= shift_R[:, None]
   left_RP = jnp.where(mask_RP, jnp.take_along_axis(tokens_RP, src_RP, axis=1), spec.pad_id)
-  cache = init_cache(model.config, r, p, spec.kv_dtype)
+  cache = init_cache(model.config, r, p, spec.kv_dtype, page_size=spec.page_size_for(p))
   (_, h_RPD), cache = model(left_RP, mask_BT=mask_RP, cache=cache, act_quant=spec.act_quant,
                             kv_round=spec.kv_round,
                             quant_lm_head=spec.quant_lm_head, return_hidden=True)
@@ -80,11 +86,29 @@ def prefill(spec: DecodeSpec, params, tokens_RP, true_length_R, keys_R, temperat
 
 
 def init_decode_state(spec: DecodeSpec, model_cfg, num_slots: int, prefill_length: int,
-                      decode_length: int, stop_ids_E: jax.Array) -> DecodeState:
-  """Empty slots; the cache has `prefill_length + decode_length` slots, index at the first."""
-  b, n = num_slots, decode_length
-  cache = init_cache(model_cfg, b, prefill_length + decode_length, spec.kv_dtype)
-  cache = cache._replace(index=jnp.full((b,), prefill_length, jnp.int32))
+                      decode_length: int, stop_ids_E: jax.Array,
+                      prompt_blocks: Optional[int] = None) -> DecodeState:
+  """Empty slots: a paged cache of `prefill_length + decode_length` slots per row,
+  index at the first generated slot.
+
+  The pool holds `prompt_blocks` prompt blocks (the pages of one prefill
+  region, `prefill_length` slots each; default one per slot) and each slot's
+  own generation pages. A slot's page table points at one prompt block
+  (shared by the slots decoding samples of the same prompt, `insert`) and its
+  own generation pages, so the cache holds prompts + generated tokens, not
+  samples x (prompt + generated).
+  """
+  b, n, p = num_slots, decode_length, prefill_length
+  c = b if prompt_blocks is None else prompt_blocks
+  if not 1 <= c <= b:
+    raise ValueError(f"prompt_blocks must be in [1, num_slots={b}], got {c}.")
+  g = spec.page_size_for(p, n)
+  jp, jn = p // g, n // g
+  k, v, ks, vs = kv_cache.init_pool(model_cfg, c * jp + b * jn, g, spec.kv_dtype)
+  slots_B = jnp.arange(b, dtype=jnp.int32)
+  pages_BJ = jnp.concatenate([_block_pages(slots_B % c, jp), _gen_pages(slots_B, c, jp, jn)], 1)
+  cache = KVCache(k=k, v=v, k_scale=ks, v_scale=vs, pages=pages_BJ,
+                  valid=jnp.zeros((b, p + n), bool), index=jnp.full((b,), p, jnp.int32))
   return DecodeState(
       cache=cache, last_token_B=jnp.zeros((b,), jnp.int32),
       keys_B=jax.random.split(jax.random.key(0), b),
@@ -96,44 +120,61 @@ def init_decode_state(spec: DecodeSpec, model_cfg, num_slots: int, prefill_lengt
       logprobs_BN=jnp.zeros((b, n), jnp.float32))
 
 
-def _place_rows(full_LBS, part_LMP, slots_M, start, axis_s=2):
-  """Writes M prefix rows into slots `slots_M` of a full cache array, right-aligned at `start`.
+def _block_pages(blocks_M, jp: int):
+  """The pages (per layer) of prompt blocks: block c holds pages c*jp .. c*jp + jp - 1."""
+  return blocks_M[:, None] * jp + jnp.arange(jp, dtype=jnp.int32)[None, :]
 
-  Each target row is rebuilt entirely (zeros outside the prompt window), so no
-  key, value or validity of a slot's previous occupant survives. Slot ids out of
-  range (padding) are dropped.
-  """
-  shape = list(full_LBS.shape)
-  shape[1] = part_LMP.shape[1]
-  rows = jnp.zeros(shape, full_LBS.dtype)
-  offsets = [0] * len(shape)
-  offsets[axis_s] = start
-  rows = jax.lax.dynamic_update_slice(rows, part_LMP.astype(full_LBS.dtype), offsets)
-  return full_LBS.at[:, slots_M].set(rows, mode="drop")
+
+def _gen_pages(slots_M, c: int, jp: int, jn: int):
+  """Slot b's own generation pages, after the `c` prompt blocks."""
+  return c * jp + slots_M[:, None] * jn + jnp.arange(jn, dtype=jnp.int32)[None, :]
+
+
+def cache_geometry(ds: DecodeState, num_layers: int) -> tuple[int, int, int, int]:
+  """`(page size, prompt pages per block jp, generation pages per slot jn, blocks c)`."""
+  cache = ds.cache
+  g = cache.page_size
+  b, n = ds.tokens_BN.shape
+  s = cache.valid.shape[1]
+  jp, jn = (s - n) // g, n // g
+  per_layer = cache.pages_per_layer(num_layers)
+  return g, jp, jn, (per_layer - b * jn) // jp
 
 
 def insert(spec: DecodeSpec, prefix: Prefix, ds: DecodeState, slots_M, rows_M,
-           samples_M) -> DecodeState:
+           samples_M, blocks_M=None, fill_M=None) -> DecodeState:
   """Inserts sample `samples_M[m]` of prefilled request `rows_M[m]` into slot `slots_M[m]`.
 
-  The slot's cache row is rebuilt: the prompt right-aligned to end at the
-  prefill region's end `P` (`S - N`), the rest invalid, and its write index
-  reset to `P`; the slot's previous occupant leaves nothing behind. Draws each
-  slot's first token from the prefix logits with the slot's own key. Slot ids
-  ≥ B are padding and ignored.
+  The slot's page table points at prompt block `blocks_M[m]` (default: the
+  slot's own index) and its own generation pages; where `fill_M[m]` (default:
+  everywhere) the request's prompt K/V are copied into that block, right-
+  aligned to end at the prefill region's end `P` (`S - N`). The G samples of
+  one prompt thus share one copy of its K/V: the first insert fills the block,
+  the others only point at it. The slot's validity row is rebuilt (the prompt
+  window valid, the rest not) and its write index reset to `P`, so nothing of
+  a slot's previous occupant is attended. Draws each slot's first token from
+  the prefix logits with the slot's own key. Slot ids ≥ B are padding and
+  ignored.
   """
+  b = ds.last_token_B.shape[0]
   s = ds.cache.valid.shape[1]
   region = s - ds.tokens_BN.shape[1]
   p = prefix.cache.valid.shape[1]
   start = region - p  # ≥ 0: checked on the host (prefill region ≥ prompt bucket)
   c, pc = ds.cache, prefix.cache
-  def place(full, part):
-    return None if full is None else _place_rows(full, part[:, rows_M], slots_M, start)
-
-  cache = KVCache(k=place(c.k, pc.k), v=place(c.v, pc.v), k_scale=place(c.k_scale, pc.k_scale),
-                  v_scale=place(c.v_scale, pc.v_scale),
-                  valid=place(c.valid[None], pc.valid[None])[0],
-                  index=c.index.at[slots_M].set(region, mode="drop"))
+  blocks_M = slots_M if blocks_M is None else blocks_M
+  fill_M = jnp.ones(slots_M.shape, bool) if fill_M is None else fill_M
+  fill_M = fill_M & (slots_M < b)
+  num_layers = _prefix_layers(pc)
+  g, jp, jn, nblocks = cache_geometry(ds, num_layers)
+  cache = _fill_blocks(c, pc, rows_M, blocks_M, fill_M, start, num_layers, jp)
+  pages_MJ = jnp.concatenate([_block_pages(blocks_M, jp), _gen_pages(slots_M, nblocks, jp, jn)],
+                             axis=1)
+  valid_MS = jnp.zeros((slots_M.shape[0], s), bool)
+  valid_MS = jax.lax.dynamic_update_slice(valid_MS, pc.valid[rows_M], (0, start))
+  cache = cache._replace(pages=c.pages.at[slots_M].set(pages_MJ, mode="drop"),
+                         valid=c.valid.at[slots_M].set(valid_MS, mode="drop"),
+                         index=c.index.at[slots_M].set(region, mode="drop"))
 
   keys_M = _fold(prefix.keys_R[rows_M], samples_M)
   temperature_M = prefix.temperature_R[rows_M]
@@ -159,6 +200,38 @@ def insert(spec: DecodeSpec, prefix: Prefix, ds: DecodeState, slots_M, rows_M,
       max_new_B=put(ds.max_new_B, max_new_M), stop_ids_E=ds.stop_ids_E,
       tokens_BN=put(ds.tokens_BN, jnp.where(first_N[None, :], tokens_M[:, None], spec.pad_id)),
       logprobs_BN=put(ds.logprobs_BN, jnp.where(first_N[None, :], lp_M[:, None], 0.0)))
+
+
+def _prefix_layers(pc: KVCache) -> int:
+  """L of a prefill's contiguous cache: its pool holds L x R x (P / G) pages."""
+  r, p = pc.valid.shape
+  return pc.k.shape[1] // (r * (p // pc.page_size))
+
+
+def _fill_blocks(c: KVCache, pc: KVCache, rows_M, blocks_M, fill_M, start: int,
+                 num_layers: int, jp: int) -> KVCache:
+  """Copies prefill rows `rows_M` into prompt blocks `blocks_M` where `fill_M`:
+  every layer's P prompt slots, at slots `start ..` of the block (one scatter
+  per pool; the rest of the block is never valid for this prompt)."""
+  r, p = pc.valid.shape
+  g = c.page_size
+  per_layer = c.pages_per_layer(num_layers)
+  slots_P = start + jnp.arange(p, dtype=jnp.int32)
+  page_LMP = (jnp.arange(num_layers, dtype=jnp.int32)[:, None, None] * per_layer
+              + (blocks_M * jp)[None, :, None] + (slots_P // g)[None, None, :])
+  page_LMP = jnp.where(fill_M[None, :, None], page_LMP, jnp.iinfo(jnp.int32).max)
+  off_LMP = jnp.broadcast_to(slots_P % g, page_LMP.shape)
+
+  def copy(pool, part):
+    if pool is None:
+      return None
+    # The prefill pool is contiguous: [K, L * R * p/G', G', X] is [K, L, R, p, X].
+    rows_KLRPX = part.reshape(part.shape[0], num_layers, r, p, part.shape[-1])
+    new_KLMPX = rows_KLRPX[:, :, rows_M]
+    return kv_cache.scatter_set(pool, (slice(None), page_LMP, off_LMP), new_KLMPX)
+
+  return c._replace(k=copy(c.k, pc.k), v=copy(c.v, pc.v), k_scale=copy(c.k_scale, pc.k_scale),
+                    v_scale=copy(c.v_scale, pc.v_scale))
 
 
 def live_slots(ds: DecodeState) -> jax.Array:

@@ -127,6 +127,13 @@ class SamplerConfig(SamplerPrecision):
     stop_ids: token ids that end a response (EOS / stop ids); at most `max_stop_ids`.
     max_stop_ids: size of the fixed stop-id buffer (changing ids never recompiles).
     pad_id: id written in the padding of token buffers.
+    page_size: most slots per KV-cache page (`mipu_jax.models.kv_cache`); the
+      page size is the largest power of two up to this that divides the
+      prefill region and the decode length. Decode attention reads one page
+      per row per loop step: bench/decode.py measures the trade-off.
+    decode_attention: attention over the cache: 'paged' (only the pages that
+      hold a filled slot of some row), 'dense' (every slot: the reference) or
+      'auto' (= 'paged'); `Qwen3Config.decode_attention`.
   """
 
   quant_storage: str = "fake"
@@ -139,6 +146,8 @@ class SamplerConfig(SamplerPrecision):
   stop_ids: tuple[int, ...] = ()
   max_stop_ids: int = 8
   pad_id: int = 0
+  page_size: int = 64
+  decode_attention: str = "auto"
 
   def __post_init__(self):
     super().__post_init__()
@@ -152,9 +161,12 @@ class SamplerConfig(SamplerPrecision):
       raise ValueError(f"kv_cache_storage must be one of {KV_STORAGES}, "
                        f"got {self.kv_cache_storage!r}.")
     for name in ("max_prefill_length", "max_decode_length", "min_prefill_bucket",
-                 "min_decode_bucket", "min_slot_bucket", "max_stop_ids"):
+                 "min_decode_bucket", "min_slot_bucket", "max_stop_ids", "page_size"):
       if getattr(self, name) <= 0:
         raise ValueError(f"SamplerConfig.{name} must be positive, got {getattr(self, name)}.")
+    if self.decode_attention not in ("auto", "paged", "dense"):
+      raise ValueError(f"decode_attention must be 'auto', 'paged' or 'dense', got "
+                       f"{self.decode_attention!r}.")
     object.__setattr__(self, "stop_ids", tuple(int(i) for i in self.stop_ids))
     if len(self.stop_ids) > self.max_stop_ids:
       raise ValueError(

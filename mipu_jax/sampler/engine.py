@@ -92,7 +92,7 @@ _jit_generate_until_done = _counted_jit("generate_until_done", _steps.generate_u
 _jit_generate_until_free = _counted_jit("generate_until_free", _steps.generate_until_free,
                                         static_argnums=0, donate_argnums=2)
 _jit_init_decode_state = _counted_jit("init_decode_state", _steps.init_decode_state,
-                                      static_argnums=(0, 1, 2, 3, 4))
+                                      static_argnums=(0, 1, 2, 3, 4, 6))
 
 
 def _platform(model: Qwen3, mesh: Optional[jax.sharding.Mesh]) -> str:
@@ -122,7 +122,8 @@ class Engine:
     self.config = config
     self._mesh = mesh
     self._source = model
-    self.model_config = model.config.replace(dtype=config.dtype, remat=False)
+    self.model_config = model.config.replace(dtype=config.dtype, remat=False,
+                                             decode_attention=config.decode_attention)
     abstract = nnx.eval_shape(lambda: Qwen3(self.model_config, rngs=nnx.Rngs(0)))
     self._reference = jax.eval_shape(lambda: weights.learner_params(model))
     native = config.quant_compute == "native"  # the weights quantize their own inputs
@@ -131,7 +132,8 @@ class Engine:
         graphdef=nnx.graphdef(abstract),
         kv_dtype=config.kv_cache_dtype if kv_round is None else config.dtype,
         act_quant=None if native else quant.make_act_quant(config.act_quant),
-        quant_lm_head=config.quant_lm_head, pad_id=config.pad_id, kv_round=kv_round)
+        quant_lm_head=config.quant_lm_head, pad_id=config.pad_id, kv_round=kv_round,
+        page_size=config.page_size)
     self._quant_kwargs = dict(
         weight_quant=config.weight_quant, compute_dtype=config.dtype,
         quant_lm_head=config.quant_lm_head, tie_embeddings=self.model_config.tie_embeddings,
@@ -224,21 +226,40 @@ class Engine:
 
   def bulk_insert(self, prefix: Prefix, decode_state: DecodeState, slots: Sequence[int], *,
                   rows: Optional[Sequence[int]] = None,
-                  sample_ids: Optional[Sequence[int]] = None) -> DecodeState:
+                  sample_ids: Optional[Sequence[int]] = None,
+                  prompt_blocks: Optional[Sequence[int]] = None,
+                  fill: Optional[Sequence[bool]] = None) -> DecodeState:
     """Inserts into several slots at once.
 
     JetStream semantics by default: one request into every slot of `slots`,
     as samples 0, 1, ... (independent draws: multi-sampling). With `rows`,
     slot `slots[m]` gets sample `sample_ids[m]` of prefilled request `rows[m]`.
     Slot ids ≥ the number of slots are padding and ignored.
+
+    Prompt sharing (`init_decode_state(prompt_blocks=...)`): slot `slots[m]`
+    reads its prompt from prompt block `prompt_blocks[m]` (default: block =
+    slot), and the prompt's K/V are copied into that block where `fill[m]`
+    (default: everywhere). The caller keeps each block's prompt: samples of
+    one prompt share a block, the first insert fills it, and a block is reused
+    only once no slot decodes from it.
     """
     slots = np.asarray(slots, np.int32).reshape(-1)
     m = slots.shape[0]
     rows = np.zeros((m,), np.int32) if rows is None else np.asarray(rows, np.int32)
     sample_ids = np.arange(m, dtype=np.int32) if sample_ids is None else np.asarray(
         sample_ids, np.int32)
-    if rows.shape != (m,) or sample_ids.shape != (m,):
-      raise ValueError("slots, rows and sample_ids must have the same length.")
+    blocks = slots if prompt_blocks is None else np.asarray(prompt_blocks, np.int32).reshape(-1)
+    fill = np.ones((m,), bool) if fill is None else np.asarray(fill, bool).reshape(-1)
+    if rows.shape != (m,) or sample_ids.shape != (m,) or blocks.shape != (m,) or \
+        fill.shape != (m,):
+      raise ValueError("slots, rows, sample_ids, prompt_blocks and fill must have the same "
+                       "length.")
+    num_blocks = _steps.cache_geometry(decode_state, self.model_config.num_layers)[3]
+    real = slots < decode_state.last_token_B.shape[0]
+    if np.any(real & ((blocks < 0) | (blocks >= num_blocks))):
+      raise ValueError(f"prompt block outside [0, {num_blocks}) (the decode state's "
+                       "prompt_blocks); by default a slot uses block = slot, which needs one "
+                       "block per slot.")
     if np.any(slots < 0) or np.any(rows < 0) or np.any(rows >= prefix.logits_RV.shape[0]):
       raise ValueError("Negative slot, or row outside the prefix.")
     # Pad to a bucket with out-of-range slot ids (dropped), so insert compiles
@@ -248,6 +269,8 @@ class Engine:
     slots = np.concatenate([slots, np.full((pad,), b, np.int32)])
     rows = np.concatenate([rows, np.zeros((pad,), np.int32)])
     sample_ids = np.concatenate([sample_ids, np.zeros((pad,), np.int32)])
+    blocks = np.concatenate([np.where(real, blocks, 0), np.zeros((pad,), np.int32)])
+    fill = np.concatenate([fill & real, np.zeros((pad,), bool)])
     region = decode_state.cache.valid.shape[1] - decode_state.tokens_BN.shape[1]
     if prefix.cache.valid.shape[1] > region:
       raise ValueError(f"Prefix of length {prefix.cache.valid.shape[1]} does not fit the decode "
@@ -255,7 +278,7 @@ class Engine:
     with self.mesh_context():
       return self._constrained(_jit_insert(
           self._spec, prefix, decode_state, jnp.asarray(slots), jnp.asarray(rows),
-          jnp.asarray(sample_ids)))
+          jnp.asarray(sample_ids), jnp.asarray(blocks), jnp.asarray(fill)))
 
   def generate(self, params: Params, decode_state: DecodeState,
                sampler=None) -> tuple[DecodeState, ResultTokens]:
@@ -289,10 +312,13 @@ class Engine:
   def decode_state_shardings(self, decode_state: DecodeState) -> Any:
     """`NamedSharding`s of a decode state on the engine's mesh (None without one).
 
-    Slots (rows) over the data axes (`data`, `fsdp`), KV heads over `tensor`;
-    an axis that does not divide its dimension is left unsharded. The KV
-    cache of 16 x 9,216 slots of Qwen3-4B is then split over the chips instead
-    of held whole on each (`docs/pods.md`).
+    Slots (rows) over the data axes (`data`, `fsdp`); the KV cache's page pool
+    `[K, L * P, G, H]` with its pages over the data axes and KV heads over
+    `tensor`; an axis that does not divide its dimension is left unsharded.
+    The KV cache of 16 x 9,216 slots of Qwen3-4B is then split over the chips
+    instead of held whole on each (`docs/pods.md`). A row's pages need not sit
+    on the row's device (XLA's partitioner moves the gathered pages); a pool
+    per device, with each row's pages on its own, is not built yet.
     """
     if self._mesh is None:
       return None
@@ -306,11 +332,12 @@ class Engine:
       if not shape:
         return jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
       axes = [None] * len(shape)
-      b_axis = 1 if cache_leaf and len(shape) == 5 else 0
+      pool = cache_leaf and len(shape) == 4  # [K, L * P, G, H]: pages over the rows' axes
+      b_axis = 1 if pool else 0
       if shape[b_axis] % n_rows == 0:
         axes[b_axis] = rows
-      if cache_leaf and len(shape) == 5 and shape[3] % tensor == 0:
-        axes[3] = "tensor"
+      if pool and shape[0] % tensor == 0:
+        axes[0] = "tensor"
       return jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(*axes))
 
     cache = decode_state.cache
@@ -333,8 +360,13 @@ class Engine:
   def init_decode_state(self, *args, num_slots: Optional[int] = None,
                         prefill_length: Optional[int] = None,
                         decode_length: Optional[int] = None,
-                        stop_ids: Optional[Sequence[int]] = None, **kwargs) -> DecodeState:
-    """Empty slots (defaults: the config's capacities and stop ids)."""
+                        stop_ids: Optional[Sequence[int]] = None,
+                        prompt_blocks: Optional[int] = None, **kwargs) -> DecodeState:
+    """Empty slots (defaults: the config's capacities and stop ids).
+
+    `prompt_blocks`: prompts the paged cache holds at once (default: one per
+    slot); see `bulk_insert` and `_steps.init_decode_state`.
+    """
     _reject_unknown("init_decode_state", args, kwargs)
     cfg = self.config
     stop = tuple(cfg.stop_ids if stop_ids is None else stop_ids)
@@ -344,7 +376,7 @@ class Engine:
     return self._constrained(_jit_init_decode_state(
         self._spec, self.model_config, num_slots or cfg.max_concurrent_decodes,
         prefill_length or cfg.max_prefill_length, decode_length or cfg.max_decode_length,
-        stop_E))
+        stop_E, prompt_blocks))
 
   def get_prefix_destination_sharding(self) -> Any:
     """Prefixes stay where prefill put them (one engine does prefill and decode)."""

@@ -156,8 +156,14 @@ class Sampler:
     slots = min(cfg.slot_bucket(total), max(cfg.max_concurrent_decodes, 1))
     chunk = max(1, slots // g)  # prompts per prefill call
     base_key = jax.random.key(seed)
+    # The paged cache holds each prompt once for its g samples (prompt blocks):
+    # room for the prompts of one full wave of slots and the next one's first.
+    num_blocks = min(slots, -(-slots // g) + 1)
     state = engine.init_decode_state(num_slots=slots, prefill_length=p, decode_length=n_bucket,
-                                     stop_ids=eos_ids)
+                                     stop_ids=eos_ids, prompt_blocks=num_blocks)
+    free_blocks = list(range(num_blocks))
+    block_of: dict[int, int] = {}  # prompt -> its block, while a sample of it is unharvested
+    unharvested: dict[int, int] = {}
     prefixes: dict[int, Any] = {}
     occupant = [None] * slots  # slot -> sample index
     out_tokens = [None] * total
@@ -184,16 +190,24 @@ class Sampler:
 
     while True:
       free = [b for b in range(slots) if occupant[b] is None]
-      by_chunk: dict[int, list[tuple[int, int]]] = {}
+      by_chunk: dict[int, list[tuple[int, int, int, bool]]] = {}
       while free and next_sample < total:
+        i = next_sample // g
+        fill = i not in block_of
+        if fill:
+          if not free_blocks:
+            break  # every block holds a prompt still decoding: wait for a harvest
+          block_of[i], unharvested[i] = free_blocks.pop(0), g
         b = free.pop(0)
         occupant[b] = next_sample
-        by_chunk.setdefault((next_sample // g) // chunk, []).append((b, next_sample))
+        by_chunk.setdefault(i // chunk, []).append((b, next_sample, block_of[i], fill))
         next_sample += 1
       for c, items in sorted(by_chunk.items()):
         state = engine.bulk_insert(
-            prefix_of(c), state, [b for b, _ in items],
-            rows=[(k // g) - c * chunk for _, k in items], sample_ids=[k % g for _, k in items])
+            prefix_of(c), state, [b for b, *_ in items],
+            rows=[(k // g) - c * chunk for _, k, *_ in items],
+            sample_ids=[k % g for _, k, *_ in items],
+            prompt_blocks=[blk for *_, blk, _ in items], fill=[f for *_, f in items])
       for c in [c for c in prefixes if (c + 1) * chunk * g <= next_sample]:
         del prefixes[c]  # every sample of this chunk is in a slot
       busy = [b for b in range(slots) if occupant[b] is not None]
@@ -215,6 +229,9 @@ class Sampler:
           out_tokens[k], out_lp[k] = tok[m, :n].tolist(), lp[m, :n].tolist()
           out_len[k], out_finish[k] = n, FINISH_NAMES[int(fin_B[b])]
           occupant[b] = None
+          unharvested[k // g] -= 1
+          if not unharvested[k // g]:
+            free_blocks.append(block_of.pop(k // g))
     return self._assemble(out_tokens, out_lp, out_len, out_finish, g, max_new_tokens)
 
   def _assemble(self, tokens, logprobs, lengths, finish, g: int,

@@ -1,0 +1,201 @@
+"""The decoder's paged KV cache: a page pool, a page table per row, in-place writes.
+
+Layout (docs/method.md §7). Keys and values live in one pool per tensor,
+`[K, L * P, G, H]`: K kv heads, the P pages of each of the L layers side by
+side (layer l's page p is pool page `l * P + p`), G slots per page, H head
+dim. It is the layout of the paged-attention kernels (jax's Pallas
+`paged_attention`, GPU and TPU: `k_pages[K, pages, page_size, H]`), with the
+layer folded into the page axis so one array serves every layer of the layer
+scan: a layer reads and writes its pages through page ids offset by
+`l * P`, and never slices its layer out of the pool (a slice of a scan
+carry, when a dot or a kernel consumes it, is a copy of the layer's whole
+cache at every decode step).
+
+Row b's logical slot s lives at pool page `pages[b, s // G]`, offset
+`s % G`. A contiguous cache is the identity table (`pages[b, j] = b * J + j`);
+the sampler's decode state shares one prompt's pages among its G samples
+(`mipu_jax/sampler/_steps.py`). New entries are written with one scatter into
+the carried pool (in place: the decode state is donated end to end;
+tests/test_kv_cache.py checks the compiled step for cache-sized copies), and
+decode attention reads page by page, only the pages that hold a filled slot
+of some row (`mipu_jax.models.attention.paged`).
+
+Shape letters: B rows, T new positions, S slots per row (J pages of G),
+K kv heads, H head dim, L layers, P pages per layer.
+"""
+
+from typing import NamedTuple, Optional
+
+import jax
+import jax.numpy as jnp
+
+# Default page size: the largest power of two up to this that divides a row.
+# Decode attention runs one loop step per page: bigger pages mean fewer steps
+# (XLA:CPU pays a few microseconds per loop step), smaller pages less waste at
+# each row's ends. bench/decode.py measures it.
+DEFAULT_PAGE_SIZE = 64
+
+
+class KVCache(NamedTuple):
+  """A paged key/value cache (module docstring).
+
+  Attributes:
+    k: [K, L * P, G, H] keys in the cache dtype (int8 with `k_scale`).
+    v: [K, L * P, G, H] values.
+    k_scale: [K, L * P, G, 1] float32 absmax scales when the cache is int8, else None.
+    v_scale: as `k_scale`.
+    pages: [B, J] int32, row b's j-th page (slots j*G .. j*G+G-1) in each
+      layer's P pages.
+    valid: [B, S] bool, whether a slot holds a real (non-padding) token.
+    index: [B] int32, each row's next slot to write: rows advance on their own
+      (a sampler slot refilled with a new request restarts its row), and a
+      call writes row b's T entries at `index[b] ..` (past the end: dropped).
+  """
+
+  k: jax.Array
+  v: jax.Array
+  k_scale: Optional[jax.Array]
+  v_scale: Optional[jax.Array]
+  pages: jax.Array
+  valid: jax.Array
+  index: jax.Array
+
+  @property
+  def page_size(self) -> int:
+    return self.k.shape[2]
+
+  def pages_per_layer(self, num_layers: int) -> int:
+    return self.k.shape[1] // num_layers
+
+
+def page_size_for(*lengths: int, maximum: int = DEFAULT_PAGE_SIZE) -> int:
+  """The largest power of two ≤ `maximum` that divides every length."""
+  if maximum < 1:
+    raise ValueError(f"page size must be >= 1, got {maximum}.")
+  g = 1
+  while g * 2 <= maximum and all(n % (g * 2) == 0 for n in lengths):
+    g *= 2
+  return g
+
+
+def init_pool(cfg, num_pages: int, page_size: int, dtype):
+  """Empty `(k, v, k_scale, v_scale)` pools of `num_pages` pages per layer."""
+  dtype = jnp.dtype(dtype)
+  shape = (cfg.num_kv_heads, cfg.num_layers * num_pages, page_size, cfg.head_dim)
+  scale = None
+  if dtype == jnp.int8:
+    scale = jnp.ones(shape[:-1] + (1,), jnp.float32)
+  return jnp.zeros(shape, dtype), jnp.zeros(shape, dtype), scale, scale
+
+
+def init_cache(cfg, batch: int, max_len: int, dtype=jnp.bfloat16, *,
+               page_size: Optional[int] = None) -> KVCache:
+  """An empty contiguous cache of `max_len` slots per row (identity page table).
+
+  Args:
+    cfg: the model's `Qwen3Config`.
+    batch: rows.
+    max_len: slots per row.
+    dtype: float32 / bfloat16 / float8_* / int8.
+    page_size: slots per page; must divide `max_len` (default:
+      `page_size_for(max_len)`).
+  """
+  g = page_size_for(max_len) if page_size is None else page_size
+  if max_len % g:
+    raise ValueError(f"page_size {g} does not divide the {max_len} slots of a row.")
+  j = max_len // g
+  k, v, ks, vs = init_pool(cfg, batch * j, g, dtype)
+  pages = jnp.arange(batch * j, dtype=jnp.int32).reshape(batch, j)
+  return KVCache(k=k, v=v, k_scale=ks, v_scale=vs, pages=pages,
+                 valid=jnp.zeros((batch, max_len), bool),
+                 index=jnp.zeros((batch,), jnp.int32))
+
+
+def quantize(x, dtype, kv_round=None):
+  """Casts new K/V to the cache dtype; int8 uses per-(token, head) absmax scales.
+
+  `kv_round` (a float dtype): round through it first, i.e. keep a cache of that
+  dtype's values in a wider float array (the sampler's `kv_cache_storage='fake'`).
+  """
+  if kv_round is not None:
+    return x.astype(kv_round).astype(dtype), None
+  if dtype == jnp.int8:
+    scale = jnp.max(jnp.abs(x.astype(jnp.float32)), axis=-1, keepdims=True) / 127.0
+    scale = jnp.where(scale == 0, 1.0, scale)
+    q = jnp.clip(jnp.round(x.astype(jnp.float32) / scale), -127, 127).astype(jnp.int8)
+    return q, scale
+  return x.astype(dtype), None
+
+
+def is_float8(dtype) -> bool:
+  return jnp.dtype(dtype).itemsize == 1 and jnp.issubdtype(dtype, jnp.floating)
+
+
+_BITS = {1: jnp.uint8, 2: jnp.uint16}
+
+
+def _narrow_float(dtype) -> bool:
+  dtype = jnp.dtype(dtype)
+  return jnp.issubdtype(dtype, jnp.floating) and dtype.itemsize in _BITS
+
+
+def scatter_set(pool, index, new):
+  """`pool.at[index].set(new, mode="drop")`, in place on a donated pool.
+
+  XLA:CPU has no scatter for floats narrower than 32 bits: it would convert
+  the whole pool to float32, scatter, and convert back, on every write
+  (tests/test_kv_cache.py finds such a convert in the compiled step). FP8 and
+  bfloat16 pools are scattered as the same bytes in unsigned integers.
+  """
+  new = new.astype(pool.dtype)
+  if not _narrow_float(pool.dtype):
+    return pool.at[index].set(new, mode="drop")
+  bits = _BITS[pool.dtype.itemsize]
+  as_bits = lambda a: jax.lax.bitcast_convert_type(a, bits)
+  out = as_bits(pool).at[index].set(as_bits(new), mode="drop")
+  return jax.lax.bitcast_convert_type(out, pool.dtype)
+
+
+def write_targets(pages_BJ, index_B, t: int, page_size: int, layer, pages_per_layer: int):
+  """Pool pages and offsets of each row's T new entries; past the row's end:
+  page id `L * P` or more (out of range: the write is dropped)."""
+  b, j = pages_BJ.shape
+  slots_BT = index_B[:, None] + jnp.arange(t, dtype=jnp.int32)[None, :]
+  page_BT = jnp.take_along_axis(pages_BJ, jnp.clip(slots_BT // page_size, 0, j - 1), axis=1)
+  inside = slots_BT < j * page_size
+  oob = jnp.iinfo(jnp.int32).max
+  page_BT = jnp.where(inside, page_BT + layer * pages_per_layer, oob)
+  return page_BT, slots_BT % page_size
+
+
+def write(pool, new_BTKH, page_BT, off_BT):
+  """Writes the new entries into the pool (one scatter; in place on a donated pool)."""
+  return scatter_set(pool, (slice(None), page_BT, off_BT), jnp.moveaxis(new_BTKH, 2, 0))
+
+
+def read_pages(pool, scale, page_ids_B, dtype):
+  """One page of each row, `[B, K, G, H]` in `dtype` (dequantized): a gather of B
+  pages, the only cache bytes a decode-attention step reads."""
+  if _narrow_float(pool.dtype):
+    # As in `scatter_set`: gathered as bytes, or XLA:CPU converts the whole
+    # pool to float32 first (no float8 gather; a bfloat16 one that its
+    # simplifier widens ahead of the float32 dot).
+    bits = jax.lax.bitcast_convert_type(pool, _BITS[pool.dtype.itemsize])
+    x = jax.lax.bitcast_convert_type(jnp.take(bits, page_ids_B, axis=1), pool.dtype)
+  else:
+    x = jnp.take(pool, page_ids_B, axis=1)
+  x = jnp.moveaxis(x, 1, 0)
+  if scale is None:
+    return x.astype(dtype)
+  s = jnp.moveaxis(jnp.take(scale, page_ids_B, axis=1), 1, 0)
+  return (x.astype(jnp.float32) * s).astype(dtype)
+
+
+def logical_view(pool, scale, pages_BJ, layer, pages_per_layer: int, dtype):
+  """A layer's whole cache as `[B, S, K, H]` (every page of every row): the
+  dense reference path's input, a cache-sized gather."""
+  b, j = pages_BJ.shape
+  ids = (pages_BJ + layer * pages_per_layer).reshape(-1)
+  x_BKGH = read_pages(pool, scale, ids, dtype)  # [B*J, K, G, H]
+  k, g, h = x_BKGH.shape[1:]
+  return jnp.moveaxis(x_BKGH.reshape(b, j, k, g, h), 2, 3).reshape(b, j * g, k, h)

@@ -1,0 +1,158 @@
+"""The paged KV cache (mipu_jax/models/kv_cache.py) and decode attention over it.
+
+- The compiled decode step writes the donated cache in place: its optimized
+  HLO holds no copy, transpose or convert as large as one layer's share of
+  the cache, for float32 / bfloat16 / FP8 / int8 caches, in one step and in
+  the `while_loop` of `generate_until_done`.
+- `attention.paged` equals the dense reference over the gathered cache on
+  ragged rows, right-aligned prompts, shuffled page tables and every cache
+  dtype, and a row's result does not depend on the other rows.
+"""
+
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from flax import nnx
+
+from mipu_jax.models import attention
+from mipu_jax.models import get_config
+from mipu_jax.models import kv_cache
+from mipu_jax.models import Qwen3
+from mipu_jax.sampler import Engine
+from mipu_jax.sampler import engine as engine_lib
+from mipu_jax.sampler.config import SamplerConfig
+
+_HLO_OP = re.compile(r"=\s*(\w+)\[([\d,]*)\][^=]*?\s(copy|transpose|convert)\(")
+
+
+def _big_ops(hlo: str, limit: int) -> list[str]:
+  """The copy / transpose / convert instructions with at least `limit` elements."""
+  out = []
+  for line in hlo.splitlines():
+    m = _HLO_OP.search(line)
+    if m and m.group(2):
+      n = int(np.prod([int(d) for d in m.group(2).split(",")]))
+      if n >= limit:
+        out.append(line.strip()[:200])
+  return out
+
+
+@pytest.fixture(scope="module")
+def model():
+  """Three layers, so a copy of one layer's pages is distinguishable from the pool."""
+  return Qwen3(get_config("tiny", vocab_size=61, hidden_size=40, num_layers=3, num_heads=4,
+                          num_kv_heads=2, head_dim=12, intermediate_size=64),
+               rngs=nnx.Rngs(0))
+
+
+@pytest.mark.parametrize("kv", [None, "bfloat16", "fp8", "int8"])
+def test_compiled_decode_step_writes_the_cache_in_place(model, kv):
+  dtype = "bfloat16" if kv == "bfloat16" else "float32"
+  cfg = SamplerConfig(dtype=dtype, kv_cache_dtype=None if kv == "bfloat16" else kv,
+                      kv_cache_storage="real", max_concurrent_decodes=8,
+                      max_prefill_length=32, max_decode_length=224, page_size=32,
+                      decode_attention="paged")
+  engine = Engine(model, cfg)
+  params = engine.load_params()
+  state = engine.init_decode_state()
+  pool = state.cache.k
+  layers = engine.model_config.num_layers
+  limit = pool.size // layers  # one layer's share of one pool
+  assert layers == 3 and pool.shape[1] % layers == 0
+  assert limit >= 8 * 256 * 2  # rows x slots x kv heads
+  for name, fn, args in (
+      ("generate", engine_lib._jit_generate, (engine._spec, params, state)),
+      ("generate_until_done", engine_lib._jit_generate_until_done,
+       (engine._spec, params, state))):
+    hlo = fn.lower(*args).compile().as_text()
+    assert not _big_ops(hlo, limit), (name, _big_ops(hlo, limit)[:5])
+    # Donation: the pools come back in the input buffers.
+    assert "input_output_alias" in hlo, name
+
+
+def test_the_hlo_check_sees_a_cache_sized_convert_and_transpose():
+  """The check itself, on what it must catch: XLA:CPU scatters into a bfloat16
+  pool through a float32 copy of all of it (`kv_cache.scatter_set` does not),
+  and a transposed cache is a transpose of its size."""
+  pool = jnp.zeros((2, 64, 32, 12), jnp.bfloat16)
+  new = jnp.ones((2, 8, 1, 12), jnp.bfloat16)
+  ids = (slice(None), jnp.arange(8)[:, None], jnp.zeros((8, 1), jnp.int32))
+  plain = jax.jit(lambda p, n: p.at[ids].set(n, mode="drop"), donate_argnums=0)
+  ours = jax.jit(lambda p, n: kv_cache.scatter_set(p, ids, n), donate_argnums=0)
+  if jax.default_backend() == "cpu":
+    assert _big_ops(plain.lower(pool, new).compile().as_text(), pool.size)
+  assert not _big_ops(ours.lower(pool, new).compile().as_text(), pool.size)
+  np.testing.assert_array_equal(np.asarray(ours(jnp.zeros_like(pool), new), np.float32),
+                                np.asarray(plain(jnp.zeros_like(pool), new), np.float32))
+  hlo = jax.jit(lambda c: jnp.swapaxes(c, 1, 2) + 1).lower(pool).compile().as_text()
+  assert _big_ops(hlo, pool.size)
+
+
+def _random_cache(rng, b, s, k, h, g, dtype, layers=2, layer=1):
+  """A cache of `b` rows of `s` slots with a shuffled page table, random K/V."""
+  cfg = type("C", (), dict(num_kv_heads=k, head_dim=h, num_layers=layers))
+  j = s // g
+  kp, vp, ks, vs = kv_cache.init_pool(cfg, b * j, g, dtype)
+  perm = rng.permutation(b * j).reshape(b, j).astype(np.int32)
+  x = lambda shape: jnp.asarray(rng.standard_normal(shape), jnp.float32)
+  per = b * j
+  kp, vp = kp.astype(jnp.float32), vp.astype(jnp.float32)
+  kq, ksc = kv_cache.quantize(x(kp.shape[:1] + (per * layers,) + kp.shape[2:]), jnp.dtype(dtype))
+  vq, vsc = kv_cache.quantize(x(kp.shape[:1] + (per * layers,) + kp.shape[2:]), jnp.dtype(dtype))
+  return kq, vq, ksc, vsc, jnp.asarray(perm), per, layer
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float8_e4m3fn", "int8"])
+def test_paged_attention_equals_dense_on_ragged_rows(dtype):
+  rng = np.random.default_rng(0)
+  b, s, k, n, h, g, t = 5, 96, 2, 4, 16, 16, 1
+  kq, vq, ksc, vsc, pages, per, layer = _random_cache(rng, b, s, k, h, g, dtype)
+  # Ragged rows: right-aligned prompts of different lengths, generated slots
+  # after a prefill region of 32, one row empty but for its query slot.
+  valid = np.zeros((b, s), bool)
+  q_slot = np.array([[40], [33], [95], [70], [32]], np.int32)
+  for r, (start, end) in enumerate([(20, 41), (30, 34), (0, 96), (31, 71), (32, 33)]):
+    valid[r, start:end] = True
+  valid[1, 32] = False  # a hole (padding inside the window)
+  q = jnp.asarray(rng.standard_normal((b, t, n, h)), jnp.float32)
+  ids = pages + layer * per
+  got = attention.paged(q, kq, vq, ksc, vsc, ids, jnp.asarray(valid), jnp.asarray(q_slot),
+                        jnp.float32)
+  keys = kv_cache.logical_view(kq, ksc, pages, layer, per, jnp.float32)
+  values = kv_cache.logical_view(vq, vsc, pages, layer, per, jnp.float32)
+  mask = attention.cache_mask(jnp.asarray(q_slot[:, 0]), t, jnp.asarray(valid))
+  want = attention.attend(q, keys, values, mask)
+  np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=2e-5, atol=2e-6)
+  # A row alone gives the same numbers: the other rows only widen the loop.
+  for r in range(b):
+    alone = attention.paged(q[r:r + 1], kq, vq, ksc, vsc, ids[r:r + 1],
+                            jnp.asarray(valid[r:r + 1]), jnp.asarray(q_slot[r:r + 1]),
+                            jnp.float32)
+    np.testing.assert_allclose(np.asarray(alone[0]), np.asarray(got[r]), rtol=1e-6, atol=1e-7)
+
+
+def test_paged_cache_write_lands_at_the_page_table_slots():
+  rng = np.random.default_rng(1)
+  cfg = type("C", (), dict(num_kv_heads=2, head_dim=4, num_layers=3))
+  b, s, g = 3, 16, 4
+  kp, _, _, _ = kv_cache.init_pool(cfg, b * (s // g), g, jnp.float32)
+  pages = jnp.asarray(rng.permutation(b * (s // g)).reshape(b, s // g), jnp.int32)
+  index = jnp.array([0, 5, 14], jnp.int32)
+  new = jnp.asarray(rng.standard_normal((b, 3, 2, 4)), jnp.float32)
+  per = b * (s // g)
+  page, off = kv_cache.write_targets(pages, index, 3, g, 2, per)
+  out = kv_cache.write(kp, new, page, off)
+  view = np.asarray(kv_cache.logical_view(out, None, pages, 2, per, jnp.float32))
+  for r in range(b):
+    for t in range(3):
+      slot = int(index[r]) + t
+      if slot < s:  # past the row's end: dropped
+        np.testing.assert_array_equal(view[r, slot], np.asarray(new[r, t]))
+  # Row 2's third entry (slot 16) was dropped; nothing else was written.
+  assert np.count_nonzero(np.abs(view).sum(-1).sum(-1)) == 8
+  # Other layers untouched.
+  assert not np.asarray(kv_cache.logical_view(out, None, pages, 1, per, jnp.float32)).any()
