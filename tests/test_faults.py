@@ -144,6 +144,30 @@ def test_a_fresh_start_moves_an_earlier_attempts_log_aside(tmp_path):
   assert resume.metrics_rows(str(path), 1) == [{"step": 0, "a": 1}, {"step": 1, "a": 2}]
 
 
+def test_compressed_metrics_read_back_and_resume(tmp_path):
+  """Committed runs keep metrics.jsonl.gz: read as the plain file, the same
+  bytes for the same rows, and decompressed when the run resumes."""
+  text = '{"step": 0, "a": 1}\n{"step": 1, "a": NaN}\n{"step": 2, "a": 3}\n'
+  blobs = []
+  for name in ("x", "y"):
+    path = tmp_path / name / "metrics.jsonl"
+    path.parent.mkdir()
+    path.write_text(text)
+    want = rl.read_jsonl(str(path))
+    assert rl.compress_jsonl(str(path)) == str(path) + ".gz" and not path.exists()
+    assert rl.jsonl_exists(str(path))
+    got = rl.read_jsonl(str(path))
+    assert [r["step"] for r in got] == [0, 1, 2] and np.isnan(got[1]["a"])
+    assert [r["a"] for r in got if r["step"] != 1] == [r["a"] for r in want if r["step"] != 1]
+    blobs.append((tmp_path / name / "metrics.jsonl.gz").read_bytes())
+  assert blobs[0] == blobs[1]  # deterministic: no time or name in the header
+  path = tmp_path / "x" / "metrics.jsonl"
+  assert [r["step"] for r in resume.metrics_rows(str(path), 1)] == [0, 1]
+  assert not os.path.exists(str(path) + ".gz")  # decompressed, then set aside
+  assert os.path.exists(str(path) + ".before_resume")
+  assert not rl.jsonl_exists(str(tmp_path / "z" / "metrics.jsonl"))
+
+
 def test_nonfinite_updates_are_skipped_and_the_run_stops_after_a_streak(tmp_path, monkeypatch):
   workdir = str(tmp_path / "run")
   make_batch = batching.make_batch

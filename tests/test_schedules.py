@@ -261,17 +261,16 @@ def test_measured_surge_step_and_period():
 def test_table_lr_decay_row_acts_on_the_measured_surge():
   """The table's LR-decay row: T_decay from the surge step measured on the
   committed baseline runs, and a rate curve that leaves the baseline's."""
-  import json  # pylint: disable=g-import-not-at-top
   import os  # pylint: disable=g-import-not-at-top
   from configs import table  # pylint: disable=g-import-not-at-top
   from mipu_jax import config as config_lib  # pylint: disable=g-import-not-at-top
+  from mipu_jax import rl  # pylint: disable=g-import-not-at-top
   root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
   measured = []
   for seed in range(3):
     path = os.path.join(root, table.BASELINE_RUNS.format(seed=seed), "metrics.jsonl")
-    with open(path) as f:
-      lengths = [r["rollout/response_length_mean"] for r in map(json.loads, f)
-                 if "rollout/response_length_mean" in r]
+    lengths = [r["rollout/response_length_mean"] for r in rl.read_jsonl(path)
+               if "rollout/response_length_mean" in r]
     measured.append(schedules.measured_surge_step(lengths))
   assert int(np.median(measured)) == table.SURGE_STEP
   cfg = config_lib.from_config_dict(table.get_config("lr_decay"))

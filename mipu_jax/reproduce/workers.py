@@ -10,6 +10,7 @@ newest checkpoint (`runs.run_one`).
 
 import concurrent.futures
 import dataclasses
+import gzip
 import logging
 import multiprocessing
 import os
@@ -54,10 +55,13 @@ def _train(job: Job, cache: Optional[str]):
 def steps_done(workdir: str) -> int:
   """RL steps a run has logged (its step-0 evaluation row is not a step)."""
   path = os.path.join(workdir, "metrics.jsonl")
-  if not os.path.exists(path):
-    return 0
-  with open(path) as f:
-    return max(sum(1 for _ in f) - 1, 0)
+  if os.path.exists(path):
+    with open(path, "rb") as f:
+      return max(sum(1 for _ in f) - 1, 0)
+  if os.path.exists(path + ".gz"):  # a finished, committed run
+    with gzip.open(path + ".gz", "rb") as f:
+      return max(sum(1 for _ in f) - 1, 0)
+  return 0
 
 
 def train_in_workers(jobs: Sequence[Job], *, workers: int, cache: Optional[str] = None,

@@ -32,6 +32,9 @@ from mipu_jax.rl.setup import make_task
 from mipu_jax.rl.setup import Run
 from mipu_jax.rl.setup import Task
 from mipu_jax.rl.writer import MetricWriter
+from mipu_jax.rl.writer import compress_jsonl
+from mipu_jax.rl.writer import decompress_jsonl
+from mipu_jax.rl.writer import jsonl_exists
 from mipu_jax.rl.writer import read_jsonl
 
 __all__ = [
@@ -53,7 +56,7 @@ __all__ = [
     "make_task",
     "pack",
     "plot_run",
-    "read_jsonl",
+    "compress_jsonl", "decompress_jsonl", "jsonl_exists", "read_jsonl",
     "results_table",
     "rl_step",
     "sample_groups",

@@ -96,6 +96,7 @@ def metrics_rows(path: str, start: int) -> list[dict[str, float]]:
   start: an earlier attempt's file (killed before its first checkpoint) is
   moved to `metrics.jsonl.before_restart`; nothing is kept.
   """
+  writer_lib.decompress_jsonl(path)  # a committed (compressed) run resumed
   if not os.path.exists(path):
     if start:
       _log.warning("Resuming at step %d without %s: earlier rows are lost.", start, path)

@@ -12,10 +12,12 @@ from view, tensorboardX's `purge_step`), W&B logs those it does not hold
 (`mipu_jax.rl.wandb_run`).
 """
 
+import gzip
 import json
 import logging
 import math
 import os
+import shutil
 from typing import Any, Mapping, Optional, Sequence
 
 import tensorboardX
@@ -184,8 +186,40 @@ class NullWriter:
     pass
 
 
+GZ = ".gz"
+
+
+def compress_jsonl(path: str) -> str:
+  """Replaces a finished run's `path` by `path.gz` (the committed results are
+  kept so: `read_jsonl` reads either); returns the new path. The gzip header
+  holds no time or name, so the same rows give the same bytes."""
+  with open(path, "rb") as src, open(path + GZ, "wb") as raw:
+    with gzip.GzipFile(filename="", mode="wb", fileobj=raw, compresslevel=9, mtime=0) as dst:
+      shutil.copyfileobj(src, dst)
+  os.remove(path)
+  return path + GZ
+
+
+def decompress_jsonl(path: str) -> bool:
+  """Brings back `path` from `path.gz` if only the compressed file exists (a
+  committed run resumed or extended); whether it did."""
+  if os.path.exists(path) or not os.path.exists(path + GZ):
+    return False
+  with gzip.open(path + GZ, "rb") as src, open(path, "wb") as dst:
+    shutil.copyfileobj(src, dst)
+  os.remove(path + GZ)
+  return True
+
+
+def jsonl_exists(path: str) -> bool:
+  """Whether `path` or its compressed `path.gz` exists."""
+  return os.path.exists(path) or os.path.exists(path + GZ)
+
+
 def read_jsonl(path: str, *, repair: bool = False) -> list[dict[str, float]]:
   """The rows of a `metrics.jsonl` (non-finite values as floats again).
+
+  Reads `path`, or `path.gz` when only that exists (`compress_jsonl`).
 
   Args:
     path: the file.
@@ -197,8 +231,12 @@ def read_jsonl(path: str, *, repair: bool = False) -> list[dict[str, float]]:
       `repair`), naming the file and the line.
   """
   rows = []
-  with open(path) as f:
-    lines = f.read().split("\n")
+  if not os.path.exists(path) and os.path.exists(path + GZ):
+    with gzip.open(path + GZ, "rt") as f:
+      lines = f.read().split("\n")
+  else:
+    with open(path) as f:
+      lines = f.read().split("\n")
   # A complete file ends with a newline: its last element is "".
   torn = lines.pop() if lines else ""
   for i, line in enumerate(lines, start=1):
