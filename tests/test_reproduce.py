@@ -346,3 +346,38 @@ def test_a_main_job_workers_error_names_its_run(tmp_path):
   job = reproduce.Job("baseline", 4, cfg, str(blocker / "runs" / "baseline_s4"))
   with pytest.raises(RuntimeError, match=r"^\[baseline seed 4\] "):
     workers._train(job, "")
+
+
+def test_placement_puts_a_users_run_among_the_committed_seeds():
+  def run(row, seed, avg):
+    return reproduce.RunSummary(row=row, seed=seed, workdir="", final={"avg": avg},
+                                final_se=0.01, peak_avg=avg, peak_step=1, peak_se=0.01,
+                                stable=True, rollback_rate=0.0, k3_kl=0.0, seconds=1.0)
+  committed = [run("baseline", s, v) for s, v in enumerate([0.3, 0.5, 0.4, 0.6, 0.2])]
+  md = reproduce.placement_markdown([run("baseline", 0, 0.45), run("tis", 0, 0.5)], committed)
+  # 45 beats 30, 40, 20: 3 of 5; median of 20..60 is 40; the committed seed 0 had 30.
+  assert "| Baseline | 0 | 45.0 | 20.0 / 40.0 / 60.0 (5) | 3 of 5 | 30.0 |" in md
+  assert "TIS" not in md  # no committed run of that row
+  assert reproduce.placement_markdown([run("tis", 0, 0.5)], committed) == ""
+
+
+def test_the_main_job_places_its_runs_only_against_the_same_setting():
+  """compare.py reads the committed runs back only when their config is the
+  job's (seed aside): the committed seed 0 places at its own value; --quick
+  has nothing to be compared with."""
+  sys.path.insert(0, os.path.join(ROOT, "experiments"))
+  try:
+    import compare  # pylint: disable=g-import-not-at-top
+  finally:
+    sys.path.pop(0)
+  runs = [reproduce.run_one(_build(table, "control,seed=0"), "control", 0,
+                            os.path.join(ROOT, "results", "small_cpu", "runs", "control_s0"),
+                            log=lambda _: None, train=False)]
+  full = lambda row, seed, p: compare.make_config(row, seed, p, quick=False, steps=None,
+                                                  setting="")
+  text = compare.committed_placement(runs, full)
+  assert "| No mismatch (fp32 sampler) | 0 | 55.6 | 51.6 / 58.1 / 63.6 (10) |" in text
+  quick = lambda row, seed, p: compare.make_config(row, seed, p, quick=True, steps=None,
+                                                   setting="")
+  assert compare.committed_placement(runs, quick).startswith(
+      "Not placed among the committed runs, another setting")

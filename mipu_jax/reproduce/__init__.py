@@ -50,6 +50,7 @@ rate).
 
 from mipu_jax.reproduce.report import claims_markdown
 from mipu_jax.reproduce.report import per_seed_markdown
+from mipu_jax.reproduce.report import placement_markdown
 from mipu_jax.reproduce.report import plot_curves
 from mipu_jax.reproduce.report import plot_gap
 from mipu_jax.reproduce.report import plot_lr_decay
@@ -86,7 +87,7 @@ __all__ = [
     "MakeConfig", "PANELS", "PRECISION_FIELDS", "ROLLBACK_ROWS", "ROW_FIELDS",
     "RunSummary", "SOURCE_TABLES", "STABLE_SES", "TableResult",
     "check_like_with_like", "claims_markdown", "collapse_step",
-    "enable_compilation_cache", "order_rows", "per_seed_markdown", "plot_curves",
+    "enable_compilation_cache", "order_rows", "per_seed_markdown", "placement_markdown", "plot_curves",
     "plot_gap", "plot_lr_decay", "run_label", "run_one", "run_table", "summarize", "tables_markdown",
     "train_in_workers",
 ]

@@ -72,6 +72,34 @@ def per_seed_markdown(runs: Sequence[RunSummary]) -> str:
   return "\n".join(lines)
 
 
+def placement_markdown(runs: Sequence[RunSummary],
+                       reference: Sequence[RunSummary]) -> str:
+  """Where each run falls among the committed runs of the same row.
+
+  The float sums of XLA:CPU depend on the host (its vector units, the
+  thread count), and RL turns a difference in the sixth digit into another
+  trajectory, so a user's seed 0 is one more draw from the row's
+  distribution, not a copy of the committed seed 0. Per run: its final
+  Avg., the committed seeds' min / median / max, and how many committed
+  seeds it beats.
+  """
+  lines = ["| Row | seed | your final Avg. | committed: min / median / max (n) | "
+           "committed seeds below yours | committed seed of the same number |",
+           "|---|---|---|---|---|---|"]
+  for r in runs:
+    ref = [x for x in reference if x.row == r.row]
+    if not ref:
+      continue
+    x = 100 * np.array([q.final["avg"] for q in ref])
+    mine = 100 * r.final["avg"]
+    same = [f"{100 * q.final['avg']:.1f}" for q in ref if q.seed == r.seed] or ["—"]
+    lines.append(
+        f"| {LABELS.get(r.row, r.row)} | {r.seed} | {mine:.1f} | {x.min():.1f} / "
+        f"{np.median(x):.1f} / {x.max():.1f} ({x.size}) | {int((x < mine).sum())} of "
+        f"{x.size} | {same[0]} |")
+  return "\n".join(lines) if len(lines) > 2 else ""
+
+
 def claims_markdown(runs: Sequence[RunSummary]) -> str:
   """One verdict line per claim of the sources whose two rows ran
   (`stats.CLAIMS`, paired by seed on final Avg.)."""
