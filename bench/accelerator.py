@@ -210,38 +210,17 @@ def learner_child(args, attention_impl: str) -> dict:
   import dataclasses  # pylint: disable=g-import-not-at-top
 
   import jax  # pylint: disable=g-import-not-at-top
-  import numpy as np  # pylint: disable=g-import-not-at-top
-  from flax import nnx  # pylint: disable=g-import-not-at-top
 
-  from mipu_jax import config as config_lib  # pylint: disable=g-import-not-at-top
-  from mipu_jax import losses  # pylint: disable=g-import-not-at-top
   from mipu_jax import memory_plan  # pylint: disable=g-import-not-at-top
-  from mipu_jax import models  # pylint: disable=g-import-not-at-top
-  from mipu_jax.learner import host_batch, Learner, mesh_from_config  # pylint: disable=g-import-not-at-top
-  from model import train_flops_per_token  # pylint: disable=g-import-not-at-top
+  from model import one_row_learner, train_flops_per_token  # pylint: disable=g-import-not-at-top
 
   prompt, response = args.learner_prompt, args.learner_response
   t = prompt + response
   cpu = _platform() == "cpu"
   mcfg = dataclasses.replace(model_config(args), dtype="float32" if cpu else "bfloat16",
                              attention=attention_impl, remat="layer")
-  model = models.Qwen3(mcfg, rngs=nnx.Rngs(0))
-  cfg = config_lib.TrainConfig(
-      data=config_lib.DataConfig(prompts_per_step=1, group_size=2),
-      loss=losses.LossConfig(correction=losses.CorrectionConfig.from_preset("mipu_step1")),
-      learner=config_lib.LearnerConfig(logits_chunk=min(1024, t), log_entropy=False,
-                                       mesh=config_lib.MeshConfig(1, 1, 1)),
-      sampling=config_lib.SamplingConfig(max_new_tokens=response))
-  learner = Learner.from_config(cfg, model, mesh_from_config(cfg.learner.mesh))
+  learner, state, batch = one_row_learner(mcfg, prompt, response, min(1024, t))
   plan = memory_plan._memory(learner.lower_step(1, t))  # pylint: disable=protected-access
-  state = learner.init_state(nnx.to_pure_dict(nnx.state(model, nnx.Param)), seed=0)
-  del model
-  rng = np.random.default_rng(0)
-  tokens = rng.integers(3, mcfg.vocab_size, (1, t))
-  loss_mask = (np.arange(t) >= prompt)[None].astype(np.float32)
-  lp = rng.normal(-2.0, 0.1, (1, t)) * loss_mask
-  batch = host_batch(tokens, np.ones((1, t), np.float32), loss_mask, lp, np.ones(1),
-                     lp_old_BT=lp)
   t0 = time.perf_counter()
   state, m = learner.step(state, batch)
   jax.block_until_ready((state, m))

@@ -85,34 +85,17 @@ def step_child(attention_impl, logits_chunk, prompt, response, preset):
   import dataclasses  # pylint: disable=g-import-not-at-top
 
   import jax  # pylint: disable=g-import-not-at-top
-  import numpy as np  # pylint: disable=g-import-not-at-top
-  from flax import nnx  # pylint: disable=g-import-not-at-top
 
-  from mipu_jax import config as config_lib  # pylint: disable=g-import-not-at-top
-  from mipu_jax import losses  # pylint: disable=g-import-not-at-top
   from mipu_jax import models  # pylint: disable=g-import-not-at-top
-  from mipu_jax.learner import host_batch, Learner, mesh_from_config  # pylint: disable=g-import-not-at-top
+  sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+  from model import one_row_learner, train_flops_per_token  # pylint: disable=g-import-not-at-top
 
   t = prompt + response
   gpu = jax.devices()[0].platform == "gpu"
   mcfg = dataclasses.replace(models.get_config(preset),
                              dtype="bfloat16" if gpu else "float32",
                              attention=attention_impl, remat="layer")
-  model = models.Qwen3(mcfg, rngs=nnx.Rngs(0))
-  cfg = config_lib.TrainConfig(
-      data=config_lib.DataConfig(prompts_per_step=1, group_size=2),
-      loss=losses.LossConfig(correction=losses.CorrectionConfig.from_preset("mipu_step1")),
-      learner=config_lib.LearnerConfig(logits_chunk=logits_chunk, log_entropy=False,
-                                       mesh=config_lib.MeshConfig(1, 1, 1)),
-      sampling=config_lib.SamplingConfig(max_new_tokens=response))
-  learner = Learner.from_config(cfg, model, mesh_from_config(cfg.learner.mesh))
-  state = learner.init_state(nnx.to_pure_dict(nnx.state(model, nnx.Param)), seed=0)
-  rng = np.random.default_rng(0)
-  tokens = rng.integers(3, mcfg.vocab_size, (1, t))
-  input_mask = np.ones((1, t), np.float32)
-  loss_mask = (np.arange(t) >= prompt)[None].astype(np.float32)
-  lp = rng.normal(-2.0, 0.1, (1, t)) * loss_mask
-  batch = host_batch(tokens, input_mask, loss_mask, lp, np.ones(1), lp_old_BT=lp)
+  learner, state, batch = one_row_learner(mcfg, prompt, response, logits_chunk)
   t0 = time.perf_counter()
   state, m = learner.step(state, batch)
   jax.block_until_ready((state, m))
@@ -126,8 +109,6 @@ def step_child(attention_impl, logits_chunk, prompt, response, preset):
          "loss": float(m["actor/loss"]), "tokens": t,
          "params": sum(x.size for x in jax.tree.leaves(state.params))}
   if gpu:
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from model import train_flops_per_token  # pylint: disable=g-import-not-at-top
     flops = train_flops_per_token(mcfg, t) * t
     out["tokens_per_second"] = t / seconds
     out["achieved_tflops"] = flops / seconds / 1e12

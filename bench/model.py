@@ -23,6 +23,32 @@ from flax import nnx
 from mipu_jax import models
 
 
+def one_row_learner(mcfg: models.Qwen3Config, prompt: int, response: int, logits_chunk: int):
+  """The learner step the benches time: MIPU Step 1's loss on one (prompt +
+  response)-token row, one device; `(learner, state, batch)` with random
+  tokens and log-probs (`bench/accelerator.py`, `bench/attention.py`)."""
+  from mipu_jax import config as config_lib  # pylint: disable=g-import-not-at-top
+  from mipu_jax import losses  # pylint: disable=g-import-not-at-top
+  from mipu_jax.learner import host_batch, Learner, mesh_from_config  # pylint: disable=g-import-not-at-top
+  t = prompt + response
+  model = models.Qwen3(mcfg, rngs=nnx.Rngs(0))
+  cfg = config_lib.TrainConfig(
+      data=config_lib.DataConfig(prompts_per_step=1, group_size=2),
+      loss=losses.LossConfig(correction=losses.CorrectionConfig.from_preset("mipu_step1")),
+      learner=config_lib.LearnerConfig(logits_chunk=logits_chunk, log_entropy=False,
+                                       mesh=config_lib.MeshConfig(1, 1, 1)),
+      sampling=config_lib.SamplingConfig(max_new_tokens=response))
+  learner = Learner.from_config(cfg, model, mesh_from_config(cfg.learner.mesh))
+  state = learner.init_state(nnx.to_pure_dict(nnx.state(model, nnx.Param)), seed=0)
+  rng = np.random.default_rng(0)
+  tokens = rng.integers(3, mcfg.vocab_size, (1, t))
+  loss_mask = (np.arange(t) >= prompt)[None].astype(np.float32)
+  lp = rng.normal(-2.0, 0.1, (1, t)) * loss_mask
+  batch = host_batch(tokens, np.ones((1, t), np.float32), loss_mask, lp, np.ones(1),
+                     lp_old_BT=lp)
+  return learner, state, batch
+
+
 def train_flops_per_token(cfg: models.Qwen3Config, seq: int) -> float:
   """Matmul FLOPs of forward+backward per token (3x forward; causal attention halves QK/PV)."""
   d, f, n, k, h, v = (cfg.hidden_size, cfg.intermediate_size, cfg.num_heads, cfg.num_kv_heads,

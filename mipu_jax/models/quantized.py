@@ -38,8 +38,10 @@ import numpy as np
 import qwix
 
 # Activation qtypes of the native dots, by the name the config uses.
-_ACT_DTYPES = {"int8": jnp.int8, "fp8": jnp.float8_e4m3fn, "fp8_e4m3": jnp.float8_e4m3fn,
-               "fp8_e5m2": jnp.float8_e5m2}
+# Activation quantization modes and their dtypes (the sampler's `act_quant`
+# names; `mipu_jax.sampler.quant.ACT_QTYPES` is this table).
+ACT_DTYPES = {"int8": jnp.int8, "fp8": jnp.float8_e4m3fn, "fp8_e4m3": jnp.float8_e4m3fn,
+              "fp8_e5m2": jnp.float8_e5m2}
 _INT = (jnp.dtype(jnp.int8), jnp.dtype(jnp.int4))
 _FP8 = (jnp.dtype(jnp.float8_e4m3fn), jnp.dtype(jnp.float8_e5m2))
 
@@ -78,7 +80,7 @@ class QuantizedWeight:
     """'int8', 'fp8' (a native low-precision dot) or 'dequantized'."""
     if self.act is None:
       return "dequantized"
-    a, w = jnp.dtype(_ACT_DTYPES[self.act]), jnp.dtype(self.values.dtype)
+    a, w = jnp.dtype(ACT_DTYPES[self.act]), jnp.dtype(self.values.dtype)
     if a == jnp.int8 and w in _INT:
       return "int8"
     if a in _FP8 and (w in _FP8 or w == jnp.int4):
@@ -135,7 +137,7 @@ def quantize_activation(x: jax.Array, qtype, channel_axes: tuple[int, ...]) -> q
 
 def quantize_rows(x_MI: jax.Array, act: str):
   """Per-row quantization of `[M, I]` activations: values and float32 scales `[M, 1]`."""
-  q = quantize_activation(x_MI, _ACT_DTYPES[act], (0,))
+  q = quantize_activation(x_MI, ACT_DTYPES[act], (0,))
   return q.qvalue, q.scale
 
 

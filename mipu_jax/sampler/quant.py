@@ -74,12 +74,7 @@ WEIGHT_QTYPES = {
     "fp8_e4m3": jnp.float8_e4m3fn,
     "fp8_e5m2": jnp.float8_e5m2,
 }
-ACT_QTYPES = {
-    "int8": jnp.int8,
-    "fp8": jnp.float8_e4m3fn,
-    "fp8_e4m3": jnp.float8_e4m3fn,
-    "fp8_e5m2": jnp.float8_e5m2,
-}
+ACT_QTYPES = quantized.ACT_DTYPES
 STORAGES = ("fake", "real")
 COMPUTES = ("emulated", "native")
 
