@@ -248,3 +248,13 @@ def test_a_full_disk_during_a_checkpoint_write_keeps_the_previous_one(tmp_path, 
   chex.assert_trees_all_equal(_host(state), _host(before))
   result = rl.train(_config(3), workdir)  # space freed: the same command resumes
   assert int(result.state.step) == 3 and _steps(workdir) == [0, 1, 2, 3]
+
+
+def test_a_packaged_base_policy_compares_alike_in_every_clone():
+  """A committed run records init_from as an absolute path; another clone's
+  path to the same packaged policy is not a difference, another policy is."""
+  saved = {"model": {"init_from": "/work/main/mipu_jax/tasks/assets/base_policy"}}
+  here = {"model": {"init_from": "/tmp/clone/mipu_jax/tasks/assets/base_policy"}}
+  other = {"model": {"init_from": "/data/ckpt/base_policy"}}
+  assert config_lib.config_diff(saved, here) == {}
+  assert set(config_lib.config_diff(saved, other)) == {"model.init_from"}

@@ -29,11 +29,25 @@ def as_json(cfg: Any) -> dict[str, Any]:
   return json.loads(json.dumps(dataclasses.asdict(cfg), default=str))
 
 
+# The base policies shipped in the package: a run records their absolute
+# path, which differs between clones (and worktrees) of the same repository.
+_PACKAGED = "/mipu_jax/tasks/assets/"
+
+
 def flatten(cfg: Any) -> dict[str, Any]:
-  """A config (`TrainConfig`, or its saved JSON mapping) as `{dotted.path: value}`."""
+  """A config (`TrainConfig`, or its saved JSON mapping) as `{dotted.path: value}`.
+
+  `model.init_from` inside the package's own assets is compared from the
+  package on (`mipu_jax/tasks/assets/...`), so a committed run reads back in
+  any clone; any other checkpoint path stays as it is.
+  """
   if dataclasses.is_dataclass(cfg):
     cfg = as_json(cfg)
-  return _flatten(cfg)
+  flat = _flatten(cfg)
+  path = flat.get("model.init_from")
+  if isinstance(path, str) and _PACKAGED in path:
+    flat["model.init_from"] = "mipu_jax/tasks/assets/" + path.split(_PACKAGED, 1)[1]
+  return flat
 
 
 def _flatten(d: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
