@@ -50,6 +50,7 @@ def test_cells_differences_and_the_stated_answers(tmp_path):
   assert "| int4_all | 0.0007 | 3 | 38.3 |" in md
   assert "The lr that is best for fp32 (highest mean final Avg. over 3 seeds): 0.0002, at 75.0" in md
   assert "The cost of mismatch there: lr 0.0002: fp32 > int4_all" in md
+  assert "It is the lowest lr of the grid: the best lr for fp32 may lie beyond it." in md
   assert os.path.exists(out["files"]["figure"]) and os.path.exists(out["files"]["summary"])
 
 

@@ -121,6 +121,10 @@ def markdown(cells: Sequence[Cell], diffs, *, steps: int) -> str:
                  f"{len(best.seeds)} seeds): {best.lr:g}, at {best.final.mean:.1f} "
                  f"(t 95% CI {_ci(best.final.t_ci)}; Stable {best.n_stable}/"
                  f"{len(best.seeds)}).")
+    lrs = sorted(c.lr for c in cells if c.precision == "fp32")
+    if len(lrs) > 1 and best.lr in (lrs[0], lrs[-1]):
+      lines.append(f"  It is the {'lowest' if best.lr == lrs[0] else 'highest'} lr of the "
+                   "grid: the best lr for fp32 may lie beyond it.")
     others = [c for c in cells if c.precision == "fp32" and c is not best]
     overlap = [c for c in others if c.final.t_ci[1] >= best.final.t_ci[0]]
     if overlap:
