@@ -293,11 +293,26 @@ class Checkpointer:
     unless `any_process` (a fault only this process sees).
     """
     src = os.path.join(self._directory, str(step))
+    aside = self._directory.rstrip(os.sep) + ".unreadable"
+    if jax.process_count() > 1 and not any_process:
+      # Every process found the step unreadable (a global fingerprint): process
+      # 0 moves it, and no process goes on (to save that step number again)
+      # before the move is done and its manager has forgotten the step.
+      from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
+      dst = self._move(src, aside, step) if jax.process_index() == 0 else aside
+      multihost_utils.sync_global_devices(f"mipu_jax_move_aside_{step}")
+      self._manager.reload()
+      return dst
     if not os.path.exists(src):
       return None
-    aside = self._directory.rstrip(os.sep) + ".unreadable"
-    if jax.process_index() != 0 and not any_process:
-      return aside
+    dst = self._move(src, aside, step)
+    self._manager.reload()
+    return dst
+
+  @staticmethod
+  def _move(src: str, aside: str, step: int) -> str | None:
+    if not os.path.exists(src):
+      return None
     os.makedirs(aside, exist_ok=True)
     dst = os.path.join(aside, f"{step}-{time.strftime('%Y%m%dT%H%M%S')}")
     suffix = 0
@@ -308,7 +323,6 @@ class Checkpointer:
       os.replace(src, dst)
     except FileNotFoundError:  # another process moved it first
       pass
-    self._manager.reload()
     return dst
 
   def __enter__(self) -> Checkpointer:

@@ -20,6 +20,7 @@ to inject in `MIPU_TEST_FAULT` (`hang:<pid>:<step>:<phase>`,
 `enospc:<pid>:<step>`).
 """
 
+import contextlib
 import errno
 import json
 import os
@@ -70,12 +71,14 @@ def _target(workdir: str, pid: int, nproc: int, port: int) -> None:
   kind, *fault = os.environ.get("MIPU_TEST_FAULT", "none").split(":")
   phase = guard.JobGuard.phase
 
+  @contextlib.contextmanager
   def traced_phase(self, name, step):
     print("PHASE", step, name, flush=True)
-    if kind == "hang" and (pid, step, name) == (int(fault[0]), int(fault[1]), fault[2]):
-      print("HANGING", flush=True)
-      threading.Event().wait()  # a call that never returns
-    return phase(self, name, step)
+    with phase(self, name, step):
+      if kind == "hang" and (pid, step, name) == (int(fault[0]), int(fault[1]), fault[2]):
+        print("HANGING", flush=True)
+        threading.Event().wait()  # a call inside the phase that never returns
+      yield
 
   guard.JobGuard.phase = traced_phase
   manager_save = ocp.CheckpointManager.save
@@ -162,6 +165,12 @@ def _assert_job_ended_on_lost_process(ended, lost, since, workdir):
       continue
     assert e.returncode not in (0, None), e.output[-3000:]
     assert e.at - since < _BOUND_S, (e.at - since, e.output[-3000:])
+    if lost == 0 and "JAX distributed service detected fatal errors" in e.output:
+      # Process 0 hosts the coordination service: when it dies, JAX's runtime
+      # ends the others from C++ at once (abort), before the guard can speak.
+      # The guarantee left is a bounded, non-zero end (docs/reliability.md).
+      assert e.returncode == -signal.SIGABRT, e.output[-3000:]
+      continue
     match = re.search(r"process (\d+) is lost.*Newest committed checkpoint: "
                       r"(step (\d+)|none yet)", e.output)
     assert match and int(match.group(1)) == lost, e.output[-3000:]

@@ -61,6 +61,7 @@ EXIT_GRACE_EXCEEDED = 77
 _ALIVE = "mipu_jax/guard/alive/"
 _active: Optional["JobGuard"] = None
 _STOP = "mipu_jax/guard/stop/"
+_EXITING = "mipu_jax/guard/exiting/"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -111,6 +112,9 @@ class JobGuard:
     self._client = distributed.kv_client() if self._count > 1 else None
     self._lock = threading.Lock()
     self._phase, self._step, self._progress = "start", 0, 0
+    self._last: Optional[tuple[str, int]] = None
+    self._exiting = False
+    self._lost: set[int] = set()
     self._phase_since = time.monotonic()
     self._notice_at: Optional[float] = None
     self._stop = threading.Event()
@@ -131,6 +135,7 @@ class JobGuard:
       yield
     finally:
       with self._lock:
+        self._last = (name, step)
         self._phase, self._step, self._phase_since = outer
         self._progress += 1
 
@@ -168,7 +173,9 @@ class JobGuard:
       return
     where = self._where()
     if _is_collective(error):
-      time.sleep(self.limits.peer_timeout_s + 3 * self.limits.poll_s)
+      # A failed collective usually means a lost peer: let the watchdog find
+      # and name it (it ends the process), with room for a loaded machine.
+      time.sleep(2 * self.limits.peer_timeout_s + 5 * self.limits.poll_s)
     detail = "".join(traceback.format_exception(error)).rstrip()
     self._exit(EXIT_ERROR, f"{detail}\n{type(error).__name__} in {where}; "
                "ending this process so the others stop.")
@@ -211,6 +218,8 @@ class JobGuard:
     seen: dict[int, tuple[str, float]] = {}
     unreachable_since = None
     while not self._stop.wait(limits.poll_s):
+      if self._exiting:  # the main thread is ending the process: no more signs of life
+        return
       now = time.monotonic()
       if self._notice_at is not None and now - self._notice_at > limits.preemption_grace_s:
         self._exit(EXIT_GRACE_EXCEEDED, (
@@ -233,19 +242,33 @@ class JobGuard:
           if "NOT_FOUND" not in str(e):
             unreachable_since = unreachable_since or now
             if now - unreachable_since > limits.peer_timeout_s:
+              self._lost.add(0)
               self._exit(EXIT_PEER_LOST, (
                   f"process 0 is lost: the coordination service it hosts has not "
-                  f"answered for {now - unreachable_since:.0f} s ({e})."))
+                  f"answered for {now - unreachable_since:.0f} s ({e})."), lost=0)
           continue
+        for p in peers:
+          ended = self._try_get(f"{_EXITING}{p}")
+          if ended is not None:  # a peer that ends says so: no need to wait for it
+            code, lost = (int(x) for x in ended.split())
+            if lost >= 0 and lost != self._pid:  # it saw another one lost first
+              self._lost.update((p, lost))
+              self._exit(EXIT_PEER_LOST, (
+                  f"process {lost} is lost (process {p} found it so and ended with "
+                  f"{code})."), lost=lost)
+            self._lost.add(p)
+            self._exit(EXIT_PEER_LOST, f"process {p} is lost: it ended with status {code}.",
+                       lost=p)
         for p, value in peers.items():
           if seen.get(p, (None,))[0] != value:
             seen[p] = (value, now)
           elif now - seen[p][1] > limits.peer_timeout_s:
             _, _, step, phase = value.split(" ", 3)
+            self._lost.add(p)
             self._exit(EXIT_PEER_LOST, (
                 f"process {p} is lost: no sign of life for {now - seen[p][1]:.0f} s "
                 f"(peer_timeout_s={limits.peer_timeout_s:g}); it was last in "
-                f"{phase} of step {step}."))
+                f"{phase} of step {step}."), lost=p)
       with self._lock:
         age, progress = now - self._phase_since, self._progress
       if limits.step_timeout_s is not None and age > limits.step_timeout_s:
@@ -257,9 +280,27 @@ class JobGuard:
 
   def _where(self) -> str:
     with self._lock:
+      if self._phase == "start" and self._last is not None:
+        return f"the loop, after {self._last[0]} of step {self._last[1]}"
       return f"{self._phase} of step {self._step}"
 
-  def _exit(self, code: int, message: str) -> None:
+  def _try_get(self, key: str) -> Optional[str]:
+    """A key of the store, None when absent or unreachable."""
+    try:
+      return self._client.key_value_try_get(key)
+    except Exception:  # pylint: disable=broad-except
+      return None
+
+  def _exit(self, code: int, message: str, lost: Optional[int] = None) -> None:
+    """Says why, names the newest committed checkpoint, and ends the process.
+
+    The others learn it from the store (`exiting/<pid>`) at their next poll.
+    Process 0 hosts the coordination service, and when it goes, JAX's
+    runtime ends every other process from C++ without a word about the
+    checkpoints; so process 0 leaves last, once the others have said they
+    are ending (at most `peer_timeout_s` plus three polls).
+    """
+    self._exiting = True
     try:
       newest = self._newest_checkpoint()
     except Exception as e:  # pylint: disable=broad-except
@@ -270,6 +311,19 @@ class JobGuard:
     _log.error(text)
     print(text, file=sys.stderr, flush=True)
     sys.stdout.flush()
+    if self._client is not None:
+      try:
+        self._client.key_value_set(f"{_EXITING}{self._pid}",
+                                   f"{code} {-1 if lost is None else lost}",
+                                   allow_overwrite=True)
+      except Exception:  # pylint: disable=broad-except
+        pass
+      if self._pid == 0:
+        deadline = time.monotonic() + self.limits.peer_timeout_s + 3 * self.limits.poll_s
+        others = [p for p in range(1, self._count) if p not in self._lost]
+        while others and time.monotonic() < deadline:
+          others = [p for p in others if self._try_get(f"{_EXITING}{p}") is None]
+          time.sleep(self.limits.poll_s / 2)
     os._exit(code)  # pylint: disable=protected-access
 
 
