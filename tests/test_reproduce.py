@@ -315,7 +315,7 @@ def test_every_message_of_a_run_names_its_row_and_seed(tmp_path, monkeypatch, ca
     warnings.warn("a library's warning")
     rows = [{"step": float(s), "eval/avg": 0.5, "eval/avg_se": 0.01,
              **{f"eval/{t}": 0.5 for t in cfg_tiers}} for s in (0, 1)]
-    return types.SimpleNamespace(rows=rows)
+    return types.SimpleNamespace(rows=rows, stopped_at=None)
 
   cfg_tiers = cfg.eval.tiers
   monkeypatch.setattr(reproduce.runs.rl, "train", fake_train)
@@ -381,3 +381,21 @@ def test_the_main_job_places_its_runs_only_against_the_same_setting():
                                                    setting="")
   assert compare.committed_placement(runs, quick).startswith(
       "Not placed among the committed runs, another setting")
+
+
+def test_a_run_stopped_by_a_preemption_notice_is_not_finished(tmp_path, monkeypatch):
+  """A SIGTERM stops rl.train after a checkpointed step (stopped_at): run_one
+  must not write the summary that marks the run finished, and a worker stops."""
+  import types  # pylint: disable=g-import-not-at-top
+  from mipu_jax.reproduce import workers  # pylint: disable=g-import-not-at-top
+  cfg = _build(table, "baseline")
+  rows = [{"step": float(s), "eval/avg": 0.5, "eval/avg_se": 0.01,
+           **{f"eval/{t}": 0.5 for t in cfg.eval.tiers}} for s in (0, 1)]
+  monkeypatch.setattr(reproduce.runs.rl, "train",
+                      lambda cfg, workdir: types.SimpleNamespace(rows=rows, stopped_at=1))
+  workdir = tmp_path / "run"
+  workdir.mkdir()
+  assert reproduce.run_one(cfg, "baseline", 0, str(workdir), log=lambda _: None) is None
+  assert not (workdir / "summary.json").exists()
+  with pytest.raises(RuntimeError, match=r"\[baseline seed 0\] stopped on a preemption"):
+    workers._train(reproduce.Job("baseline", 0, cfg, str(workdir)), "")

@@ -114,7 +114,9 @@ def run_one(cfg: config_lib.TrainConfig, row: str, seed: int, workdir: str,
              train: bool = True) -> Optional[RunSummary]:
   """Trains one run (or reads back a finished one) and summarises it.
 
-  Returns None for an unfinished run when `train` is False.
+  Returns None for an unfinished run when `train` is False, and for a run
+  that a preemption notice (SIGTERM) stopped before its last step: it holds a
+  checkpoint and resumes on the next call, and no summary marks it finished.
 
   Raises:
     ValueError: a finished run whose saved config differs from `cfg`.
@@ -155,6 +157,10 @@ def run_one(cfg: config_lib.TrainConfig, row: str, seed: int, workdir: str,
   with run_label(row, seed):
     result = rl.train(cfg, workdir)
   seconds = time.perf_counter() - start
+  if result.stopped_at is not None:  # a preemption notice: not finished, resumes later
+    log(f"[reproduce] {row} seed {seed}: stopped after step {result.stopped_at} on a "
+        "preemption notice (checkpointed); rerun to finish it")
+    return None
   s = RunSummary(row=row, seed=seed, workdir=workdir, seconds=seconds,
                  **summarize(result.rows, cfg.eval.tiers))
   with open(done, "w") as f:

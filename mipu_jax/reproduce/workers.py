@@ -46,9 +46,12 @@ def _train(job: Job, cache: Optional[str]):
   """One run in a worker process; its error names the run."""
   try:
     runs.enable_compilation_cache(cache, os.path.dirname(os.path.dirname(job.workdir)))
-    runs.run_one(job.cfg, job.row, job.seed, job.workdir, log=lambda _: None)
+    done = runs.run_one(job.cfg, job.row, job.seed, job.workdir, log=lambda _: None)
   except Exception as e:  # the main process re-raises it: say whose it is
     raise RuntimeError(f"[{job.row} seed {job.seed}] {type(e).__name__}: {e}") from e
+  if done is None:  # stopped on a preemption notice: the job stops, the rerun resumes
+    raise RuntimeError(f"[{job.row} seed {job.seed}] stopped on a preemption notice "
+                       "(checkpointed); rerun the same command to resume.")
   return job.row, job.seed
 
 
@@ -89,6 +92,12 @@ def train_in_workers(jobs: Sequence[Job], *, workers: int, cache: Optional[str] 
       bar.update(done - bar.n)
       finished = [f for f in futures if f.done()]
       bar.set_postfix(finished=f"{len(finished)}/{len(jobs)}")
+      failed = [f for f in finished if not f.cancelled() and f.exception() is not None]
+      if failed:  # no new run starts; those running finish or stop on their own
+        for f in futures:
+          f.cancel()
+        bar.close()
+        raise failed[0].exception()
       if len(finished) == len(futures):
         break
       time.sleep(2.0)
