@@ -143,9 +143,12 @@ def run(args) -> dict:
         # scalar write) so every timed step sees the same fill.
         st, _ = engine.generate(params, holder[0])
         st.tokens_BN.block_until_ready()
+        # done_B too: a row whose step wrote its last slot is finished, and a
+        # finished row's next step does no work.
         holder[0] = st._replace(cache=st.cache._replace(
             index=jnp.full((args.rows,), fill, jnp.int32)),
-            num_generated_B=jnp.ones((args.rows,), jnp.int32))
+            num_generated_B=jnp.ones((args.rows,), jnp.int32),
+            done_B=jnp.zeros((args.rows,), bool))
 
       level[impl] = _best(step, args.repeats)
       must = kv_bytes(state.cache, cfg, args.rows, fill) + weight_bytes(cfg, args.dtype)

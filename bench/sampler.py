@@ -43,8 +43,33 @@ _TUNIX_PYTHON = flags.DEFINE_string("tunix_python", "/tmp/tunix-venv/bin/python"
 _ENGINES = flags.DEFINE_list("engines", ["mipu_jax", "transformers", "tunix"], "What to run.")
 
 # The small Qwen3 of the benchmark (same numbers in all three implementations).
-CONFIG = dict(vocab_size=8192, hidden_size=256, num_layers=4, num_heads=8, num_kv_heads=4,
-              head_dim=32, intermediate_size=768, rope_theta=10_000.0, rms_eps=1e-6)
+CONFIGS = {
+    "tiny": dict(vocab_size=8192, hidden_size=256, num_layers=4, num_heads=8, num_kv_heads=4,
+                 head_dim=32, intermediate_size=768, rope_theta=10_000.0, rms_eps=1e-6),
+    # Wider and deeper: the weights, not the bookkeeping, are most of a step.
+    "mid": dict(vocab_size=32768, hidden_size=512, num_layers=8, num_heads=8, num_kv_heads=4,
+                head_dim=64, intermediate_size=1536, rope_theta=10_000.0, rms_eps=1e-6),
+}
+_MODEL = flags.DEFINE_enum("model", "tiny", list(CONFIGS), "Model size (same in all engines).")
+
+
+class _Config(dict):
+  """The chosen model's numbers (read after flags are parsed)."""
+
+  def __getitem__(self, key):
+    return CONFIGS[_MODEL.value][key]
+
+  def keys(self):
+    return CONFIGS[_MODEL.value].keys()
+
+  def __iter__(self):
+    return iter(CONFIGS[_MODEL.value])
+
+  def __repr__(self):
+    return repr(CONFIGS[_MODEL.value])
+
+
+CONFIG = _Config()
 
 
 def _first_call(run):
@@ -59,7 +84,8 @@ def setup_mipu_jax(prompts, new_tokens):
   from mipu_jax.models import Qwen3, get_config  # pylint: disable=g-import-not-at-top
   from mipu_jax.sampler import Sampler  # pylint: disable=g-import-not-at-top
 
-  model = Qwen3(get_config("tiny", tie_embeddings=True, **CONFIG), rngs=nnx.Rngs(0))
+  model = Qwen3(get_config("tiny", tie_embeddings=True, **CONFIGS[_MODEL.value]),
+                rngs=nnx.Rngs(0))
   sampler = Sampler(model, max_prefill_length=len(prompts[0]), max_decode_length=new_tokens)
 
   def run():
@@ -146,7 +172,7 @@ def setup_tunix(prompts, new_tokens):
   if not os.path.exists(_TUNIX_PYTHON.value):
     print(f"tunix: {_TUNIX_PYTHON.value} not found; see the module docstring.", file=sys.stderr)
     return None
-  args = json.dumps(dict(config=CONFIG, prompts=prompts, new=new_tokens))
+  args = json.dumps(dict(config=CONFIGS[_MODEL.value], prompts=prompts, new=new_tokens))
   proc = subprocess.Popen([_TUNIX_PYTHON.value, "-c", _TUNIX_WORKER, args],
                           stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
                           env=dict(os.environ, JAX_PLATFORMS="cpu"))
