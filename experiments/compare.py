@@ -107,34 +107,9 @@ def main(argv):
   # (mipu_jax/reproduce/stats.py, fixed before the runs).
   print("\nVerdicts (final eval Avg., paired by seed, threshold 0.05):")
   print(reproduce.claims_markdown(result.runs) or "- no claim has both its rows")
-  print("\n" + committed_placement(result.runs, config))
-
-
-def committed_placement(runs, config) -> str:
-  """Your runs beside the committed ten seeds of the same rows (results/small_cpu).
-
-  The committed runs are read back only when their saved config is this job's
-  (`reproduce.run_one` checks, seed aside): another setting, step count or
-  `--quick` has nothing to be compared with.
-  """
-  root = os.path.join(_ROOT, "results", "small_cpu")
-  reference = []
-  for row in sorted({r.row for r in runs}):
-    for seed in range(10):
-      try:
-        s = reproduce.run_one(
-            config_lib.from_config_dict(config(row, seed, None)), row, seed,
-            os.path.join(root, "runs", f"{row}_s{seed}"), log=lambda _: None, train=False)
-      except ValueError as e:  # a committed run of another config
-        return f"Not placed among the committed runs, another setting: {str(e)[:400]}"
-      if s is not None:
-        reference.append(s)
-  table = reproduce.placement_markdown(runs, reference)
-  if not table:
-    return "Not placed: no committed run of these rows in results/small_cpu."
-  return ("Your runs among the committed ten seeds of each row (results/small_cpu; the "
-          "float sums differ from host to host, so a seed is one more draw, not a "
-          "copy of the committed one):\n\n" + table)
+  print("\n" + reproduce.committed_placement(
+      result.runs, lambda r, s, p: config_lib.from_config_dict(config(r, s, p)),
+      os.path.join(_ROOT, "results", "small_cpu")))
 
 
 if __name__ == "__main__":

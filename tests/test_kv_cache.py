@@ -64,10 +64,11 @@ def test_compiled_decode_step_writes_the_cache_in_place(model, kv):
   limit = pool.size // layers  # one layer's share of one pool
   assert layers == 3 and pool.shape[1] % layers == 0
   assert limit >= 8 * 256 * 2  # rows x slots x kv heads
-  for name, fn, args in (
-      ("generate", engine_lib._jit_generate, (engine._spec, params, state)),
-      ("generate_until_done", engine_lib._jit_generate_until_done,
-       (engine._spec, params, state))):
+  programs = [("generate", engine_lib._jit_generate, (engine._spec, params, state))]
+  if kv in ("bfloat16", "int8"):  # the loop too, for the bytes-scattered and scaled pools
+    programs.append(("generate_until_done", engine_lib._jit_generate_until_done,
+                     (engine._spec, params, state)))
+  for name, fn, args in programs:
     hlo = fn.lower(*args).compile().as_text()
     assert not _big_ops(hlo, limit), (name, _big_ops(hlo, limit)[:5])
     # Donation: the pools come back in the input buffers.

@@ -9,10 +9,10 @@ notice), a process stuck in a phase, a full disk on one process, a corrupt
 shard of the newest checkpoint read by one process. After each, the same
 command on every process must finish the run bitwise as an uninterrupted one.
 
-A job takes one to two minutes on 2 cores, so the default suite runs one: a
-seeded kill, checking how the others end. The rest (the bitwise resumes, 4
-processes, the other faults) is marked `multiprocess`; docs/reliability.md has
-the command.
+A job takes one to two minutes on 2 cores and the default suite must stay
+under 10 minutes, so every test here is marked `multiprocess`
+(docs/reliability.md has the command); `tests/test_multihost.py` keeps two
+real processes in the default suite.
 
 This file is also the target:
 `python tests/test_multiprocess_faults.py WORKDIR PID NPROC PORT`, with a fault
@@ -206,6 +206,7 @@ def _kill_and_resume(tmp_path, reference, seed, nproc=2):
       _assert_bitwise(got, reference)
 
 
+@pytest.mark.multiprocess
 def test_a_killed_process_ends_the_job_in_bounded_time(tmp_path):
   """The default suite's multi-process test: one job (the resume is below)."""
   _kill_and_resume(tmp_path, None, seed=0)

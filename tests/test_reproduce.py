@@ -362,24 +362,18 @@ def test_placement_puts_a_users_run_among_the_committed_seeds():
 
 
 def test_the_main_job_places_its_runs_only_against_the_same_setting():
-  """compare.py reads the committed runs back only when their config is the
-  job's (seed aside): the committed seed 0 places at its own value; --quick
-  has nothing to be compared with."""
-  sys.path.insert(0, os.path.join(ROOT, "experiments"))
-  try:
-    import compare  # pylint: disable=g-import-not-at-top
-  finally:
-    sys.path.pop(0)
+  """The committed runs are read back only when their config is the job's
+  (seed aside): the committed seed 0 places at its own value; a quick job has
+  nothing to be compared with."""
+  root = os.path.join(ROOT, "results", "small_cpu")
   runs = [reproduce.run_one(_build(table, "control,seed=0"), "control", 0,
-                            os.path.join(ROOT, "results", "small_cpu", "runs", "control_s0"),
+                            os.path.join(root, "runs", "control_s0"),
                             log=lambda _: None, train=False)]
-  full = lambda row, seed, p: compare.make_config(row, seed, p, quick=False, steps=None,
-                                                  setting="")
-  text = compare.committed_placement(runs, full)
+  full = lambda row, seed, p: table.get_config(f"{row},seed={seed}")
+  text = reproduce.committed_placement(runs, full, root)
   assert "| No mismatch (fp32 sampler) | 0 | 55.6 | 51.6 / 58.1 / 63.6 (10) |" in text
-  quick = lambda row, seed, p: compare.make_config(row, seed, p, quick=True, steps=None,
-                                                   setting="")
-  assert compare.committed_placement(runs, quick).startswith(
+  quick = lambda row, seed, p: table.get_config(f"{row},seed={seed},quick")
+  assert reproduce.committed_placement(runs, quick, root).startswith(
       "Not placed among the committed runs, another setting")
 
 

@@ -56,6 +56,7 @@ from mipu_jax.reproduce.report import plot_gap
 from mipu_jax.reproduce.report import plot_lr_decay
 from mipu_jax.reproduce.report import tables_markdown
 from mipu_jax.reproduce.runs import check_like_with_like
+from mipu_jax.reproduce.runs import committed_placement
 from mipu_jax.reproduce.runs import enable_compilation_cache
 from mipu_jax.reproduce.runs import order_rows
 from mipu_jax.reproduce.runs import run_label
@@ -86,7 +87,7 @@ __all__ = [
     "ABLATION_ROWS", "COLLAPSE_DROP", "ISOLATE_ROWS", "Job", "COMPARE_ROWS", "COMPARE_TABLES", "LABELS", "MAIN_ROWS",
     "MakeConfig", "PANELS", "PRECISION_FIELDS", "ROLLBACK_ROWS", "ROW_FIELDS",
     "RunSummary", "SOURCE_TABLES", "STABLE_SES", "TableResult",
-    "check_like_with_like", "claims_markdown", "collapse_step",
+    "check_like_with_like", "claims_markdown", "committed_placement", "collapse_step",
     "enable_compilation_cache", "order_rows", "per_seed_markdown", "placement_markdown", "plot_curves",
     "plot_gap", "plot_lr_decay", "run_label", "run_one", "run_table", "summarize", "tables_markdown",
     "train_in_workers",

@@ -171,6 +171,34 @@ def run_one(cfg: config_lib.TrainConfig, row: str, seed: int, workdir: str,
   return s
 
 
+def committed_placement(runs: Sequence[RunSummary], make_config: MakeConfig,
+                        root: str) -> str:
+  """The user's runs beside the committed ten seeds of the same rows under `root`.
+
+  The committed runs are read back only when their saved config is what
+  `make_config` builds for them (`run_one` checks, seed aside): another
+  setting, step count or `--quick` has nothing to be compared with.
+  """
+  from mipu_jax.reproduce.report import placement_markdown  # pylint: disable=g-import-not-at-top
+  reference = []
+  for row in sorted({r.row for r in runs}):
+    for seed in range(10):
+      try:
+        s = run_one(_as_train_config(make_config(row, seed, None)), row, seed,
+                    os.path.join(root, "runs", f"{row}_s{seed}"), log=lambda _: None,
+                    train=False)
+      except ValueError as e:  # a committed run of another config
+        return f"Not placed among the committed runs, another setting: {str(e)[:400]}"
+      if s is not None:
+        reference.append(s)
+  table = placement_markdown(runs, reference)
+  if not table:
+    return f"Not placed: no committed run of these rows in {root}."
+  return (f"Your runs among the committed ten seeds of each row ({root}; the float sums "
+          "differ from host to host, so a seed is one more draw, not a copy of the "
+          "committed one):\n\n" + table)
+
+
 def order_rows(rows: Sequence[str]) -> list[str]:
   """`mipu` before `random_rollback`, which needs its measured rate."""
   rows = list(dict.fromkeys(rows))
