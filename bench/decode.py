@@ -42,20 +42,13 @@ from mipu_jax.models import Qwen3, get_config
 from mipu_jax.sampler.config import SamplerConfig
 from mipu_jax.sampler.engine import Engine
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from attention import _best_time  # pylint: disable=g-import-not-at-top,wrong-import-position
+
 # The CPU shape: a small model whose KV cache, not its weights, is most of a
 # step's bytes (64 rows x 4,096 slots: 268 MB of float32 K/V per layer pair).
 SMALL = dict(vocab_size=4096, hidden_size=256, num_layers=4, num_heads=8, num_kv_heads=4,
              head_dim=32, intermediate_size=512)
-
-
-def _best(fn, repeats):
-  fn()  # warm
-  best = float("inf")
-  for _ in range(repeats):
-    start = time.perf_counter()
-    fn()
-    best = min(best, time.perf_counter() - start)
-  return best
 
 
 def bandwidth_times(nbytes: int, repeats: int) -> tuple[float, float]:
@@ -63,8 +56,8 @@ def bandwidth_times(nbytes: int, repeats: int) -> tuple[float, float]:
   x = jnp.ones((nbytes,), jnp.uint8)
   copy = jax.jit(lambda a: a + 1)
   read = jax.jit(lambda a: jnp.sum(a, dtype=jnp.uint32))
-  t_copy = _best(lambda: copy(x).block_until_ready(), repeats)
-  t_read = _best(lambda: read(x).block_until_ready(), repeats)
+  t_copy = _best_time(lambda: copy(x).block_until_ready(), repeats)
+  t_read = _best_time(lambda: read(x).block_until_ready(), repeats)
   return t_copy, t_read
 
 
@@ -150,7 +143,7 @@ def run(args) -> dict:
             num_generated_B=jnp.ones((args.rows,), jnp.int32),
             done_B=jnp.zeros((args.rows,), bool))
 
-      level[impl] = _best(step, args.repeats)
+      level[impl] = _best_time(step, args.repeats)
       must = kv_bytes(state.cache, cfg, args.rows, fill) + weight_bytes(cfg, args.dtype)
       level["must_read_bytes"] = must
     level["copy_s"], level["read_s"] = bandwidth_times(level["must_read_bytes"], args.repeats)

@@ -14,6 +14,8 @@ import sys
 
 import numpy as np
 
+from mipu_jax.testing import multiprocess
+
 _STEPS = 2
 
 
@@ -61,14 +63,7 @@ def _run(workdir, nproc):
   outs = [p.communicate(timeout=600)[0] for p in procs]
   for p, out in zip(procs, outs):
     assert p.returncode == 0, out[-4000:]
-  results = []
-  for pid in range(nproc):
-    with open(os.path.join(workdir, f"result_{pid}.json")) as f:
-      res = json.load(f)
-    with np.load(os.path.join(workdir, f"params_{pid}.npz")) as z:
-      res["params"] = {k: z[k] for k in z.files}
-    results.append(res)
-  return results
+  return multiprocess.read_results(workdir, nproc, "params", "params")
 
 
 def test_two_processes_run_the_loop_as_one(tmp_path):

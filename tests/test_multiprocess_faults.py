@@ -121,14 +121,7 @@ def _run_to_end(workdir, nproc, **env):
 
 
 def _results(workdir, nproc):
-  out = []
-  for pid in range(nproc):
-    with open(os.path.join(workdir, f"result_{pid}.json")) as f:
-      res = json.load(f)
-    with np.load(os.path.join(workdir, f"final_{pid}.npz")) as z:
-      res["arrays"] = {k: z[k] for k in z.files}
-    out.append(res)
-  return out
+  return multiprocess.read_results(workdir, nproc, "final", "arrays")
 
 
 def _assert_bitwise(got, expected):

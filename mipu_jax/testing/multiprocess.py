@@ -20,6 +20,21 @@ import time
 from collections.abc import Callable, Sequence
 
 
+def read_results(workdir: str, nproc: int, arrays: str, key: str) -> list[dict]:
+  """Each process's `result_<pid>.json`, with the arrays of its
+  `<arrays>_<pid>.npz` under `key` (what the test targets write at their end)."""
+  import json  # pylint: disable=g-import-not-at-top
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  out = []
+  for pid in range(nproc):
+    with open(os.path.join(workdir, f"result_{pid}.json")) as f:
+      res = json.load(f)
+    with np.load(os.path.join(workdir, f"{arrays}_{pid}.npz")) as z:
+      res[key] = {k: z[k] for k in z.files}
+    out.append(res)
+  return out
+
+
 def free_port() -> int:
   """A TCP port free on 127.0.0.1 now."""
   with socket.socket() as s:
