@@ -71,6 +71,10 @@ SAMPLER_MODES = {
     "int8 emulated": {"weight_quant": "int8", "act_quant": "int8"},
     "int4 weight-only emulated": {"weight_quant": "int4"},
     "int4 weight-only native": {"weight_quant": "int4", "quant_compute": "native"},
+    # The decode attentions compared (the modes above use 'auto': the Pallas
+    # kernel on a GPU).
+    "bf16 paged XLA": {"decode_attention": "paged"},
+    "bf16 dense": {"decode_attention": "dense"},
 }
 DEFAULT_SAMPLER_MODES = ("bf16", "fp8 native", "fp8 emulated", "int8 native", "bf16 + fp8 KV",
                          "fp8 native + fp8 KV", "int8 native + fp8 KV")
@@ -154,6 +158,33 @@ def dot_kernels(directory: str, files) -> dict:
   return counts
 
 
+def decode_bound(sampler, cfg, rows: int, prompt: int, new: int, repeats: int) -> dict:
+  """The bytes a decode step must read, on average over the `new` steps, and the
+  tokens/s of reading them at the rate measured now (bench/decode.py's `read`:
+  a jitted sum over that many bytes); `vs_bound` = bound / measured tokens/s.
+
+  Weights: every parameter the sampler holds, at its stored dtype (the tied
+  head read whole). KV: every row's filled slots, `prompt + new / 2` on
+  average, at the cache's dtype, scales included. Prefill is not counted: the
+  bound is optimistic by its time.
+  """
+  import jax  # pylint: disable=g-import-not-at-top
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  from decode import bandwidth_times  # pylint: disable=g-import-not-at-top
+
+  weights = sum(x.nbytes for x in jax.tree.leaves(sampler.params))
+  kv = jnp.dtype(sampler.config.kv_cache_dtype)
+  per_slot = 2 * cfg.num_kv_heads * cfg.head_dim * kv.itemsize
+  if kv == jnp.int8:
+    per_slot += 2 * cfg.num_kv_heads * 4
+  kv_bytes = rows * (prompt + new / 2) * cfg.num_layers * per_slot
+  step_bytes = int(weights + kv_bytes)
+  _, read_s = bandwidth_times(step_bytes, repeats)
+  bound = rows / read_s
+  return dict(step_gb=round(step_bytes / 1e9, 3), read_tb_s=round(step_bytes / read_s / 1e12, 2),
+              bound_tokens_per_s=round(bound, 1))
+
+
 def bench_sampler(args, rows: list) -> list[dict]:
   """Appends one row per mode to `rows` (the caller saves after each)."""
   import jax  # pylint: disable=g-import-not-at-top
@@ -171,7 +202,8 @@ def bench_sampler(args, rows: list) -> list[dict]:
   dtype = args.sampler_dtype or ("float32" if _platform() == "cpu" else "bfloat16")
   for name in args.sampler_modes.split(","):
     kw = SAMPLER_MODES[name]
-    row = {"mode": name, **{k: str(v) for k, v in kw.items()}}
+    row = {"mode": name, **{k: str(v) for k, v in kw.items()},
+           "pallas_plan": os.environ.get("MIPU_PALLAS_DECODE_PLAN", "") or "default"}
     before = _hlo_files(args.dump_hlo)
     try:
       sampler = Sampler(model, dtype=dtype, max_prefill_length=p, max_decode_length=new,
@@ -186,6 +218,7 @@ def bench_sampler(args, rows: list) -> list[dict]:
       row.update(tokens=tokens, first_call_s=round(first, 2), second_call_s=round(second, 3),
                  tokens_per_s=round(tokens / second, 1),
                  compile_s_approx=round(first - second, 2))
+      row.update(decode_bound(sampler, mcfg, n, p, new, args.repeats_bound))
       del sampler, out
     except Exception as e:  # pylint: disable=broad-except
       row["error"] = f"{type(e).__name__}: {str(e)[:300]}"
@@ -199,6 +232,8 @@ def bench_sampler(args, rows: list) -> list[dict]:
   for r in rows:
     if base and "tokens_per_s" in r:
       r["vs_bf16"] = round(r["tokens_per_s"] / base["tokens_per_s"], 3)
+    if "bound_tokens_per_s" in r:
+      r["vs_bound"] = round(r["bound_tokens_per_s"] / r["tokens_per_s"], 2)
   return rows
 
 
@@ -433,8 +468,12 @@ def report(result: dict) -> str:
   s = result.get("sampler")
   if s:
     out.append(f"## Sampler: {result['sampler_shape']}\n")
-    out.append(_table(s, ["mode", "tokens_per_s", "vs_bf16", "second_call_s", "first_call_s",
+    out.append(_table(s, ["mode", "tokens_per_s", "vs_bf16", "bound_tokens_per_s", "vs_bound",
+                          "step_gb", "read_tb_s", "pallas_plan", "second_call_s", "first_call_s",
                           "compile_s_approx"]))
+    out.append("\n`bound_tokens_per_s`: rows / the time to read the bytes of an average decode "
+               "step (`step_gb`: weights as stored + filled KV slots) at the read rate "
+               "measured in the same run (`read_tb_s`); `vs_bound` = bound / measured.")
     if any("kernels" in r for r in s):
       out.append("\nMatmul kernels in the optimized prefill / decode programs:\n")
       out += [f"- {r['mode']}: {r.get('kernels')}" for r in s]
@@ -475,6 +514,7 @@ def main():
                  help="compute dtype of the sampler (default bfloat16; float32 on CPU)")
   p.add_argument("--sampler_prompt", type=int, default=1024)
   p.add_argument("--sampler_new", type=int, default=1024)
+  p.add_argument("--repeats_bound", type=int, default=5, help="timings of the read bound")
   p.add_argument("--learner_prompt", type=int, default=1024)
   p.add_argument("--learner_response", type=int, default=8192)
   p.add_argument("--learner_repeats", type=int, default=3)

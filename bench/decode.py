@@ -6,7 +6,9 @@ r"""One decode step against the bytes it must read, per fill level of the KV cac
 
 For each fill level (1/8, 1/2 and all of the cache's slots filled in every
 row) and each decode attention (`paged`, which reads only the pages holding a
-filled slot, and `dense`, the reference that reads every slot), in one run:
+filled slot, as XLA ops; `pallas`, the same as one Pallas kernel per layer,
+timed on a GPU only; and `dense`, the reference that reads every slot), in
+one run:
 
 - `step`: the best time of one engine decode step (`Engine.generate`: the
   model over one token per row, the cache write, the sample and its
@@ -66,14 +68,14 @@ def filled_state(engine: Engine, rows: int, slots: int, fill: int, prompt: int, 
   state = engine.init_decode_state(num_slots=rows, prefill_length=prompt,
                                    decode_length=slots - prompt)
   cache = state.cache
-  rng = np.random.default_rng(seed)
+  keys = iter(jax.random.split(jax.random.key(seed), 4))
 
-  def rand(x):
+  def rand(x):  # on the device: a GPU cache is gigabytes
     if x is None:
       return None
     if jnp.issubdtype(x.dtype, jnp.integer):
-      return jnp.asarray(rng.integers(-127, 128, x.shape), x.dtype)
-    return jnp.asarray(rng.standard_normal(x.shape, np.float32)).astype(x.dtype)
+      return jax.random.randint(next(keys), x.shape, -127, 128, jnp.int32).astype(x.dtype)
+    return jax.random.normal(next(keys), x.shape, jnp.float32).astype(x.dtype)
 
   valid = np.zeros(cache.valid.shape, bool)
   valid[:, :fill] = True
@@ -84,7 +86,8 @@ def filled_state(engine: Engine, rows: int, slots: int, fill: int, prompt: int, 
                         done_B=jnp.zeros((rows,), bool),
                         num_generated_B=jnp.ones((rows,), jnp.int32),
                         max_new_B=jnp.full((rows,), n, jnp.int32),
-                        last_token_B=jnp.asarray(rng.integers(1, 100, rows), jnp.int32))
+                        last_token_B=jnp.asarray(np.random.default_rng(seed).integers(1, 100, rows),
+                                                 jnp.int32))
 
 
 def weight_bytes(cfg, dtype) -> int:
@@ -156,7 +159,7 @@ def report(out: dict) -> str:
            f"{out['dtype']} (KV {out['kv_cache_dtype']}), page {out['page_size']}, "
            f"{out['device']} ({out['backend']}), jax {out['jax']}, load average "
            f"{out['load_average'][0]:.2f}", ""]
-  impls = [k for k in ("paged", "dense") if k in out["levels"][0]]
+  impls = [k for k in ("pallas", "paged", "dense") if k in out["levels"][0]]
   head = "| fill | must read | copy | read | " + " | ".join(
       f"{i} step | {i} / copy" for i in impls) + " |"
   lines += [head, "|" + "---|" * (4 + 2 * len(impls))]
@@ -186,10 +189,15 @@ def main():
   parser.add_argument("--dtype", default="float32")
   parser.add_argument("--kv_cache_dtype", default=None)
   parser.add_argument("--page_size", type=int, default=64)
-  parser.add_argument("--impls", default="paged,dense", type=lambda s: s.split(","))
+  parser.add_argument("--impls", default=None, type=lambda s: s.split(","),
+                      help="decode attentions (default: pallas,paged,dense on a GPU, "
+                           "paged,dense elsewhere: the interpreted kernel is not timed)")
   parser.add_argument("--repeats", type=int, default=5)
   parser.add_argument("--json", default=None, help="also write the results here")
   args = parser.parse_args()
+  if args.impls is None:
+    args.impls = (["pallas", "paged", "dense"] if jax.default_backend() == "gpu"
+                  else ["paged", "dense"])
   out = run(args)
   print(report(out))
   if args.json:

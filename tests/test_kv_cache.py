@@ -21,6 +21,7 @@ from flax import nnx
 from mipu_jax.models import attention
 from mipu_jax.models import get_config
 from mipu_jax.models import kv_cache
+from mipu_jax.models import paged_pallas
 from mipu_jax.models import Qwen3
 from mipu_jax.sampler import Engine
 from mipu_jax.sampler import engine as engine_lib
@@ -43,19 +44,25 @@ def _big_ops(hlo: str, limit: int) -> list[str]:
 
 @pytest.fixture(scope="module")
 def model():
-  """Three layers, so a copy of one layer's pages is distinguishable from the pool."""
+  """Three layers, so a copy of one layer's pages is distinguishable from the pool;
+  a head dim the Pallas kernel's tiles fit."""
   return Qwen3(get_config("tiny", vocab_size=61, hidden_size=40, num_layers=3, num_heads=4,
-                          num_kv_heads=2, head_dim=12, intermediate_size=64),
+                          num_kv_heads=2, head_dim=16, intermediate_size=64),
                rngs=nnx.Rngs(0))
 
 
-@pytest.mark.parametrize("kv", [None, "bfloat16", "fp8", "int8"])
-def test_compiled_decode_step_writes_the_cache_in_place(model, kv):
+@pytest.mark.parametrize("kv,impl", [(None, "paged"), ("bfloat16", "paged"), ("fp8", "paged"),
+                                     ("int8", "paged"), ("bfloat16", "pallas"),
+                                     ("int8", "pallas")])
+def test_compiled_decode_step_writes_the_cache_in_place(model, kv, impl):
+  if impl == "pallas" and jax.default_backend() != "gpu":
+    pytest.skip("off GPU the kernel runs in Pallas' interpreter, which converts the "
+                "operands it reads (not the compiled kernel's program)")
   dtype = "bfloat16" if kv == "bfloat16" else "float32"
   cfg = SamplerConfig(dtype=dtype, kv_cache_dtype=None if kv == "bfloat16" else kv,
                       kv_cache_storage="real", max_concurrent_decodes=8,
                       max_prefill_length=32, max_decode_length=224, page_size=32,
-                      decode_attention="paged")
+                      decode_attention=impl)
   engine = Engine(model, cfg)
   params = engine.load_params()
   state = engine.init_decode_state()
@@ -65,7 +72,7 @@ def test_compiled_decode_step_writes_the_cache_in_place(model, kv):
   assert layers == 3 and pool.shape[1] % layers == 0
   assert limit >= 8 * 256 * 2  # rows x slots x kv heads
   programs = [("generate", engine_lib._jit_generate, (engine._spec, params, state))]
-  if kv in ("bfloat16", "int8"):  # the loop too, for the bytes-scattered and scaled pools
+  if kv in ("bfloat16", "int8") and impl == "paged":  # the loop too, for the bytes-scattered and scaled pools
     programs.append(("generate_until_done", engine_lib._jit_generate_until_done,
                      (engine._spec, params, state)))
   for name, fn, args in programs:
@@ -109,6 +116,13 @@ def _random_cache(rng, b, s, k, h, g, dtype, layers=2, layer=1):
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float8_e4m3fn", "int8"])
 def test_paged_attention_equals_dense_on_ragged_rows(dtype):
+  # float32 dots in float32 on a GPU too (XLA's default there is TF32: paged and
+  # dense then differ by up to 5e-4, measured on an H200).
+  with jax.default_matmul_precision("highest"):
+    _paged_equals_dense(dtype)
+
+
+def _paged_equals_dense(dtype):
   rng = np.random.default_rng(0)
   b, s, k, n, h, g, t = 5, 96, 2, 4, 16, 16, 1
   kq, vq, ksc, vsc, pages, per, layer = _random_cache(rng, b, s, k, h, g, dtype)
@@ -136,6 +150,64 @@ def test_paged_attention_equals_dense_on_ragged_rows(dtype):
     np.testing.assert_allclose(np.asarray(alone[0]), np.asarray(got[r]), rtol=1e-6, atol=1e-7)
 
 
+@pytest.mark.parametrize("slots", [96, 128])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float8_e4m3fn", "int8"])
+def test_pallas_decode_equals_paged_on_ragged_rows(dtype, slots):
+  """The Pallas kernel (interpreted off GPU, compiled on one) against the XLA
+  paged path: right-aligned prompts, a hole, a row with one slot, shuffled
+  pages, every cache dtype; 128 slots split each row's pages over programs.
+  float32 dots in float32 (XLA's GPU default is TF32)."""
+  with jax.default_matmul_precision("highest"):
+    _pallas_equals_paged(dtype, slots)
+
+
+def _pallas_equals_paged(dtype, slots):
+  rng = np.random.default_rng(2)
+  b, s, k, n, h, g = 5, slots, 2, 4, 16, 16
+  kq, vq, ksc, vsc, pages, per, layer = _random_cache(rng, b, s, k, h, g, dtype)
+  valid = np.zeros((b, s), bool)
+  q_slot = np.array([[40], [33], [s - 1], [70], [32]], np.int32)
+  for r, (start, end) in enumerate([(20, 41), (30, 34), (0, s), (31, 71), (32, 33)]):
+    valid[r, start:end] = True
+  valid[1, 32] = False
+  valid[3, 50] = False
+  q = jnp.asarray(rng.standard_normal((b, 1, n, h)), jnp.float32)
+  ids = pages + layer * per
+  args = (kq, vq, ksc, vsc, ids, jnp.asarray(valid), jnp.asarray(q_slot), jnp.float32)
+  want = attention.paged(q, *args)
+  got = paged_pallas.decode(q, *args)
+  np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=2e-5, atol=2e-6)
+  ppb, splits = paged_pallas.split_plan(b, k, s // g, g)
+  assert (ppb, splits) == ((2, 1) if s == 96 else (4, 2))
+  # The H200's best plan for Qwen3-0.6B's 64 rows x 32 pages of 64 (bench/paged_kernel.py).
+  assert paged_pallas.split_plan(64, 8, 32, 64) == (1, 4)
+  # One row alone (more splits: another order of the same float32 sums).
+  for r in (0, 3):
+    alone = paged_pallas.decode(q[r:r + 1], kq, vq, ksc, vsc, ids[r:r + 1],
+                                jnp.asarray(valid[r:r + 1]), jnp.asarray(q_slot[r:r + 1]),
+                                jnp.float32)
+    np.testing.assert_allclose(np.asarray(alone[0]), np.asarray(got[r]), rtol=2e-5, atol=2e-6)
+
+
+def test_pallas_kernel_refuses_shapes_its_tiles_do_not_fit():
+  assert paged_pallas.supports(32, 64, 128)
+  assert not paged_pallas.supports(32, 64, 12)  # head dim not a power of two
+  assert not paged_pallas.supports(3, 4, 128)  # blocks of 4 keys
+  assert paged_pallas.supports(3, 4, 12, interpret=True)
+  z = jnp.zeros((1, 2, 4, 12))
+  with pytest.raises(ValueError, match="power-of-two"):
+    paged_pallas.decode(jnp.zeros((1, 1, 2, 12)), z, z, None, None,
+                        jnp.zeros((1, 2), jnp.int32), jnp.ones((1, 8), bool),
+                        jnp.zeros((1, 1), jnp.int32), jnp.float32, interpret=False)
+
+
+def test_decode_attention_auto_is_the_kernel_on_a_gpu_only():
+  cfg = get_config("tiny")
+  assert cfg.decode_attention == ("pallas" if jax.default_backend() == "gpu" else "paged")
+  with pytest.raises(ValueError, match="decode_attention"):
+    get_config("tiny", decode_attention="flash")
+
+
 def test_paged_cache_write_lands_at_the_page_table_slots():
   rng = np.random.default_rng(1)
   cfg = type("C", (), dict(num_kv_heads=2, head_dim=4, num_layers=3))
@@ -159,8 +231,8 @@ def test_paged_cache_write_lands_at_the_page_table_slots():
   assert not np.asarray(kv_cache.logical_view(out, None, pages, 1, per, jnp.float32)).any()
 
 
-def test_paged_and_dense_decode_sample_the_same_in_float32():
-  """What the paged attention changes in the sampler: float32 sums in another
+def test_paged_dense_and_pallas_decode_sample_the_same_in_float32():
+  """What the paged attention (XLA or the Pallas kernel) changes in the sampler: float32 sums in another
   order. The same tokens, log-probs within 1e-5 (measured: 1.4e-6 on this
   model; in bfloat16 10 of 12 sequences are identical and their log-probs
   differ by up to 0.034, bfloat16 rounding of the attention's probabilities)."""
@@ -168,9 +240,10 @@ def test_paged_and_dense_decode_sample_the_same_in_float32():
   from mipu_jax.sampler import Sampler  # pylint: disable=g-import-not-at-top
   model = make_model()
   out = {}
-  for impl in ("paged", "dense"):
+  for impl in ("paged", "dense", "pallas"):
     s = Sampler(model, max_prefill_length=16, max_decode_length=48, decode_attention=impl)
     out[impl] = s.generate(PROMPTS, max_new_tokens=48, num_samples=4, temperature=1.0, seed=0)
-  assert out["paged"].tokens == out["dense"].tokens
-  for a, b in zip(out["paged"].logprobs, out["dense"].logprobs):
-    np.testing.assert_allclose(a, b, atol=1e-5)
+  for impl in ("dense", "pallas"):
+    assert out["paged"].tokens == out[impl].tokens, impl
+    for a, b in zip(out["paged"].logprobs, out[impl].logprobs):
+      np.testing.assert_allclose(a, b, atol=1e-5)

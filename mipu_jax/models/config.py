@@ -8,6 +8,7 @@ small RL task.
 import dataclasses
 from typing import Any
 
+import jax
 import jax.numpy as jnp
 
 DTYPE_NAMES = {
@@ -32,7 +33,7 @@ def as_dtype(dtype: Any) -> jnp.dtype:
 REMAT_POLICIES = ("none", "layer", "dots")
 ATTENTIONS = ("dense", "blockwise", "cudnn", "splash")
 # Attention over a KV cache (prefill into it, decode): `mipu_jax.models.attention`.
-DECODE_ATTENTIONS = ("auto", "paged", "dense")
+DECODE_ATTENTIONS = ("auto", "paged", "pallas", "dense")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,9 +60,12 @@ class Qwen3Config:
       "cudnn" (GPU) or "splash" (TPU); `mipu_jax.models.attention`.
     attention_block: query and key tile of the blockwise and splash kernels.
     decode_attention: attention over a KV cache: "paged" (reads only the pages
-      that hold a filled slot of some row; `attention.paged`), "dense" (gathers
-      every slot: the reference) or "auto" (= "paged" on every platform: no
-      Pallas decode kernel is wired in yet).
+      that hold a filled slot of some row; `attention.paged`, pure XLA),
+      "pallas" (the same as one Pallas kernel per layer for a decode step,
+      `paged_pallas.decode`; interpreted off GPU; a prefill, or a shape its
+      tiles do not fit (`paged_pallas.supports`), uses "paged"),
+      "dense" (gathers every slot: the reference) or "auto" ("pallas" on a GPU,
+      "paged" elsewhere; resolved when the config is made).
   """
 
   vocab_size: int
@@ -101,7 +105,8 @@ class Qwen3Config:
       raise ValueError(f"unknown decode_attention {self.decode_attention!r}; choose one of "
                        f"{DECODE_ATTENTIONS}.")
     if self.decode_attention == "auto":
-      object.__setattr__(self, "decode_attention", "paged")
+      object.__setattr__(self, "decode_attention",
+                         "pallas" if jax.default_backend() == "gpu" else "paged")
     if self.attention_block < 1:
       raise ValueError(f"attention_block must be >= 1, got {self.attention_block}.")
     object.__setattr__(self, "param_dtype", as_dtype(self.param_dtype))

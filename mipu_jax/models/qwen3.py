@@ -21,6 +21,7 @@ from flax import nnx
 
 from mipu_jax.models import attention
 from mipu_jax.models import kv_cache
+from mipu_jax.models import paged_pallas
 from mipu_jax.models import quantized
 from mipu_jax.models.config import Qwen3Config
 from mipu_jax.models.kv_cache import KVCache, init_cache  # pylint: disable=unused-import
@@ -130,8 +131,13 @@ def _layer(cfg: Qwen3Config, x_BTD, w, positions_BT, attn_mask, kv, index, act_q
       values_BSKH = kv_cache.logical_view(v_pool, vs_pool, pages_BJ, layer, per_layer, dt)
       attn_BTNH = attention.attend(q_BTNH, keys_BSKH, values_BSKH, attn_mask)
     else:
-      attn_BTNH = attention.paged(q_BTNH, k_pool, v_pool, ks_pool, vs_pool, ids_BJ,
-                                  attn_mask.k_valid_BS, attn_mask.q_slot_BT, dt)
+      paged = attention.paged
+      if (cfg.decode_attention == "pallas" and q_BTNH.shape[1] == 1
+          and paged_pallas.supports(ids_BJ.shape[1], k_pool.shape[2], q_BTNH.shape[3],
+                                    interpret=jax.default_backend() != "gpu")):
+        paged = paged_pallas.decode
+      attn_BTNH = paged(q_BTNH, k_pool, v_pool, ks_pool, vs_pool, ids_BJ,
+                        attn_mask.k_valid_BS, attn_mask.q_slot_BT, dt)
     new_kv = (k_pool, ks_pool, v_pool, vs_pool)
 
   o_BTD = _proj("BTNH,NHD->BTD", attn_BTNH, _aq(attn_BTNH, act_quant), w["o"], 2)

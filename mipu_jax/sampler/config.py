@@ -132,8 +132,9 @@ class SamplerConfig(SamplerPrecision):
       prefill region and the decode length. Decode attention reads one page
       per row per loop step: bench/decode.py measures the trade-off.
     decode_attention: attention over the cache: 'paged' (only the pages that
-      hold a filled slot of some row), 'dense' (every slot: the reference) or
-      'auto' (= 'paged'); `Qwen3Config.decode_attention`.
+      hold a filled slot of some row, pure XLA), 'pallas' (the same, one Pallas
+      kernel per layer and decode step), 'dense' (every slot: the reference)
+      or 'auto' ('pallas' on a GPU, else 'paged'); `Qwen3Config.decode_attention`.
   """
 
   quant_storage: str = "fake"
@@ -164,8 +165,8 @@ class SamplerConfig(SamplerPrecision):
                  "min_decode_bucket", "min_slot_bucket", "max_stop_ids", "page_size"):
       if getattr(self, name) <= 0:
         raise ValueError(f"SamplerConfig.{name} must be positive, got {getattr(self, name)}.")
-    if self.decode_attention not in ("auto", "paged", "dense"):
-      raise ValueError(f"decode_attention must be 'auto', 'paged' or 'dense', got "
+    if self.decode_attention not in ("auto", "paged", "pallas", "dense"):
+      raise ValueError(f"decode_attention must be 'auto', 'paged', 'pallas' or 'dense', got "
                        f"{self.decode_attention!r}.")
     object.__setattr__(self, "stop_ids", tuple(int(i) for i in self.stop_ids))
     if len(self.stop_ids) > self.max_stop_ids:

@@ -1,0 +1,237 @@
+"""Decode attention over the paged KV cache as one Pallas GPU kernel.
+
+`attention.paged` (pure XLA) runs one loop step per page column, each a few
+small XLA ops: on a GPU that is a kernel launch per op, per page, per layer.
+This kernel does the same computation in one launch per layer: a program per
+(row, kv head, split of the row's pages) reads the row's page ids, gathers
+`pages_per_block` pages of keys and values at a time from the pool
+(`kv_cache.KVCache`: `[K, L*P, G, H]`, the layout jax's Pallas paged-attention
+kernels read), and keeps FlashAttention's running max, sum and output in
+float32; the splits are merged outside (the log-sum-exp merge). A program
+loops only over the pages between its row's first and last attended slot, so
+a step reads the filled pages of each row and nothing else.
+
+It follows the structure of jax's `pallas.ops.gpu.paged_attention` (grid,
+page gathers, split merge), with what the sampler needs on top: an arbitrary
+per-slot mask (left-padded prompts, refilled rows; jax's kernel masks only a
+length), the softmax scale applied to the float32 logits (as
+`attention.paged` does, so the two agree to float rounding), and int8 pools
+dequantized per slot before the dot (the same `(x * scale).astype(dtype)`
+as `kv_cache.read_pages`). FP8 pools are cast to the compute dtype in the
+kernel. Query heads of one kv head are padded to 16 (the smallest dot tile).
+
+On a machine without a GPU it runs in Pallas' interpret mode (tests compare
+it with `attention.paged` and the dense reference on CPU).
+"""
+
+import functools
+import os
+from typing import Optional
+
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+
+_MIN_TILE = 16  # Triton's smallest dot dimension.
+
+
+def _kernel(bounds_ref, q_ref, k_ref, ks_ref, v_ref, vs_ref, pages_ref, mask_ref,
+            o_ref, l_ref, m_ref, *, pages_per_block: int, scale: float, dtype):
+  """One (kv head, query-head block, split) program of one row."""
+  split = pl.program_id(2)
+  block_h, h = q_ref.shape
+  g = k_ref.shape[-2]
+  pages_per_split = pages_ref.shape[0]
+  block_k = pages_per_block * g
+  first = split * pages_per_split
+  lo = jnp.maximum(bounds_ref[0], first) - first
+  hi = jnp.minimum(bounds_ref[1], first + pages_per_split) - first
+  b_lo = lo // pages_per_block
+  n_blocks = jnp.maximum(pl.cdiv(hi, pages_per_block) - b_lo, 0)
+  q = q_ref[...]
+
+  def load(ref, sref, ids):
+    x = ref[ids].reshape(block_k, h)
+    if sref is not None:
+      s = jax.lax.broadcast_in_dim(sref[ids].reshape(block_k), (block_k, h), (0,))
+      return (x.astype(jnp.float32) * s).astype(dtype)
+    return x.astype(dtype)
+
+  def body(i, carry):
+    o, m, l = carry
+    blk = b_lo + i
+    ids = pages_ref[pl.ds(blk * pages_per_block, pages_per_block)]
+    k = load(k_ref, ks_ref, ids)
+    v = load(v_ref, vs_ref, ids)
+    s = jax.lax.dot_general(q, k, (((1,), (1,)), ((), ())),
+                            preferred_element_type=jnp.float32) * scale
+    valid = mask_ref[pl.ds(blk * block_k, block_k)] != 0
+    valid = jax.lax.broadcast_in_dim(valid, (block_h, block_k), (1,))
+    s = jnp.where(valid, s, -jnp.inf)
+    m_new = jnp.maximum(m, s.max(axis=-1))
+    # A block with no valid slot leaves m at -inf: keep exp's argument finite.
+    m_safe = jnp.where(m_new == -jnp.inf, 0.0, m_new)
+    p = jnp.where(valid, jnp.exp(s - m_safe[:, None]), 0.0)
+    corr = jnp.exp(m - m_safe)
+    l_new = l * corr + p.sum(axis=-1)
+    o_new = o * corr[:, None] + jax.lax.dot_general(
+        p.astype(dtype), v, (((1,), (0,)), ((), ())), preferred_element_type=jnp.float32)
+    return o_new, m_new, l_new
+
+  init = (jnp.zeros((block_h, h), jnp.float32),
+          jnp.full((block_h,), -jnp.inf, jnp.float32),
+          jnp.zeros((block_h,), jnp.float32))
+  o, m, l = jax.lax.fori_loop(0, n_blocks, body, init)
+  o_ref[...] = o
+  m_ref[...] = m
+  l_ref[...] = l
+
+
+def _row(q_NH, bounds_2, pages_J, mask_S, k_pool, v_pool, k_scale, v_scale, *,
+         pages_per_block: int, k_splits: int, dtype, interpret: bool,
+         num_warps: int, num_stages: int):
+  """One row's attention: `[N, H]` (vmapped over rows by `decode`)."""
+  n, h = q_NH.shape
+  kh, total_pages, g, _ = k_pool.shape
+  per_kv = n // kh
+  block_h = max(_MIN_TILE, 1 << (per_kv - 1).bit_length())
+  j = pages_J.shape[0]
+  pages_per_split = j // k_splits
+  q_KQH = q_NH.reshape(kh, per_kv, h)
+  if block_h != per_kv:
+    q_KQH = jnp.pad(q_KQH, ((0, 0), (0, block_h - per_kv), (0, 0)))
+  pool_spec = pl.BlockSpec((None, total_pages, g, h), lambda k, i, s: (k, 0, 0, 0))
+  scale_spec = None
+  if k_scale is not None:
+    scale_spec = pl.BlockSpec((None, total_pages, g), lambda k, i, s: (k, 0, 0))
+    k_scale, v_scale = k_scale[..., 0], v_scale[..., 0]
+  kernel = functools.partial(_kernel, pages_per_block=pages_per_block,
+                             scale=h ** -0.5, dtype=dtype)
+  from jax.experimental.pallas import triton as plgpu  # pylint: disable=g-import-not-at-top
+  o, l, m = pl.pallas_call(
+      kernel,
+      grid=(kh, 1, k_splits),
+      in_specs=[
+          pl.BlockSpec((2,), lambda k, i, s: (0,)),  # bounds
+          pl.BlockSpec((None, block_h, h), lambda k, i, s: (k, i, 0)),  # q
+          pool_spec, scale_spec, pool_spec, scale_spec,
+          pl.BlockSpec((pages_per_split,), lambda k, i, s: (s,)),  # page ids
+          pl.BlockSpec((pages_per_split * g,), lambda k, i, s: (s,)),  # slot mask
+      ],
+      out_specs=[
+          pl.BlockSpec((None, None, block_h, h), lambda k, i, s: (s, k, i, 0)),
+          pl.BlockSpec((None, None, block_h), lambda k, i, s: (s, k, i)),
+          pl.BlockSpec((None, None, block_h), lambda k, i, s: (s, k, i)),
+      ],
+      out_shape=[
+          jax.ShapeDtypeStruct((k_splits, kh, block_h, h), jnp.float32),
+          jax.ShapeDtypeStruct((k_splits, kh, block_h), jnp.float32),
+          jax.ShapeDtypeStruct((k_splits, kh, block_h), jnp.float32),
+      ],
+      interpret=interpret,
+      compiler_params=plgpu.CompilerParams(num_warps=num_warps, num_stages=num_stages),
+      name="mipu_paged_decode",
+  )(bounds_2, q_KQH, k_pool, k_scale, v_pool, v_scale, pages_J, mask_S)
+  # Merge the splits (log-sum-exp). A row with no slot to attend gives 0
+  # (attention.paged gives the mean of the values its loop visited; neither
+  # is used: such a row is not sampling).
+  m_max = m.max(axis=0)
+  m_safe = jnp.where(m_max == -jnp.inf, 0.0, m_max)
+  corr = jnp.exp(m - m_safe[None])
+  l_sum = (l * corr).sum(axis=0)
+  o_sum = (o * corr[..., None]).sum(axis=0)
+  out = o_sum / jnp.where(l_sum == 0, 1.0, l_sum)[..., None]
+  return out[:, :per_kv].reshape(n, h).astype(dtype)
+
+
+def split_plan(batch: int, kv_heads: int, pages: int, page_size: int,
+               target_programs: int = 2048) -> tuple[int, int]:
+  """`(pages_per_block, k_splits)`: blocks of at least 64 keys (one dot tile
+  of useful width), and the row's pages split until the grid has about
+  `target_programs` programs (a small batch still fills the GPU). On an H200,
+  Qwen3-0.6B's 64 rows x 8 kv heads x 32 pages of 64: (1, 4), the best of 18
+  plans at full fill, 1.36x a read of its bytes against 1.59x for (1, 1)
+  (bench/results/h200/paged_kernel.md)."""
+  ppb = 1
+  while ppb * page_size < 64 and pages % (ppb * 2) == 0:
+    ppb *= 2
+  splits = 1
+  while (batch * kv_heads * splits < target_programs
+         and pages % (ppb * splits * 2) == 0):
+    splits *= 2
+  return ppb, splits
+
+
+def supports(pages: int, page_size: int, head_dim: int, *, interpret: bool = False) -> bool:
+  """Whether the kernel compiles for rows of `pages` pages: Triton's tiles are
+  powers of two, at least 16 keys wide (the interpreter takes any shape)."""
+  if interpret:
+    return True
+  pow2 = lambda x: x > 0 and not x & (x - 1)
+  ppb, _ = split_plan(1, 1, pages, page_size)
+  return pow2(page_size) and pow2(head_dim) and ppb * page_size >= _MIN_TILE
+
+
+PLAN_ENV = "MIPU_PALLAS_DECODE_PLAN"
+
+
+def env_plan() -> Optional[tuple[int, int, int, int]]:
+  """`(pages_per_block, k_splits, num_warps, num_stages)` from the environment
+  variable `MIPU_PALLAS_DECODE_PLAN="2,2,4,2"` (bench/paged_kernel.py's
+  sweep), or None."""
+  text = os.environ.get(PLAN_ENV, "").strip()
+  if not text:
+    return None
+  try:
+    plan = tuple(int(x) for x in text.split(","))
+  except ValueError:
+    plan = ()
+  if len(plan) != 4 or min(plan) < 1:
+    raise ValueError(f"{PLAN_ENV}={text!r}: want four positive integers "
+                     "'pages_per_block,k_splits,num_warps,num_stages'.")
+  return plan
+
+
+def decode(q_BTNH, k_pool, v_pool, k_scale, v_scale, page_ids_BJ, valid_BS, q_slot_BT,
+           dtype, *, interpret=None, plan=None):
+  """`attention.paged` for one query per row (T = 1), as a Pallas kernel.
+
+  Args and returns: as `attention.paged`. `interpret`: run in Pallas'
+  interpreter (default: when the platform is not a GPU). `plan`:
+  `(pages_per_block, k_splits, num_warps, num_stages)` (default: `env_plan()`,
+  else `split_plan`'s blocks and splits with 4 warps, 2 stages).
+  """
+  b, t, n, h = q_BTNH.shape
+  if t != 1:
+    raise ValueError(f"paged_pallas.decode takes one query per row, got T={t}.")
+  g = k_pool.shape[2]
+  s = valid_BS.shape[1]
+  j = page_ids_BJ.shape[1]
+  if interpret is None:
+    interpret = jax.default_backend() != "gpu"
+  if not supports(j, g, h, interpret=interpret):
+    raise ValueError(f"the Pallas decode kernel needs a power-of-two page size and head "
+                     f"dim and blocks of >= {_MIN_TILE} keys; got {j} pages of {g} slots, "
+                     f"head dim {h} (decode_attention='paged' takes any shape).")
+  slots_S = jnp.arange(s, dtype=jnp.int32)
+  mask_BS = valid_BS & (slots_S[None, :] <= q_slot_BT[:, :1])
+  any_B = mask_BS.any(axis=1)
+  first_B = jnp.argmax(mask_BS, axis=1).astype(jnp.int32)
+  last_B = (s - 1 - jnp.argmax(mask_BS[:, ::-1], axis=1)).astype(jnp.int32)
+  bounds_B2 = jnp.where(any_B[:, None],
+                        jnp.stack([first_B // g, last_B // g + 1], axis=1), 0)
+  plan = plan or env_plan()
+  if plan is None:
+    ppb, splits = split_plan(b, k_pool.shape[0], j, g)
+    num_warps, num_stages = 4, 2
+  else:
+    ppb, splits, num_warps, num_stages = plan
+    if j % (ppb * splits):
+      raise ValueError(f"plan {plan}: {ppb} pages per block x {splits} splits does not "
+                       f"divide a row's {j} pages.")
+  row = functools.partial(_row, k_pool=k_pool, v_pool=v_pool, k_scale=k_scale,
+                          v_scale=v_scale, pages_per_block=ppb, k_splits=splits,
+                          dtype=dtype, interpret=interpret, num_warps=num_warps,
+                          num_stages=num_stages)
+  out_BNH = jax.vmap(row)(q_BTNH[:, 0], bounds_B2, page_ids_BJ, mask_BS.astype(jnp.int32))
+  return out_BNH[:, None]
