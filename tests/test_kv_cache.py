@@ -201,6 +201,22 @@ def test_pallas_kernel_refuses_shapes_its_tiles_do_not_fit():
                         jnp.zeros((1, 1), jnp.int32), jnp.float32, interpret=False)
 
 
+def test_pallas_launch_plan_from_the_environment(monkeypatch):
+  monkeypatch.setenv(paged_pallas.PLAN_ENV, "1,4,4,2")
+  assert paged_pallas.env_plan() == (1, 4, 4, 2)
+  monkeypatch.setenv(paged_pallas.PLAN_ENV, "")
+  assert paged_pallas.env_plan() is None
+  for bad in ("1,4,4", "a,b,c,d", "1,0,4,2"):
+    monkeypatch.setenv(paged_pallas.PLAN_ENV, bad)
+    with pytest.raises(ValueError, match="four positive integers"):
+      paged_pallas.env_plan()
+  z = jnp.zeros((2, 6, 16, 16))
+  with pytest.raises(ValueError, match="does not divide"):
+    paged_pallas.decode(jnp.zeros((1, 1, 4, 16)), z, z, None, None,
+                        jnp.zeros((1, 3), jnp.int32), jnp.ones((1, 48), bool),
+                        jnp.zeros((1, 1), jnp.int32), jnp.float32, plan=(2, 1, 4, 2))
+
+
 def test_decode_attention_auto_is_the_kernel_on_a_gpu_only():
   cfg = get_config("tiny")
   assert cfg.decode_attention == ("pallas" if jax.default_backend() == "gpu" else "paged")
