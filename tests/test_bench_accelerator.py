@@ -22,6 +22,7 @@ def test_accelerator_bench_tiny(tmp_path):
   assert set(modes) == {"bf16", "fp8 native"}
   for r in modes.values():
     assert "error" not in r and r["tokens"] == 4 * 16 and r["tokens_per_s"] > 0
+    assert r["bound_tokens_per_s"] > 0 and r["vs_bound"] > 0 and r["step_gb"] >= 0
   # XLA:CPU upcasts fp8 dots; what reaches the compiler is checked in
   # tests/test_native_quant.py. Here: the kernel report reads the dumps.
   assert sum(modes["bf16"]["kernels"].values()) > 0
