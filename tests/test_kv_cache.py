@@ -150,8 +150,8 @@ def _paged_equals_dense(dtype):
     np.testing.assert_allclose(np.asarray(alone[0]), np.asarray(got[r]), rtol=1e-6, atol=1e-7)
 
 
-@pytest.mark.parametrize("slots", [96, 128])
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float8_e4m3fn", "int8"])
+@pytest.mark.parametrize("dtype,slots", [("float32", 96), ("bfloat16", 128),
+                                         ("float8_e4m3fn", 96), ("int8", 128)])
 def test_pallas_decode_equals_paged_on_ragged_rows(dtype, slots):
   """The Pallas kernel (interpreted off GPU, compiled on one) against the XLA
   paged path: right-aligned prompts, a hole, a row with one slot, shuffled
