@@ -219,7 +219,10 @@ def test_pallas_launch_plan_from_the_environment(monkeypatch):
 
 def test_decode_attention_auto_is_the_kernel_on_a_gpu_only():
   cfg = get_config("tiny")
-  assert cfg.decode_attention == ("pallas" if jax.default_backend() == "gpu" else "paged")
+  assert cfg.decode_attention == "auto"  # resolved at trace time: no backend started here
+  assert cfg.decode_attention_for("gpu") == "pallas"
+  assert cfg.decode_attention_for("cpu") == cfg.decode_attention_for("tpu") == "paged"
+  assert cfg.replace(decode_attention="dense").decode_attention_for("gpu") == "dense"
   with pytest.raises(ValueError, match="decode_attention"):
     get_config("tiny", decode_attention="flash")
 

@@ -8,7 +8,6 @@ small RL task.
 import dataclasses
 from typing import Any
 
-import jax
 import jax.numpy as jnp
 
 DTYPE_NAMES = {
@@ -65,7 +64,8 @@ class Qwen3Config:
       `paged_pallas.decode`; interpreted off GPU; a prefill, or a shape its
       tiles do not fit (`paged_pallas.supports`), uses "paged"),
       "dense" (gathers every slot: the reference) or "auto" ("pallas" on a GPU,
-      "paged" elsewhere; resolved when the config is made).
+      "paged" elsewhere: `decode_attention_for`, resolved when the step is
+      traced, so that making a config never starts a JAX backend).
   """
 
   vocab_size: int
@@ -104,13 +104,17 @@ class Qwen3Config:
     if self.decode_attention not in DECODE_ATTENTIONS:
       raise ValueError(f"unknown decode_attention {self.decode_attention!r}; choose one of "
                        f"{DECODE_ATTENTIONS}.")
-    if self.decode_attention == "auto":
-      object.__setattr__(self, "decode_attention",
-                         "pallas" if jax.default_backend() == "gpu" else "paged")
+
     if self.attention_block < 1:
       raise ValueError(f"attention_block must be >= 1, got {self.attention_block}.")
     object.__setattr__(self, "param_dtype", as_dtype(self.param_dtype))
     object.__setattr__(self, "dtype", as_dtype(self.dtype))
+
+  def decode_attention_for(self, platform: str) -> str:
+    """The decode attention this config runs on `platform` ("auto" resolved)."""
+    if self.decode_attention != "auto":
+      return self.decode_attention
+    return "pallas" if platform == "gpu" else "paged"
 
   def replace(self, **kwargs) -> "Qwen3Config":
     return dataclasses.replace(self, **kwargs)

@@ -126,13 +126,14 @@ def _layer(cfg: Qwen3Config, x_BTD, w, positions_BT, attn_mask, kv, index, act_q
       ks_pool = kv_cache.write(ks_pool, ks_new, page_BT, off_BT)
       vs_pool = kv_cache.write(vs_pool, vs_new, page_BT, off_BT)
     ids_BJ = pages_BJ + layer * per_layer
-    if cfg.decode_attention == "dense":  # the reference: every slot, gathered
+    impl = cfg.decode_attention_for(jax.default_backend())
+    if impl == "dense":  # the reference: every slot, gathered
       keys_BSKH = kv_cache.logical_view(k_pool, ks_pool, pages_BJ, layer, per_layer, dt)
       values_BSKH = kv_cache.logical_view(v_pool, vs_pool, pages_BJ, layer, per_layer, dt)
       attn_BTNH = attention.attend(q_BTNH, keys_BSKH, values_BSKH, attn_mask)
     else:
       paged = attention.paged
-      if (cfg.decode_attention == "pallas" and q_BTNH.shape[1] == 1
+      if (impl == "pallas" and q_BTNH.shape[1] == 1
           and paged_pallas.supports(ids_BJ.shape[1], k_pool.shape[2], q_BTNH.shape[3],
                                     interpret=jax.default_backend() != "gpu")):
         paged = paged_pallas.decode

@@ -14,6 +14,8 @@ import gzip
 import logging
 import multiprocessing
 import os
+import signal
+import threading
 import time
 from typing import Optional, Sequence
 
@@ -55,6 +57,10 @@ def _train(job: Job, cache: Optional[str]):
   return job.row, job.seed
 
 
+def _ok(future) -> bool:
+  return future.done() and not future.cancelled() and future.exception() is None
+
+
 def steps_done(workdir: str) -> int:
   """RL steps a run has logged (its step-0 evaluation row is not a step)."""
   path = os.path.join(workdir, "metrics.jsonl")
@@ -84,23 +90,47 @@ def train_in_workers(jobs: Sequence[Job], *, workers: int, cache: Optional[str] 
   total = sum(j.cfg.num_steps for j in jobs)
   bar = tqdm.tqdm(total=total, desc=desc or f"{len(jobs)} runs", unit="step")
   context = multiprocessing.get_context("spawn")
-  with concurrent.futures.ProcessPoolExecutor(workers, mp_context=context,
-                                              initializer=_init_worker) as pool:
-    futures = [pool.submit(_train, j, cache) for j in jobs]
-    while True:
-      done = sum(min(steps_done(j.workdir), j.cfg.num_steps) for j in jobs)
-      bar.update(done - bar.n)
-      finished = [f for f in futures if f.done()]
-      bar.set_postfix(finished=f"{len(finished)}/{len(jobs)}")
-      failed = [f for f in finished if not f.cancelled() and f.exception() is not None]
-      if failed:  # no new run starts; those running finish or stop on their own
-        for f in futures:
-          f.cancel()
-        bar.close()
-        raise failed[0].exception()
-      if len(finished) == len(futures):
-        break
-      time.sleep(2.0)
-    for f in futures:
-      f.result()  # a worker's error stops the job here
+  # A SIGTERM to this process (a scheduler's preemption notice, `kill`) is
+  # passed on to the workers, whose runs stop at their next step boundary
+  # with a checkpoint (rl.guard); no new run starts. Without this the workers
+  # would outlive the job and go on training.
+  stop = []
+  previous = None
+  if threading.current_thread() is threading.main_thread():
+    previous = signal.signal(signal.SIGTERM, lambda signum, frame: stop.append(signum))
+  try:
+    with concurrent.futures.ProcessPoolExecutor(workers, mp_context=context,
+                                                initializer=_init_worker) as pool:
+      futures = [pool.submit(_train, j, cache) for j in jobs]
+      while True:
+        done = sum(min(steps_done(j.workdir), j.cfg.num_steps) for j in jobs)
+        bar.update(done - bar.n)
+        finished = [f for f in futures if f.done()]
+        bar.set_postfix(finished=f"{len(finished)}/{len(jobs)}")
+        if stop:
+          for f in futures:
+            f.cancel()
+          for process in list(getattr(pool, "_processes", {}).values()):
+            if process.is_alive():
+              process.terminate()  # SIGTERM: the run checkpoints and stops
+          concurrent.futures.wait(futures)
+          bar.close()
+          raise RuntimeError(
+              f"stopped by SIGTERM: {sum(1 for f in futures if _ok(f))} of {len(jobs)} runs "
+              "finished, the others stopped at a step boundary with a checkpoint or did "
+              "not start; rerun the same command to resume.")
+        failed = [f for f in finished if not f.cancelled() and f.exception() is not None]
+        if failed:  # no new run starts; those running finish or stop on their own
+          for f in futures:
+            f.cancel()
+          bar.close()
+          raise failed[0].exception()
+        if len(finished) == len(futures):
+          break
+        time.sleep(2.0)
+      for f in futures:
+        f.result()  # a worker's error stops the job here
+  finally:
+    if previous is not None:
+      signal.signal(signal.SIGTERM, previous)
   bar.close()

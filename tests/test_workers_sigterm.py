@@ -1,0 +1,72 @@
+"""A SIGTERM to a job that trains runs in worker processes stops every worker.
+
+`reproduce.train_in_workers` passes the signal on: the running runs stop at
+a step boundary with a checkpoint and no summary, no new run starts, the job
+exits with a message, and no worker outlives it (before, the workers went on
+training after the job was gone). Real processes (`-m multiprocess`; about a
+minute on 2 cores).
+"""
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+pytestmark = pytest.mark.multiprocess
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+SCRIPT = textwrap.dedent("""
+    import os, sys
+    sys.path.insert(0, {root!r})
+    from configs import table
+    from mipu_jax import config as config_lib
+    from mipu_jax import reproduce
+    jobs = []
+    for seed in range(3):
+      c = table.get_config(f"control,seed={{seed}},quick")
+      c.num_steps = 40
+      cfg = config_lib.from_config_dict(c)
+      jobs.append(reproduce.Job("control", seed, cfg,
+                                os.path.join({workdir!r}, "runs", f"control_s{{seed}}")))
+    reproduce.train_in_workers(jobs, workers=2, cache="")
+""")
+
+
+def test_sigterm_to_the_job_stops_its_workers(tmp_path):
+  workdir = str(tmp_path)
+  proc = subprocess.Popen(
+      [sys.executable, "-c", SCRIPT.format(root=ROOT, workdir=workdir)], cwd=ROOT,
+      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+      env={**os.environ, "JAX_PLATFORMS": "cpu"})
+  runs = [os.path.join(workdir, "runs", f"control_s{s}") for s in range(3)]
+
+  def logged(run):
+    path = os.path.join(run, "metrics.jsonl")
+    return sum(1 for _ in open(path)) if os.path.exists(path) else 0
+
+  deadline = time.time() + 240
+  while time.time() < deadline and proc.poll() is None and (
+      logged(runs[0]) < 3 or logged(runs[1]) < 3):
+    time.sleep(0.5)
+  assert proc.poll() is None, proc.communicate()[1][-2000:]
+  assert logged(runs[0]) >= 3 and logged(runs[1]) >= 3, "the two workers never trained"
+  os.kill(proc.pid, signal.SIGTERM)  # the job's process only, not its workers
+  try:
+    _, err = proc.communicate(timeout=120)
+  except subprocess.TimeoutExpired:
+    os.killpg(proc.pid, signal.SIGKILL)
+    pytest.fail("the job did not end within 120 s of its SIGTERM")
+  assert proc.returncode != 0 and "stopped by SIGTERM" in err, err[-2000:]
+  time.sleep(1.0)
+  with pytest.raises(ProcessLookupError):  # no worker left in the job's session
+    os.killpg(proc.pid, 0)
+  for run in runs[:2]:  # stopped at a step boundary: checkpointed, not finished
+    assert not os.path.exists(os.path.join(run, "summary.json"))
+    assert os.listdir(os.path.join(run, "checkpoints"))
+    assert logged(run) < 41
+  assert logged(runs[2]) == 0  # never started
