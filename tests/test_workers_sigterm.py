@@ -29,12 +29,30 @@ SCRIPT = textwrap.dedent("""
     jobs = []
     for seed in range(3):
       c = table.get_config(f"control,seed={{seed}},quick")
-      c.num_steps = 40
+      c.num_steps = 1000
       cfg = config_lib.from_config_dict(c)
       jobs.append(reproduce.Job("control", seed, cfg,
                                 os.path.join({workdir!r}, "runs", f"control_s{{seed}}")))
     reproduce.train_in_workers(jobs, workers=2, cache="")
 """)
+
+
+def _session_processes(sid: int) -> list[str]:
+  """Command lines of the live (not zombie) processes of session `sid`."""
+  out = []
+  for pid in os.listdir("/proc"):
+    if not pid.isdigit():
+      continue
+    try:
+      with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+      if int(fields[3]) != sid or fields[0] == "Z":  # session id, state
+        continue
+      with open(f"/proc/{pid}/cmdline", "rb") as f:
+        out.append(f"{pid}: " + f.read().replace(b"\0", b" ").decode()[:200])
+    except (OSError, IndexError, ValueError):
+      continue
+  return out
 
 
 def test_sigterm_to_the_job_stops_its_workers(tmp_path):
@@ -62,11 +80,16 @@ def test_sigterm_to_the_job_stops_its_workers(tmp_path):
     os.killpg(proc.pid, signal.SIGKILL)
     pytest.fail("the job did not end within 120 s of its SIGTERM")
   assert proc.returncode != 0 and "stopped by SIGTERM" in err, err[-2000:]
-  time.sleep(1.0)
-  with pytest.raises(ProcessLookupError):  # no worker left in the job's session
-    os.killpg(proc.pid, 0)
+  # No worker is left in the job's session (allow the exiting ones a moment).
+  left = _session_processes(proc.pid)
+  for _ in range(50):
+    if not left:
+      break
+    time.sleep(0.2)
+    left = _session_processes(proc.pid)
+  assert not left, left
   for run in runs[:2]:  # stopped at a step boundary: checkpointed, not finished
     assert not os.path.exists(os.path.join(run, "summary.json"))
     assert os.listdir(os.path.join(run, "checkpoints"))
-    assert logged(run) < 41
+    assert logged(run) < 1001
   assert logged(runs[2]) == 0  # never started

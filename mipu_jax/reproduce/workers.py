@@ -36,8 +36,14 @@ class Job:
   workdir: str
 
 
-def _init_worker():
-  """A worker's XLA on one CPU thread (read when its backend starts)."""
+_STOP = None  # the job's stop event, in a worker (`_init_worker`)
+
+
+def _init_worker(stop=None):
+  """A worker's XLA on one CPU thread (read when its backend starts); `stop`:
+  the job's event, set when it is stopped (no new run starts after it)."""
+  global _STOP
+  _STOP = stop
   os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + ONE_THREAD).strip()
   logging.getLogger("absl").setLevel(logging.WARNING)
   from absl import logging as absl_logging  # pylint: disable=g-import-not-at-top
@@ -46,6 +52,8 @@ def _init_worker():
 
 def _train(job: Job, cache: Optional[str]):
   """One run in a worker process; its error names the run."""
+  if _STOP is not None and _STOP.is_set():  # queued before the job was stopped
+    raise RuntimeError(f"[{job.row} seed {job.seed}] not started: the job was stopped.")
   try:
     runs.enable_compilation_cache(cache, os.path.dirname(os.path.dirname(job.workdir)))
     done = runs.run_one(job.cfg, job.row, job.seed, job.workdir, log=lambda _: None)
@@ -95,12 +103,14 @@ def train_in_workers(jobs: Sequence[Job], *, workers: int, cache: Optional[str] 
   # with a checkpoint (rl.guard); no new run starts. Without this the workers
   # would outlive the job and go on training.
   stop = []
+  stop_event = context.Event()
   previous = None
   if threading.current_thread() is threading.main_thread():
     previous = signal.signal(signal.SIGTERM, lambda signum, frame: stop.append(signum))
   try:
     with concurrent.futures.ProcessPoolExecutor(workers, mp_context=context,
-                                                initializer=_init_worker) as pool:
+                                                initializer=_init_worker,
+                                                initargs=(stop_event,)) as pool:
       futures = [pool.submit(_train, j, cache) for j in jobs]
       while True:
         done = sum(min(steps_done(j.workdir), j.cfg.num_steps) for j in jobs)
@@ -108,6 +118,7 @@ def train_in_workers(jobs: Sequence[Job], *, workers: int, cache: Optional[str] 
         finished = [f for f in futures if f.done()]
         bar.set_postfix(finished=f"{len(finished)}/{len(jobs)}")
         if stop:
+          stop_event.set()  # runs already queued to a worker do not start
           for f in futures:
             f.cancel()
           for process in list(getattr(pool, "_processes", {}).values()):
