@@ -250,8 +250,9 @@ def test_paged_cache_write_lands_at_the_page_table_slots():
   assert not np.asarray(kv_cache.logical_view(out, None, pages, 1, per, jnp.float32)).any()
 
 
-def test_paged_dense_and_pallas_decode_sample_the_same_in_float32():
-  """What the paged attention (XLA or the Pallas kernel) changes in the sampler: float32 sums in another
+def test_paged_and_dense_decode_sample_the_same_in_float32():
+  """What the paged attention changes in the sampler (the Pallas kernel's
+  rollout, against this path: tests/test_sampler_scale.py): float32 sums in another
   order. The same tokens, log-probs within 1e-5 (measured: 1.4e-6 on this
   model; in bfloat16 10 of 12 sequences are identical and their log-probs
   differ by up to 0.034, bfloat16 rounding of the attention's probabilities)."""
@@ -259,10 +260,9 @@ def test_paged_dense_and_pallas_decode_sample_the_same_in_float32():
   from mipu_jax.sampler import Sampler  # pylint: disable=g-import-not-at-top
   model = make_model()
   out = {}
-  for impl in ("paged", "dense", "pallas"):
+  for impl in ("paged", "dense"):
     s = Sampler(model, max_prefill_length=16, max_decode_length=48, decode_attention=impl)
     out[impl] = s.generate(PROMPTS, max_new_tokens=48, num_samples=4, temperature=1.0, seed=0)
-  for impl in ("dense", "pallas"):
-    assert out["paged"].tokens == out[impl].tokens, impl
-    for a, b in zip(out["paged"].logprobs, out[impl].logprobs):
-      np.testing.assert_allclose(a, b, atol=1e-5)
+  assert out["paged"].tokens == out["dense"].tokens
+  for a, b in zip(out["paged"].logprobs, out["dense"].logprobs):
+    np.testing.assert_allclose(a, b, atol=1e-5)
