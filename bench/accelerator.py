@@ -14,10 +14,12 @@ of a real Qwen3 shape (`--preset`) with the project's test tokenizer
   (sampling, math-verify rewards, learner, sync, MIPU Step 2, evaluation,
   checkpoint, HF export), with the wall time of each phase (timers wrapped
   around the library's own functions, in a child process);
-- `sampler`: generated tokens/s of `Sampler.generate` at bf16, FP8 emulated,
-  FP8 native, int8 native and those with an FP8 KV cache, 64 sequences ×
-  (1,024 prompt + 1,024 new) tokens (no stop token: every sequence decodes
-  all 1,024), with the first call (compile included) and the second;
+- `sampler` (`bench/sampler_table.py`): generated tokens/s of
+  `Sampler.generate` at bf16, FP8 emulated, FP8 native, int8 native and those
+  with an FP8 KV cache, 64 sequences × (1,024 prompt + 1,024 new) tokens (no
+  stop token: every sequence decodes all 1,024), with the first call (compile
+  included) and the second, and the bound: the tokens/s of reading an average
+  decode step's bytes at the rate measured in the same run;
 - `learner`: one learner step on one (1,024 + 8,192)-token row (the packed
   row of one full-length response), bf16 matmuls, fp32 master weights,
   per-layer remat, chunked log-probs: tokens/s, model FLOP/s and MFU against
