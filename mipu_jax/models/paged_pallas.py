@@ -22,6 +22,11 @@ kernel. Query heads of one kv head are padded to 16 (the smallest dot tile).
 
 On a machine without a GPU it runs in Pallas' interpret mode (tests compare
 it with `attention.paged` and the dense reference on CPU).
+
+It is written against Pallas' core API and its Triton backend
+(`jax.experimental.pallas.triton.CompilerParams`), not the `pallas.ops.gpu`
+kernels that jax deprecated after 0.11.0 in favour of tokamax; it compiled and
+passed the tests on jax 0.11.2 (H200, bench/results/h200/).
 """
 
 import functools
