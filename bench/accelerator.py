@@ -43,7 +43,6 @@ elsewhere and `pip install --no-deps` the wheels (bench/README.md).
 
 import argparse
 import contextlib
-import gc
 import json
 import os
 import subprocess
@@ -338,7 +337,7 @@ def report(result: dict) -> str:
   if s:
     out.append(f"## Sampler: {result['sampler_shape']}\n")
     out.append(_table(s, ["mode", "tokens_per_s", "vs_bf16", "bound_tokens_per_s", "vs_bound",
-                          "step_gb", "read_tb_s", "pallas_plan", "second_call_s", "first_call_s",
+                          "step_gb", "read_tb_s", "decode_attention", "pallas_plan", "second_call_s", "first_call_s",
                           "compile_s_approx"]))
     out.append("\n`bound_tokens_per_s`: rows / the time to read the bytes of an average decode "
                "step (`step_gb`: weights as stored + filled KV slots) at the read rate "

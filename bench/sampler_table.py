@@ -97,7 +97,6 @@ def decode_bound(sampler, cfg, rows: int, prompt: int, new: int, repeats: int) -
 def bench_sampler(args, rows: list, mcfg, platform: str) -> list[dict]:
   """Appends one row per mode to `rows` (the caller saves after each, through
   `args.on_row`); `mcfg` the model's config, `platform` the device's."""
-  import jax  # pylint: disable=g-import-not-at-top
   import numpy as np  # pylint: disable=g-import-not-at-top
   from flax import nnx  # pylint: disable=g-import-not-at-top
 
@@ -111,8 +110,7 @@ def bench_sampler(args, rows: list, mcfg, platform: str) -> list[dict]:
   dtype = args.sampler_dtype or ("float32" if platform == "cpu" else "bfloat16")
   for name in args.sampler_modes.split(","):
     kw = SAMPLER_MODES[name]
-    row = {"mode": name, **{k: str(v) for k, v in kw.items()},
-           "pallas_plan": os.environ.get("MIPU_PALLAS_DECODE_PLAN", "") or "default"}
+    row = {"mode": name, **{k: str(v) for k, v in kw.items()}}
     before = _hlo_files(args.dump_hlo)
     try:
       sampler = Sampler(model, dtype=dtype, max_prefill_length=p, max_decode_length=new,
@@ -128,6 +126,10 @@ def bench_sampler(args, rows: list, mcfg, platform: str) -> list[dict]:
                  tokens_per_s=round(tokens / second, 1),
                  compile_s_approx=round(first - second, 2))
       row.update(decode_bound(sampler, mcfg, n, p, new, args.repeats_bound))
+      impl = sampler.engine.model_config.decode_attention
+      row["decode_attention"] = impl
+      if impl == "pallas":  # the kernel's launch plan (bench/paged_kernel.py)
+        row["pallas_plan"] = os.environ.get("MIPU_PALLAS_DECODE_PLAN", "") or "default"
       del sampler, out
     except Exception as e:  # pylint: disable=broad-except
       row["error"] = f"{type(e).__name__}: {str(e)[:300]}"

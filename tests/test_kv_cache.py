@@ -215,6 +215,12 @@ def test_pallas_launch_plan_from_the_environment(monkeypatch):
     paged_pallas.decode(jnp.zeros((1, 1, 4, 16)), z, z, None, None,
                         jnp.zeros((1, 3), jnp.int32), jnp.ones((1, 48), bool),
                         jnp.zeros((1, 1), jnp.int32), jnp.float32, plan=(2, 1, 4, 2))
+  # The environment's plan, where it does not fit a shape, leaves the default.
+  monkeypatch.setenv(paged_pallas.PLAN_ENV, "2,1,4,2")
+  out = paged_pallas.decode(jnp.ones((1, 1, 4, 16)), z + 1, z + 1, None, None,
+                            jnp.zeros((1, 3), jnp.int32), jnp.ones((1, 48), bool),
+                            jnp.full((1, 1), 47, jnp.int32), jnp.float32)
+  np.testing.assert_allclose(np.asarray(out), 1.0, rtol=1e-6)
 
 
 def test_decode_attention_auto_is_the_kernel_on_a_gpu_only():
@@ -223,6 +229,10 @@ def test_decode_attention_auto_is_the_kernel_on_a_gpu_only():
   assert cfg.decode_attention_for("gpu") == "pallas"
   assert cfg.decode_attention_for("cpu") == cfg.decode_attention_for("tpu") == "paged"
   assert cfg.replace(decode_attention="dense").decode_attention_for("gpu") == "dense"
+  assert cfg.decode_attention_for("gpu", devices=8) == "paged"  # a sharded cache
+  engine = Engine(Qwen3(cfg, rngs=nnx.Rngs(0)), SamplerConfig())
+  assert engine.model_config.decode_attention == (
+      "pallas" if jax.default_backend() == "gpu" else "paged")
   with pytest.raises(ValueError, match="decode_attention"):
     get_config("tiny", decode_attention="flash")
 

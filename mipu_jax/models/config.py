@@ -63,9 +63,10 @@ class Qwen3Config:
       "pallas" (the same as one Pallas kernel per layer for a decode step,
       `paged_pallas.decode`; interpreted off GPU; a prefill, or a shape its
       tiles do not fit (`paged_pallas.supports`), uses "paged"),
-      "dense" (gathers every slot: the reference) or "auto" ("pallas" on a GPU,
-      "paged" elsewhere: `decode_attention_for`, resolved when the step is
-      traced, so that making a config never starts a JAX backend).
+      "dense" (gathers every slot: the reference) or "auto" ("pallas" on one
+      GPU, "paged" elsewhere and on several devices: `decode_attention_for`,
+      resolved when the step is traced, so that making a config never starts a
+      JAX backend).
   """
 
   vocab_size: int
@@ -110,11 +111,13 @@ class Qwen3Config:
     object.__setattr__(self, "param_dtype", as_dtype(self.param_dtype))
     object.__setattr__(self, "dtype", as_dtype(self.dtype))
 
-  def decode_attention_for(self, platform: str) -> str:
-    """The decode attention this config runs on `platform` ("auto" resolved)."""
+  def decode_attention_for(self, platform: str, devices: int = 1) -> str:
+    """The decode attention this config runs on `platform` with the cache on
+    `devices` devices ("auto" resolved: the Pallas kernel on one GPU; XLA
+    cannot partition its custom call over several)."""
     if self.decode_attention != "auto":
       return self.decode_attention
-    return "pallas" if platform == "gpu" else "paged"
+    return "pallas" if platform == "gpu" and devices == 1 else "paged"
 
   def replace(self, **kwargs) -> "Qwen3Config":
     return dataclasses.replace(self, **kwargs)

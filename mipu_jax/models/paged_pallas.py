@@ -25,8 +25,15 @@ it with `attention.paged` and the dense reference on CPU).
 
 It is written against Pallas' core API and its Triton backend
 (`jax.experimental.pallas.triton.CompilerParams`), not the `pallas.ops.gpu`
-kernels that jax deprecated after 0.11.0 in favour of tokamax; it compiled and
-passed the tests on jax 0.11.2 (H200, bench/results/h200/).
+kernels that jax deprecated after 0.11.0 in favour of tokamax. On jax 0.11.2
+(an H200, bench/results/h200/) it compiled, ran the benches, and its compiled
+step wrote the cache in place; its comparisons with the XLA path failed there
+by up to 5e-4 because XLA's float32 dots on a GPU default to TF32, and were
+fixed (float32 dots asked for) but not rerun on a GPU.
+
+One device only: XLA cannot partition the kernel's custom call, so a sampler
+whose cache is sharded over several devices uses `attention.paged`
+(`Qwen3Config.decode_attention_for`).
 """
 
 import functools
@@ -183,7 +190,8 @@ PLAN_ENV = "MIPU_PALLAS_DECODE_PLAN"
 def env_plan() -> Optional[tuple[int, int, int, int]]:
   """`(pages_per_block, k_splits, num_warps, num_stages)` from the environment
   variable `MIPU_PALLAS_DECODE_PLAN="2,2,4,2"` (bench/paged_kernel.py's
-  sweep), or None."""
+  sweep), or None. Read when a step is traced; a shape it does not fit uses
+  the default plan."""
   text = os.environ.get(PLAN_ENV, "").strip()
   if not text:
     return None
@@ -225,15 +233,19 @@ def decode(q_BTNH, k_pool, v_pool, k_scale, v_scale, page_ids_BJ, valid_BS, q_sl
   last_B = (s - 1 - jnp.argmax(mask_BS[:, ::-1], axis=1)).astype(jnp.int32)
   bounds_B2 = jnp.where(any_B[:, None],
                         jnp.stack([first_B // g, last_B // g + 1], axis=1), 0)
-  plan = plan or env_plan()
+  if plan is None:
+    plan = env_plan()
+    if plan is not None and (j % (plan[0] * plan[1]) or plan[0] * g < _MIN_TILE):
+      plan = None  # the environment's plan does not fit this shape: the default
   if plan is None:
     ppb, splits = split_plan(b, k_pool.shape[0], j, g)
     num_warps, num_stages = 4, 2
   else:
     ppb, splits, num_warps, num_stages = plan
-    if j % (ppb * splits):
+    if j % (ppb * splits) or ppb * g < _MIN_TILE:
       raise ValueError(f"plan {plan}: {ppb} pages per block x {splits} splits does not "
-                       f"divide a row's {j} pages.")
+                       f"divide a row's {j} pages, or a block of {ppb} pages of {g} slots "
+                       f"is under {_MIN_TILE} keys.")
   row = functools.partial(_row, k_pool=k_pool, v_pool=v_pool, k_scale=k_scale,
                           v_scale=v_scale, pages_per_block=ppb, k_splits=splits,
                           dtype=dtype, interpret=interpret, num_warps=num_warps,

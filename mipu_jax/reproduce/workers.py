@@ -107,6 +107,8 @@ def train_in_workers(jobs: Sequence[Job], *, workers: int, cache: Optional[str] 
   previous = None
   if threading.current_thread() is threading.main_thread():
     previous = signal.signal(signal.SIGTERM, lambda signum, frame: stop.append(signum))
+    if previous is None:  # a handler not set from Python: restore the default
+      previous = signal.SIG_DFL
   try:
     with concurrent.futures.ProcessPoolExecutor(workers, mp_context=context,
                                                 initializer=_init_worker,
@@ -121,9 +123,12 @@ def train_in_workers(jobs: Sequence[Job], *, workers: int, cache: Optional[str] 
           stop_event.set()  # runs already queued to a worker do not start
           for f in futures:
             f.cancel()
+          # SIGTERM: a running run checkpoints and stops at its next step
+          # boundary (rl.guard); an idle worker just exits (the pool then
+          # reports the others' futures as broken: they stop all the same).
           for process in list(getattr(pool, "_processes", {}).values()):
             if process.is_alive():
-              process.terminate()  # SIGTERM: the run checkpoints and stops
+              process.terminate()
           concurrent.futures.wait(futures)
           bar.close()
           raise RuntimeError(
@@ -132,9 +137,13 @@ def train_in_workers(jobs: Sequence[Job], *, workers: int, cache: Optional[str] 
               "not start; rerun the same command to resume.")
         failed = [f for f in finished if not f.cancelled() and f.exception() is not None]
         if failed:  # no new run starts; those running finish or stop on their own
+          stop_event.set()
           for f in futures:
             f.cancel()
           bar.close()
+          if previous is not None:  # a SIGTERM while they finish ends the job at once
+            signal.signal(signal.SIGTERM, previous)
+            previous = None
           raise failed[0].exception()
         if len(finished) == len(futures):
           break

@@ -122,8 +122,13 @@ class Engine:
     self.config = config
     self._mesh = mesh
     self._source = model
+    # "auto" is resolved here, where the mesh is known: the Pallas kernel runs
+    # on one GPU only (XLA cannot partition its custom call).
+    decode_attention = model.config.replace(
+        decode_attention=config.decode_attention).decode_attention_for(
+            _platform(model, mesh), 1 if mesh is None else mesh.size)
     self.model_config = model.config.replace(dtype=config.dtype, remat=False,
-                                             decode_attention=config.decode_attention)
+                                             decode_attention=decode_attention)
     abstract = nnx.eval_shape(lambda: Qwen3(self.model_config, rngs=nnx.Rngs(0)))
     self._reference = jax.eval_shape(lambda: weights.learner_params(model))
     native = config.quant_compute == "native"  # the weights quantize their own inputs
