@@ -100,12 +100,19 @@ def weight_bytes(cfg, dtype) -> int:
   return (cfg.num_layers * per_layer + cfg.vocab_size * d) * itemsize
 
 
+def kv_slot_bytes(cfg, kv_dtype) -> int:
+  """Bytes of one slot's K and V over all layers at the cache dtype (an int8
+  cache's float32 per-(token, head) scales included: `kv_cache.init_pool`)."""
+  kv_dtype = jnp.dtype(kv_dtype)
+  per_slot = 2 * cfg.num_kv_heads * cfg.head_dim * kv_dtype.itemsize
+  if kv_dtype == jnp.int8:
+    per_slot += 2 * cfg.num_kv_heads * jnp.dtype(jnp.float32).itemsize
+  return cfg.num_layers * per_slot
+
+
 def kv_bytes(cache, cfg, rows: int, fill: int) -> int:
   """Bytes of the filled K/V slots of every row and layer (scales included)."""
-  per_slot = 2 * cfg.num_kv_heads * cfg.head_dim * cache.k.dtype.itemsize
-  if cache.k_scale is not None:
-    per_slot += 2 * cfg.num_kv_heads * cache.k_scale.dtype.itemsize
-  return rows * fill * cfg.num_layers * per_slot
+  return rows * fill * kv_slot_bytes(cfg, cache.k.dtype)
 
 
 def run(args) -> dict:

@@ -78,15 +78,10 @@ def decode_bound(sampler, cfg, rows: int, prompt: int, new: int, repeats: int) -
   bound is optimistic by its time.
   """
   import jax  # pylint: disable=g-import-not-at-top
-  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
-  from decode import bandwidth_times  # pylint: disable=g-import-not-at-top
+  from decode import bandwidth_times, kv_slot_bytes  # pylint: disable=g-import-not-at-top
 
   weights = sum(x.nbytes for x in jax.tree.leaves(sampler.params))
-  kv = jnp.dtype(sampler.config.kv_cache_dtype)
-  per_slot = 2 * cfg.num_kv_heads * cfg.head_dim * kv.itemsize
-  if kv == jnp.int8:
-    per_slot += 2 * cfg.num_kv_heads * 4
-  kv_bytes = rows * (prompt + new / 2) * cfg.num_layers * per_slot
+  kv_bytes = rows * (prompt + new / 2) * kv_slot_bytes(cfg, sampler.config.kv_cache_dtype)
   step_bytes = int(weights + kv_bytes)
   _, read_s = bandwidth_times(step_bytes, repeats)
   bound = rows / read_s

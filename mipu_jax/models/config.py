@@ -105,7 +105,6 @@ class Qwen3Config:
     if self.decode_attention not in DECODE_ATTENTIONS:
       raise ValueError(f"unknown decode_attention {self.decode_attention!r}; choose one of "
                        f"{DECODE_ATTENTIONS}.")
-
     if self.attention_block < 1:
       raise ValueError(f"attention_block must be >= 1, got {self.attention_block}.")
     object.__setattr__(self, "param_dtype", as_dtype(self.param_dtype))

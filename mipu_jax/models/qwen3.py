@@ -126,7 +126,8 @@ def _layer(cfg: Qwen3Config, x_BTD, w, positions_BT, attn_mask, kv, index, act_q
       ks_pool = kv_cache.write(ks_pool, ks_new, page_BT, off_BT)
       vs_pool = kv_cache.write(vs_pool, vs_new, page_BT, off_BT)
     ids_BJ = pages_BJ + layer * per_layer
-    impl = cfg.decode_attention_for(jax.default_backend())
+    platform = jax.default_backend()
+    impl = cfg.decode_attention_for(platform)
     if impl == "dense":  # the reference: every slot, gathered
       keys_BSKH = kv_cache.logical_view(k_pool, ks_pool, pages_BJ, layer, per_layer, dt)
       values_BSKH = kv_cache.logical_view(v_pool, vs_pool, pages_BJ, layer, per_layer, dt)
@@ -135,7 +136,7 @@ def _layer(cfg: Qwen3Config, x_BTD, w, positions_BT, attn_mask, kv, index, act_q
       paged = attention.paged
       if (impl == "pallas" and q_BTNH.shape[1] == 1
           and paged_pallas.supports(ids_BJ.shape[1], k_pool.shape[2], q_BTNH.shape[3],
-                                    interpret=jax.default_backend() != "gpu")):
+                                    interpret=platform != "gpu")):
         paged = paged_pallas.decode
       attn_BTNH = paged(q_BTNH, k_pool, v_pool, ks_pool, vs_pool, ids_BJ,
                         attn_mask.k_valid_BS, attn_mask.q_slot_BT, dt)

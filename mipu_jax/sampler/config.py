@@ -11,7 +11,7 @@ from typing import Any, Optional
 
 import jax.numpy as jnp
 
-from mipu_jax.models.config import DTYPE_NAMES, as_dtype
+from mipu_jax.models.config import DECODE_ATTENTIONS, DTYPE_NAMES, as_dtype
 from mipu_jax.sampler import quant
 
 # The compute dtypes' names plus the cache-only low-precision ones.
@@ -134,7 +134,8 @@ class SamplerConfig(SamplerPrecision):
     decode_attention: attention over the cache: 'paged' (only the pages that
       hold a filled slot of some row, pure XLA), 'pallas' (the same, one Pallas
       kernel per layer and decode step), 'dense' (every slot: the reference)
-      or 'auto' ('pallas' on a GPU, else 'paged'); `Qwen3Config.decode_attention`.
+      or 'auto' ('pallas' for a cache on one GPU, else 'paged');
+      `Qwen3Config.decode_attention`.
   """
 
   quant_storage: str = "fake"
@@ -165,8 +166,8 @@ class SamplerConfig(SamplerPrecision):
                  "min_decode_bucket", "min_slot_bucket", "max_stop_ids", "page_size"):
       if getattr(self, name) <= 0:
         raise ValueError(f"SamplerConfig.{name} must be positive, got {getattr(self, name)}.")
-    if self.decode_attention not in ("auto", "paged", "pallas", "dense"):
-      raise ValueError(f"decode_attention must be 'auto', 'paged', 'pallas' or 'dense', got "
+    if self.decode_attention not in DECODE_ATTENTIONS:
+      raise ValueError(f"decode_attention must be one of {DECODE_ATTENTIONS}, got "
                        f"{self.decode_attention!r}.")
     object.__setattr__(self, "stop_ids", tuple(int(i) for i in self.stop_ids))
     if len(self.stop_ids) > self.max_stop_ids:
