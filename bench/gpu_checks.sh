@@ -5,6 +5,8 @@
 #   bash bench/gpu_checks.sh kernel   # the kernel's tests, bench/decode.py, int8 GEMM tests
 #   bash bench/gpu_checks.sh sampler  # the kernel's plans (bench/paged_kernel.py), the
 #                                     # sampler table with the best, the tests on the GPU
+#   bash bench/gpu_checks.sh verify   # the kernel's comparison tests, the native-vs-emulated
+#                                     # gap (bench/native_gap.py), FP8 weights at a 1.7B shape
 set -u
 OUT=${OUT:-/tmp/gpu_checks}
 mkdir -p "$OUT"
@@ -48,5 +50,33 @@ case "${1:-kernel}" in
       tests/test_native_quant.py tests/test_kv_cache.py -k "not sample_the_same" 2>&1 \
       | tail -25 > "$OUT/tests_gpu.txt"
     tail -4 "$OUT/tests_gpu.txt"
+    ;;
+  verify)
+    JAX_PLATFORMS=cuda timeout 90 python3 -m pytest -v -p no:cacheprovider tests/test_kv_cache.py \
+      -k "not sample_the_same" 2>&1 | tail -40 > "$OUT/tests_kv_cache.txt"
+    tail -3 "$OUT/tests_kv_cache.txt"
+    timeout 110 python3 bench/native_gap.py --json "$OUT/native_gap.json" 2>&1 \
+      | grep -v Warn > "$OUT/native_gap.txt"
+    cat "$OUT/native_gap.txt"
+    timeout 210 python3 bench/accelerator.py --preset qwen3_1p7b --parts sampler \
+      --sampler_modes "bf16,fp8 native" --sampler_seqs 16 --sampler_prompt 256 \
+      --sampler_new 256 --dump_hlo /tmp/hlo17 --out "$OUT/accelerator_1p7b" \
+      > "$OUT/accelerator_1p7b.log" 2>&1
+    tail -3 "$OUT/accelerator_1p7b.log"; cat "$OUT/accelerator_1p7b/accelerator.md"
+    XLA_FLAGS=--xla_gpu_enable_triton_gemm=false timeout 80 python3 bench/native_gap.py \
+      --json "$OUT/native_gap_no_triton.json" 2>&1 | grep -v Warn > "$OUT/native_gap_no_triton.txt"
+    cat "$OUT/native_gap_no_triton.txt"
+    JAX_PLATFORMS=cuda timeout 70 python3 -m pytest -v -p no:cacheprovider tests/test_native_quant.py \
+      -k "log_probs or untied or lowered" 2>&1 | tail -30 > "$OUT/tests_native_quant.txt"
+    tail -12 "$OUT/tests_native_quant.txt"
+    ;;
+  int4)  # after the FP8 barrier fix: the native-vs-emulated tests and the gap again
+    JAX_PLATFORMS=cuda timeout 150 python3 -m pytest -v --tb=short -p no:cacheprovider \
+      tests/test_native_quant.py -k "barrier or int4_values or log_probs or untied" 2>&1 \
+      | tail -60 > "$OUT/tests_native_quant.txt"
+    grep -E "PASS|FAIL|Error|assert|Mismatch|Max abs" "$OUT/tests_native_quant.txt" | head -40
+    timeout 100 python3 bench/native_gap.py --precisions highest --json "$OUT/native_gap.json" \
+      2>&1 | grep -v Warn > "$OUT/native_gap.txt"
+    cat "$OUT/native_gap.txt"
     ;;
 esac

@@ -141,6 +141,41 @@ def quantize_rows(x_MI: jax.Array, act: str):
   return q.qvalue, q.scale
 
 
+def keep_float8(x: jax.Array) -> jax.Array:
+  """`x`, behind an optimization barrier if it is float8: its rounding is kept.
+
+  XLA's GPU compiler removes a float conversion round trip such as float32 →
+  float8 → float32 (its `SimplifyFPConversions` pass, on while
+  `xla_allow_excess_precision` is, the default): inside one jitted program an
+  emulated FP8 quantization (`astype(float8)` then back) then does nothing.
+  Measured on an H200 (jax 0.11.2, bench/native_gap.py): the emulated FP8
+  sampler's log-probs were the float sampler's to 1.4e-6 (0.26 on CPU). The
+  barrier costs the float8 tensor's materialization, where it is used: the
+  emulated path and the native path's mixed pairs. Integer values need none
+  (their round trip is not a float conversion).
+  """
+  if jnp.issubdtype(x.dtype, jnp.floating) and jnp.dtype(x.dtype).itemsize == 1:
+    return jax.lax.optimization_barrier(x)
+  return x
+
+
+# XLA's GPU compiler (jax 0.11.2, an H200) miscomputes a float32 dot whose
+# operand is an int4 -> float convert when the int4 array's rows (O) are not a
+# multiple of 8 and float32 dots are asked for (precision 'highest'): 425 of
+# 427 outputs wrong for a [61, 40] table, right for 64 or 88 rows, right at the
+# default precision (bench/README.md; tests/test_native_quant.py
+# test_int4_values_read_exactly_inside_jit). Such weights are first converted
+# to int8 behind a barrier (an int8 copy per step: only tiny models have such
+# widths; Qwen3's are multiples of 8).
+_INT4_SAFE_ROWS = 8
+
+
+def _int4_safe(values_OI: jax.Array) -> jax.Array:
+  if values_OI.dtype == jnp.int4 and values_OI.shape[-2] % _INT4_SAFE_ROWS:
+    return jax.lax.optimization_barrier(values_OI.astype(jnp.int8))
+  return values_OI
+
+
 def _dot_tn(a_MI, b_OI, out_dtype):
   return jax.lax.dot_general(a_MI, b_OI, (((1,), (1,)), ((), ())),
                              preferred_element_type=out_dtype)
@@ -190,9 +225,9 @@ def project(x: jax.Array, w: QuantizedWeight, n_in: int, out_dtype=None) -> jax.
     cd = x.dtype
     if w.act is not None:  # a mixed pair: fake-quantized activations, as emulated
       xq_MI, sx_M1 = quantize_rows(x_MI, w.act)
-      x_MI = (xq_MI.astype(jnp.float32) * sx_M1).astype(cd)
+      x_MI = (keep_float8(xq_MI).astype(jnp.float32) * sx_M1).astype(cd)
     acc = jnp.float32 if out_dtype == jnp.float32 else cd
-    y_MO = _dot_tn(x_MI, w.values.astype(cd), acc).astype(jnp.float32) * scale_O
+    y_MO = _dot_tn(x_MI, _int4_safe(w.values).astype(cd), acc).astype(jnp.float32) * scale_O
   return y_MO.astype(out_dtype).reshape(*lead, *w.out_shape)
 
 

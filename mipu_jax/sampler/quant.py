@@ -118,9 +118,15 @@ def quantize(w: jax.Array, qtype: str, channel_axes: tuple[int, ...]) -> qwix.QA
                        channelwise_axes=channel_axes, calibration_method="absmax")
 
 
+def dequantize(q: qwix.QArray) -> jax.Array:
+  """`qwix.dequantize(q)`, a float8 `q.qvalue` kept as float8 values
+  (`quantized.keep_float8`: on a GPU, XLA would otherwise drop the rounding)."""
+  return qwix.dequantize(q.replace(qvalue=quantized.keep_float8(q.qvalue)))
+
+
 def fake_quantize(w: jax.Array, qtype: str, channel_axes: tuple[int, ...]) -> jax.Array:
   """`dequantize(quantize(w))` in float32: the values real PTQ would compute with."""
-  return qwix.dequantize(quantize(w, qtype, channel_axes))
+  return dequantize(quantize(w, qtype, channel_axes))
 
 
 def is_quantized(x: Any) -> bool:
@@ -129,7 +135,7 @@ def is_quantized(x: Any) -> bool:
 
 def dequantize_tree(params: Any) -> Any:
   """Replaces every `QArray` leaf by its float32 dequantization (real-PTQ storage)."""
-  return jax.tree.map(lambda x: qwix.dequantize(x) if is_quantized(x) else x, params,
+  return jax.tree.map(lambda x: dequantize(x) if is_quantized(x) else x, params,
                       is_leaf=is_quantized)
 
 
@@ -200,6 +206,6 @@ def make_act_quant(name: Optional[str]) -> Optional[Callable[[jax.Array], jax.Ar
 
   def act_quant(x: jax.Array) -> jax.Array:
     q = quantized.quantize_activation(x, qtype, (0, 1))
-    return qwix.dequantize(q).astype(x.dtype)
+    return dequantize(q).astype(x.dtype)
 
   return act_quant
