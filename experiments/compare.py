@@ -4,8 +4,9 @@ r"""The main job: the remedies for mismatch side by side on the small CPU task.
     python experiments/compare.py --workdir /tmp/mipu_compare --quick   # smoke budget
 
 Four runs of `configs/table.py` under its high-mismatch sampler (int4 weights,
-FP8 activations, FP8 KV cache, quantized LM head; tiers 4-5, lr 7e-4, 120
-steps: the second mismatch study's setting): the
+FP8 activations, FP8 KV cache, quantized LM head; tiers 4-5, lr 2e-4, 120
+steps: the tables' setting, the lr the lr x precision study found best for the
+fp32 control): the
 no-mismatch control (the same run with an fp32 sampler), the uncorrected
 baseline, token TIS, and MIPU (Step 1 + Step 2); then one table (`table.md`)
 and the overlaid curves (`curves_compare.png`: reward, eval, `k3_kl`,
@@ -49,8 +50,8 @@ _WORKERS = flags.DEFINE_integer(
     "workers", 2, "Runs trained at once, one process and one CPU thread each "
     "(1: one after the other in this process).")
 _SETTING = flags.DEFINE_string(
-    "setting", "", "More configs/table.py options, e.g. 'lr=7e-4,steps=120' (the second "
-    "mismatch study's setting).")
+    "setting", "", "More configs/table.py options, e.g. 'lr=7e-4' (the earlier tables' "
+    "setting; the committed runs of configs/table.py COMMITTED's lrs place yours).")
 _CACHE = flags.DEFINE_string("jax_cache", None,
                              "Persistent compilation cache (default WORKDIR/.jax_cache; '' off).")
 flags.mark_flag_as_required("workdir")
@@ -107,9 +108,12 @@ def main(argv):
   # (mipu_jax/reproduce/stats.py, fixed before the runs).
   print("\nVerdicts (final eval Avg., paired by seed, threshold 0.05):")
   print(reproduce.claims_markdown(result.runs) or "- no claim has both its rows")
-  print("\n" + reproduce.committed_placement(
+  lr = config("control", 0, None).optim.learning_rate
+  committed = table.COMMITTED.get(lr)
+  print("\n" + (reproduce.committed_placement(
       result.runs, lambda r, s, p: config_lib.from_config_dict(config(r, s, p)),
-      os.path.join(_ROOT, "results", "small_cpu")))
+      os.path.join(_ROOT, committed)) if committed else
+      f"Not placed: no committed tables at lr {lr:g} (configs/table.py COMMITTED)."))
 
 
 if __name__ == "__main__":

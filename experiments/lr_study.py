@@ -43,6 +43,7 @@ _TABLES = flags.DEFINE_string("tables_workdir", "results/small_cpu",
 _LRS = flags.DEFINE_list("lrs", ["2e-4", "3e-4", "5e-4"], "Learning rates to train.")
 _SEEDS = flags.DEFINE_list("seeds", [str(i) for i in range(10)], "Seeds (outer loop).")
 _WORKERS = flags.DEFINE_integer("workers", 2, "Runs trained at once.")
+_TABLES_LR = flags.DEFINE_float("tables_lr", 7e-4, "The lr of --tables_workdir's runs.")
 _ISOLATE = flags.DEFINE_bool("isolate", False, "Also train the isolating rows of the tables.")
 _REPORT_ONLY = flags.DEFINE_bool("report_only", False, "Train nothing: report what finished.")
 _QUICK = flags.DEFINE_bool("quick", False, "Smoke budget (tests).")
@@ -68,7 +69,7 @@ def main(argv):
       jobs += [reproduce.Job(row, seed, cfg, os.path.join(
           workdir, "runs", lr_study.run_name(row, lr, seed))) for row, cfg in configs.items()]
     if _ISOLATE.value:
-      configs = {row: _config(row, seed) for row in reproduce.ISOLATE_ROWS}
+      configs = {row: _config(row, seed, _TABLES_LR.value) for row in reproduce.ISOLATE_ROWS}
       reproduce.check_like_with_like(configs)
       jobs += [reproduce.Job(row, seed, cfg, os.path.join(tables, "runs", f"{row}_s{seed}"))
                for row, cfg in configs.items() if row not in ("control", "baseline", "lr_decay")]
@@ -80,12 +81,12 @@ def main(argv):
   # The report: every cell's finished runs, the tables' lr read from its runs.
   by_cell, sources = {}, {}
   cells = [(lr, workdir, lambda row, lr, s: lr_study.run_name(row, lr, s)) for lr in lrs]
-  cells.append((table.LR, tables, lambda row, lr, s: f"{row}_s{s}"))
+  cells.append((_TABLES_LR.value, tables, lambda row, lr, s: f"{row}_s{s}"))
   for lr, root, name in cells:
     for row, precision in lr_study.PRECISION_OF_ROW.items():
       found = []
       for seed in seeds:
-        cfg = _config(row, seed, None if root == tables else lr)
+        cfg = _config(row, seed, lr)
         s = reproduce.run_one(cfg, row, seed, os.path.join(root, "runs", name(row, lr, seed)),
                               log=lambda _: None, train=False)
         if s is not None:

@@ -1,15 +1,17 @@
 r"""Reproduces the sources' tables on the small CPU task: every row x ten seeds.
 
-    python experiments/reproduce_tables.py --workdir results/small_cpu             # 10 seeds
-    python experiments/reproduce_tables.py --workdir results/small_cpu --seeds 0,2,4,6,8 &
-    python experiments/reproduce_tables.py --workdir results/small_cpu --seeds 1,3,5,7,9 &
-    python experiments/reproduce_tables.py --workdir results/small_cpu --report_only
+    python experiments/reproduce_tables.py --workdir results/small_cpu_lr2e-4        # 10 seeds
+    python experiments/reproduce_tables.py --workdir results/small_cpu_lr2e-4 --seeds 0,2,4,6,8 &
+    python experiments/reproduce_tables.py --workdir results/small_cpu_lr2e-4 --seeds 1,3,5,7,9 &
+    python experiments/reproduce_tables.py --workdir results/small_cpu_lr2e-4 --report_only
     python experiments/reproduce_tables.py --workdir /tmp/t --quick                # smoke budget
+    python experiments/reproduce_tables.py --workdir results/small_cpu \
+        --setting lr=7e-4 --report_only         # the earlier tables' setting
     python experiments/reproduce_tables.py --workdir results/small_cpu_lr1e-3 \
         --setting lr=1e-3,steps=60 --seeds 0,1,2,3,4 --report_only  # the first tables' setting
 
-Rows are `configs/table.py:<row>` (the second mismatch study's setting: an
-int4 / FP8 sampler, tiers 4-5, lr 7e-4, 120 steps); the logic — runs, like
+Rows are `configs/table.py:<row>` (an int4 / FP8 sampler, tiers 4-5, lr
+2e-4, 120 steps: the lr the lr x precision study chose); the logic — runs, like
 with like, Stable criterion, tables, statistics, figures — lives in
 `mipu_jax.reproduce`. Writes `table.md`, `summary.json`, `curves_*.png`,
 `gap_post.png` and one directory per run under `runs/`; re-running resumes
@@ -43,8 +45,8 @@ _QUICK = flags.DEFINE_bool("quick", False, "Smoke budget: 2 steps, 1 seed, tiny 
 _INIT_FROM = flags.DEFINE_string(
     "init_from", None, "Base policy checkpoint directory (default: the config's).")
 _SETTING = flags.DEFINE_string(
-    "setting", "", "More configs/table.py options, e.g. 'lr=7e-4,steps=120' (the second "
-    "mismatch study's setting).")
+    "setting", "", "More configs/table.py options, e.g. 'lr=7e-4' (the earlier tables' "
+    "setting, results/small_cpu).")
 _CACHE = flags.DEFINE_string("jax_cache", None,
                              "Persistent compilation cache (default WORKDIR/.jax_cache; '' off).")
 flags.mark_flag_as_required("workdir")

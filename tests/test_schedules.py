@@ -266,17 +266,24 @@ def test_table_lr_decay_row_acts_on_the_measured_surge():
   from mipu_jax import config as config_lib  # pylint: disable=g-import-not-at-top
   from mipu_jax import rl  # pylint: disable=g-import-not-at-top
   root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-  measured = []
-  for seed in range(3):
-    path = os.path.join(root, table.BASELINE_RUNS.format(seed=seed), "metrics.jsonl")
-    lengths = [r["rollout/response_length_mean"] for r in rl.read_jsonl(path)
-               if "rollout/response_length_mean" in r]
-    measured.append(schedules.measured_surge_step(lengths))
-  assert int(np.median(measured)) == table.SURGE_STEP
-  cfg = config_lib.from_config_dict(table.get_config("lr_decay"))
+  for lr, (pattern, seeds) in table.BASELINE_RUNS.items():
+    measured = []
+    for seed in seeds:
+      path = os.path.join(root, pattern.format(seed=seed), "metrics.jsonl")
+      lengths = [r["rollout/response_length_mean"] for r in rl.read_jsonl(path)
+                 if "rollout/response_length_mean" in r]
+      measured.append(schedules.measured_surge_step(lengths))
+    assert int(np.median(measured)) == table.SURGE_STEPS[lr], (lr, measured)
+  for lr, period in ((7e-4, 4), (2e-4, 7)):  # round(1.8 x 2), round(1.8 x 4)
+    cfg = config_lib.from_config_dict(table.get_config(f"lr_decay,lr={lr}"))
+    assert cfg.optim.schedule_kwargs(cfg.num_steps) == {"mode": "fixed", "decay_period": period}
+    long = config_lib.from_config_dict(table.get_config(f"lr_decay_long,lr={lr}"))
+    assert long.optim.length_surge.decay_period == 10 * table.SURGE_STEPS[lr]
+  with pytest.raises(ValueError, match="surge step measured"):
+    table.get_config("lr_decay,lr=3e-4")
+  cfg = config_lib.from_config_dict(table.get_config("lr_decay,lr=7e-4"))
   assert cfg.optim.schedule == "length_surge"
   kw = cfg.optim.schedule_kwargs(cfg.num_steps)
-  assert kw == {"mode": "fixed", "decay_period": 4}
   lr0 = cfg.optim.learning_rate
   rates, _ = run_schedule(schedules.length_surge(lr0, **kw), np.full(20, 50.0))
   # Halved at steps 4, 8, 12; the floor 0.1 x lr0 from step 16 on.
@@ -301,7 +308,7 @@ def test_isolating_rows_match_lr_decays_rates_by_hand():
   from configs import table  # pylint: disable=g-import-not-at-top
   from mipu_jax import config as config_lib  # pylint: disable=g-import-not-at-top
   from mipu_jax import reproduce  # pylint: disable=g-import-not-at-top
-  cfgs = {row: config_lib.from_config_dict(table.get_config(row))
+  cfgs = {row: config_lib.from_config_dict(table.get_config(f"{row},lr=7e-4"))
           for row in reproduce.ISOLATE_ROWS}
   reproduce.check_like_with_like(cfgs)  # each differs only in what it compares
   mean = (3 * 7 + 4 * 3.5 + 4 * 1.75 + 4 * 0.875 + 105 * 0.7) * 1e-4 / 120

@@ -245,6 +245,9 @@ def run_table(make_config: MakeConfig, rows: Sequence[str],
       p = None
       if row == "random_rollback":
         mipu = [r for r in runs if r.row == "mipu" and r.seed == seed]
+        if not mipu and seed in skipped.get("mipu", ()):  # MIPU's run is unfinished
+          skipped.setdefault(row, []).append(seed)
+          continue
         if not mipu:
           raise ValueError("the random_rollback row needs the mipu row (its p "
                            "is MIPU's measured rejection rate): add it to rows.")
