@@ -9,7 +9,8 @@ The argument is `row[,option...]` with `row` one of `configs/rows.py:ROWS`
 step), `p=P` (random-rollback probability), `probe=N` (MIPU Step 2's probe
 prompts, default 8), `precision=` / `lr=` (another setting of the mismatch
 study, e.g. the earlier table's `precision=int4_all,lr=1e-3` for
-`bench/loop.py`) and `quick` (a smoke budget for tests and Colab).
+`bench/loop.py`), `ulp=N` (the base policy's weights moved N ulps: the same
+experiment under other float sums) and `quick` (a smoke budget for tests and Colab).
 Every table at once, several seeds, with the results table and figures:
 
     python experiments/reproduce_tables.py --workdir results/small_cpu_lr2e-4
@@ -81,7 +82,7 @@ LONG_PERIOD_FACTOR = 10
 def get_config(arg=None):
   """The small-CPU-task ConfigDict of table row `arg` (see module docstring)."""
   arg = common.parse_arg(arg, row="baseline", seed=0, steps=STEPS, prompts=int,
-                         p=float, probe=8, precision=PRECISION, lr=LR,
+                         p=float, probe=8, precision=PRECISION, lr=LR, ulp=0,
                          quick=False)
   config = mismatch.get_config(f"precision={arg.precision},lr={arg.lr:g},"
                                f"tiers={TIERS},seed={arg.seed},steps={arg.steps}")
@@ -94,6 +95,9 @@ def get_config(arg=None):
     base.quick(config)
   if arg.prompts:
     config.data.prompts_per_step = arg.prompts
+  # The float sums perturbed (issue 28 item 8): the base policy's weights moved
+  # by `ulp` ulps (`model.init_perturb_ulps`).
+  config.model.init_perturb_ulps = arg.ulp
   if arg.row in DECAY_ROWS:
     config.optim.length_surge.mode = "fixed"
     if arg.lr not in SURGE_STEPS:

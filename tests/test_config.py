@@ -125,3 +125,24 @@ def test_command_line_overrides_reach_nested_and_placeholder_fields(monkeypatch)
   assert cfg.loss.correction.is_upper == 3.0 and cfg.loss.correction.veto_threshold == 1e-4
   assert cfg.sampling.weight_quant == "fp8_e4m3"
   assert cfg.data.train_tiers == ("tier1", "tier4") and cfg.num_steps == 7
+
+
+def test_init_perturb_ulps_moves_every_weight_by_exactly_that():
+  """`model.init_perturb_ulps` (issue 28 item 8): the base policy with every
+  float weight one (two) ulps up, nothing else changed; negative refused."""
+  import jax  # pylint: disable=g-import-not-at-top
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  from flax import nnx  # pylint: disable=g-import-not-at-top
+  from mipu_jax.rl import setup  # pylint: disable=g-import-not-at-top
+  from mipu_jax.tasks import arithmetic  # pylint: disable=g-import-not-at-top
+  tok = arithmetic.make_tokenizer()
+  leaves = lambda n: jax.tree.leaves(nnx.state(setup.make_policy(
+      config_lib.ModelConfig(preset="tiny", init_perturb_ulps=n), tok), nnx.Param))
+  base, one, two = leaves(0), leaves(1), leaves(2)
+  for b, o, t in zip(base, one, two):
+    b = np.asarray(b)
+    want = np.nextafter(b, np.inf, dtype=b.dtype)
+    np.testing.assert_array_equal(np.asarray(o), want)
+    np.testing.assert_array_equal(np.asarray(t), np.nextafter(want, np.inf, dtype=b.dtype))
+  with pytest.raises(ValueError, match="init_perturb_ulps"):
+    config_lib.ModelConfig(init_perturb_ulps=-1)

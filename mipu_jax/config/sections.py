@@ -39,6 +39,10 @@ class ModelConfig:
       (`mipu_jax.models.attention`).
     attention_block: the blockwise / splash tile.
     init_seed: seed of the random init.
+    init_perturb_ulps: every float parameter of the base policy moved this
+      many ulps toward +inf before training (0: none). The same experiment
+      under float sums that differ from the first step on, as another host's
+      would (issue 28 item 8: do the tables' conclusions survive that?).
   """
   preset: str = "tiny"
   init_from: str = ""
@@ -47,8 +51,12 @@ class ModelConfig:
   attention: str = "dense"
   attention_block: int = 512
   init_seed: int = 0
+  init_perturb_ulps: int = 0
 
   def __post_init__(self):
+    if not isinstance(self.init_perturb_ulps, int) or self.init_perturb_ulps < 0:
+      raise ValueError(f"model.init_perturb_ulps must be an int >= 0, got "
+                       f"{self.init_perturb_ulps!r}.")
     if self.preset not in model_config.PRESETS:
       raise ValueError(f"unknown model preset {self.preset!r}; choose one of "
                        f"{sorted(model_config.PRESETS)}.")

@@ -15,6 +15,7 @@ import os
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 from flax import nnx
 from jax.sharding import Mesh
 
@@ -90,6 +91,8 @@ def make_policy(cfg: ModelConfig, tokenizer,
     model = make() if mesh is None else models.init_sharded(make, mesh)
   model.config = model.config.replace(remat=cfg.remat, attention=cfg.attention,
                                       attention_block=cfg.attention_block)
+  if cfg.init_perturb_ulps:
+    nnx.update(model, perturb_ulps(nnx.state(model, nnx.Param), cfg.init_perturb_ulps))
   model_vocab = model.config.vocab_size
   exact = isinstance(tokenizer, tokenizer_lib.CharTokenizer)
   if model_vocab < vocab_size or (exact and model_vocab != vocab_size):
@@ -98,6 +101,18 @@ def make_policy(cfg: ModelConfig, tokenizer,
         f"tokenizer ({vocab_size} ids, {type(tokenizer).__name__}): the "
         "checkpoint was not trained with this tokenizer.")
   return model
+
+
+def perturb_ulps(tree, n: int):
+  """Every float leaf of `tree` moved `n` ulps toward +inf (`jnp.nextafter`),
+  in its own dtype and sharding; other leaves unchanged."""
+  def nudge(x):
+    if not jnp.issubdtype(x.dtype, jnp.floating):
+      return x
+    for _ in range(n):
+      x = jnp.nextafter(x, jnp.asarray(jnp.inf, x.dtype))
+    return x
+  return jax.tree.map(nudge, tree)
 
 
 # The architecture fields a preset and a checkpoint's config.json can disagree on.
