@@ -9,6 +9,9 @@ r"""Reproduces the sources' tables on the small CPU task: every row x ten seeds.
         --setting lr=7e-4 --report_only         # the earlier tables' setting
     python experiments/reproduce_tables.py --workdir results/small_cpu_lr1e-3 \
         --setting lr=1e-3,steps=60 --seeds 0,1,2,3,4 --report_only  # the first tables' setting
+    python experiments/reproduce_tables.py --workdir results/small_cpu_lr2e-4_ulp1 \
+        --setting ulp=1 --rows control,baseline,tis,mipu --seeds 0,1,2,3,4 \
+        --perturbation_of results/small_cpu_lr2e-4    # the float sums perturbed
 
 Rows are `configs/table.py:<row>` (an int4 / FP8 sampler, tiers 4-5, lr
 2e-4, 120 steps: the lr the lr x precision study chose); the logic — runs, like
@@ -24,6 +27,8 @@ were run.
 """
 
 
+
+import os
 
 from absl import app
 from absl import flags
@@ -47,6 +52,10 @@ _INIT_FROM = flags.DEFINE_string(
 _SETTING = flags.DEFINE_string(
     "setting", "", "More configs/table.py options, e.g. 'lr=7e-4' (the earlier tables' "
     "setting, results/small_cpu).")
+_PERTURBATION_OF = flags.DEFINE_string(
+    "perturbation_of", None, "With --setting ulp=N: the workdir of the same rows unperturbed; "
+    "writes perturbation.md (does each row's distribution, and each claim's verdict, "
+    "survive the perturbed float sums?).")
 _CACHE = flags.DEFINE_string("jax_cache", None,
                              "Persistent compilation cache (default WORKDIR/.jax_cache; '' off).")
 flags.mark_flag_as_required("workdir")
@@ -79,6 +88,14 @@ def main(argv):
                                train=not _REPORT_ONLY.value)
   print(result.markdown)
   print("\n".join(f"{k}: {v}" for k, v in result.files.items()))
+  if _PERTURBATION_OF.value:
+    md = reproduce.perturbation_report(make_config, _ROWS.value, seeds, _WORKDIR.value,
+                                       _PERTURBATION_OF.value)
+    path = os.path.join(_WORKDIR.value, "perturbation.md")
+    with open(path, "w") as f:
+      f.write(f"# The same runs under perturbed float sums ({_SETTING.value}) against "
+              f"{_PERTURBATION_OF.value}\n\n{md}\n")
+    print(md + f"\nperturbation: {path}")
 
 
 if __name__ == "__main__":

@@ -399,3 +399,41 @@ def test_a_run_stopped_by_a_preemption_notice_is_not_finished(tmp_path, monkeypa
   assert not (workdir / "summary.json").exists()
   with pytest.raises(RuntimeError, match=r"\[baseline seed 0\] stopped on a preemption"):
     workers._train(reproduce.Job("baseline", 0, cfg, str(workdir)), "")
+
+
+def _fake_finished_run(directory, cfg, avg):
+  """A finished run on disk as run_one writes it: config, summary, metrics."""
+  import json  # pylint: disable=g-import-not-at-top
+  directory.mkdir(parents=True)
+  (directory / "config.json").write_text(json.dumps(config_lib.as_json(cfg)))
+  (directory / "summary.json").write_text(json.dumps({"seconds": 1.0}))
+  rows_ = [{"step": s, "eval/avg": v, "eval/avg_se": 0.02, **{f"eval/{t}": v for t in TIERS}}
+           for s, v in ((0, 0.2), (20, avg))]
+  (directory / "metrics.jsonl").write_text("\n".join(map(json.dumps, rows_)))
+
+
+def test_perturbation_report_pairs_the_same_runs_and_checks_like_with_like(tmp_path):
+  """Issue 28 item 8: the perturbed runs (ulp=1) against the originals, read
+  back by seed; hand-computed: originals 40, 50, 60 and perturbed 44, 50, 62
+  give differences +4, 0, +2 (mean +2.0, two-sided sign-flip p: of the 8 sign
+  patterns, those with |mean| >= 2 are (+,*,+) and (-,*,-): 4 of 8 = 0.5)."""
+  make = lambda row, seed, p: table.get_config(f"{row},seed={seed},quick,ulp=1")
+  for seed, (a, b) in enumerate([(0.40, 0.44), (0.50, 0.50), (0.60, 0.62)]):
+    pert = _build(table, f"control,seed={seed},quick,ulp=1")
+    orig = _build(table, f"control,seed={seed},quick")
+    _fake_finished_run(tmp_path / "p" / "runs" / f"control_s{seed}", pert, b)
+    _fake_finished_run(tmp_path / "o" / "runs" / f"control_s{seed}", orig, a)
+  md = reproduce.perturbation_report(make, ["control"], [0, 1, 2], str(tmp_path / "p"),
+                                     str(tmp_path / "o"))
+  assert "| No mismatch (fp32 sampler) | 3 | 50.0 " in md
+  assert "| 52.0 " in md and "| +2.0 " in md and "| 0.5 | 3 / 3 |" in md
+  # Runs without the perturbation are refused as the perturbed side.
+  with pytest.raises(ValueError, match="no perturbation"):
+    reproduce.perturbation_report(
+        lambda row, seed, p: table.get_config(f"{row},seed={seed},quick"), ["control"],
+        [0], str(tmp_path / "o"), str(tmp_path / "o"))
+  # So is a setting that is not the perturbed runs' (another lr): run_one's check.
+  with pytest.raises(ValueError, match="another config"):
+    reproduce.perturbation_report(
+        lambda row, seed, p: table.get_config(f"{row},seed={seed},quick,ulp=1,lr=3e-4"),
+        ["control"], [0], str(tmp_path / "p"), str(tmp_path / "o"))

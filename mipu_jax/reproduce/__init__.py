@@ -50,6 +50,7 @@ rate).
 
 from mipu_jax.reproduce.report import claims_markdown
 from mipu_jax.reproduce.report import per_seed_markdown
+from mipu_jax.reproduce.report import perturbation_markdown
 from mipu_jax.reproduce.report import placement_markdown
 from mipu_jax.reproduce.report import plot_curves
 from mipu_jax.reproduce.report import plot_gap
@@ -59,6 +60,7 @@ from mipu_jax.reproduce.runs import check_like_with_like
 from mipu_jax.reproduce.runs import committed_placement
 from mipu_jax.reproduce.runs import enable_compilation_cache
 from mipu_jax.reproduce.runs import order_rows
+from mipu_jax.reproduce.runs import perturbation_report
 from mipu_jax.reproduce.runs import run_label
 from mipu_jax.reproduce.runs import run_one
 from mipu_jax.reproduce.runs import run_table

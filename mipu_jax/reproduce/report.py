@@ -312,3 +312,47 @@ def plot_lr_decay(runs: Sequence[RunSummary], path: str) -> Optional[str]:
   axes[0].legend(fontsize=9)
   return report.save_figure(fig, path, "LR-decay (period from the measured surge step) "
                             "vs the baseline, every seed")
+
+
+def perturbation_markdown(original: Sequence[RunSummary],
+                          perturbed: Sequence[RunSummary]) -> str:
+  """Does a row's distribution survive a perturbation of the float sums?
+
+  `perturbed` are the same rows and seeds rerun with every other setting
+  equal except the perturbation (`model.init_perturb_ulps`, checked by the
+  caller); RL turns the changed sums into other trajectories, so each seed is
+  a new draw. Per row, over the seeds both have: each side's mean final Avg.
+  with its t interval, the mean of the per-seed differences (perturbed −
+  original) with its t interval and the two-sided exact sign-flip p, and each
+  side's Stable count. Then the sources' claims on each side, restricted to
+  those seeds: a conclusion survives when its verdict is the same on both.
+  """
+  by = lambda runs: {(r.row, r.seed): r for r in runs}
+  a, b = by(original), by(perturbed)
+  rows = [r for r in dict.fromkeys(r.row for r in perturbed)]
+  lines = ["| Row | seeds | original Avg. [t 95%] | perturbed Avg. [t 95%] | "
+           "perturbed − original [t 95%] | p (two-sided) | Stable (orig / pert) |",
+           "|---|---|---|---|---|---|---|"]
+  ci = lambda v, sign="": ("[—]" if not np.all(np.isfinite(stats.t_ci(v))) else
+                           "[{0:{2}.1f}, {1:{2}.1f}]".format(*stats.t_ci(v), sign))
+  for row in rows:
+    seeds = sorted(s for (r, s) in b if r == row and (r, s) in a)
+    if not seeds:
+      continue
+    x = 100 * np.array([a[(row, s)].final["avg"] for s in seeds])
+    y = 100 * np.array([b[(row, s)].final["avg"] for s in seeds])
+    d = y - x
+    p = stats.sign_flip_p(d, "two-sided") if d.size else float("nan")
+    st = lambda q: sum(q[(row, s)].stable for s in seeds)
+    lines.append(
+        f"| {LABELS.get(row, row)} | {len(seeds)} | {x.mean():.1f} {ci(x)} | "
+        f"{y.mean():.1f} {ci(y)} | {d.mean():+.1f} {ci(d, '+')} | {p:.3g} | "
+        f"{st(a)} / {st(b)} |")
+  common = {s for (_, s) in b} & {s for (_, s) in a}
+  keep = lambda runs: [r for r in runs if r.seed in common and r.row in rows]
+  out = "\n".join(lines)
+  claims_a, claims_b = claims_markdown(keep(original)), claims_markdown(keep(perturbed))
+  if claims_b:
+    out += ("\n\nThe claims on the original runs of these seeds:\n\n" + claims_a +
+            "\n\nThe same claims on the perturbed runs:\n\n" + claims_b)
+  return out

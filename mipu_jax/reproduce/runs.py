@@ -199,6 +199,46 @@ def committed_placement(runs: Sequence[RunSummary], make_config: MakeConfig,
           "committed one):\n\n" + table)
 
 
+def perturbation_report(make_config: MakeConfig, rows: Sequence[str],
+                        seeds: Sequence[int], perturbed_root: str,
+                        original_root: str) -> str:
+  """`report.perturbation_markdown` of the finished runs of `rows` x `seeds`
+  under `perturbed_root` (made by `make_config`) against the same runs under
+  `original_root`, read back with `model.init_perturb_ulps` = 0: each side is
+  read only if its saved config is that (`run_one`'s check), so the two differ
+  in the perturbation alone (and, for random rollback, in MIPU's rate, which
+  each side measures itself).
+
+  Raises:
+    ValueError: a run saved under another config, or a perturbation of 0.
+  """
+  from mipu_jax.reproduce.report import perturbation_markdown  # pylint: disable=g-import-not-at-top
+  sides = {"original": [], "perturbed": []}
+  for seed in seeds:
+    for row in order_rows(rows):
+      built = {}
+      for side, root in (("original", original_root), ("perturbed", perturbed_root)):
+        p = None
+        if row == "random_rollback":
+          mipu = [r for r in sides[side] if r.row == "mipu" and r.seed == seed]
+          if not mipu:
+            continue
+          p = mipu[0].rollback_rate
+        cfg = _as_train_config(make_config(row, seed, p))
+        if side == "original":
+          cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model,
+                                                                   init_perturb_ulps=0))
+        built[side] = cfg
+        s = run_one(cfg, row, seed, os.path.join(root, "runs", f"{row}_s{seed}"),
+                    log=lambda _: None, train=False)
+        if s is not None:
+          sides[side].append(s)
+      if built.get("perturbed") and built["perturbed"].model.init_perturb_ulps == 0:
+        raise ValueError("the perturbed runs' configs have no perturbation "
+                         "(model.init_perturb_ulps = 0).")
+  return perturbation_markdown(sides["original"], sides["perturbed"])
+
+
 def order_rows(rows: Sequence[str]) -> list[str]:
   """`mipu` before `random_rollback`, which needs its measured rate."""
   rows = list(dict.fromkeys(rows))
