@@ -84,6 +84,7 @@ def get_config(arg=None):
   arg = common.parse_arg(arg, row="baseline", seed=0, steps=STEPS, prompts=int,
                          p=float, probe=8, precision=PRECISION, lr=LR, ulp=0,
                          quick=False)
+  arg.lr = float(f"{arg.lr:g}")  # the rate trained and the key of SURGE_STEPS / COMMITTED
   config = mismatch.get_config(f"precision={arg.precision},lr={arg.lr:g},"
                                f"tiers={TIERS},seed={arg.seed},steps={arg.steps}")
   base.batch_run(config, eval_every=20)

@@ -8,8 +8,8 @@ Cells: the tables' no-mismatch `control` (fp32 sampler) and uncorrected
 `baseline` (int4_all sampler) at each lr of `--lrs`, ten seeds each, every
 other setting `configs/table.py`'s (tiers 4-5, 120 steps, evaluation every
 20 steps of μ and, with `eval.pi`, of π at full precision). The tables' own
-lr (7e-4) is not rerun: its runs are `results/small_cpu/runs/{control,
-baseline}_s*` (`--tables_workdir`), read back. Runs go to
+earlier tables' lr (`--tables_lr`, 7e-4) is not rerun: its runs are
+`results/small_cpu/runs/{control,baseline}_s*` (`--tables_workdir`), read back. Runs go to
 `WORKDIR/runs/<row>_lr<lr>_s<seed>`; the report (`mipu_jax.reproduce.lr_study`)
 is `study.md`, `summary.json` and `final_vs_lr.png`.
 
@@ -78,7 +78,7 @@ def main(argv):
     reproduce.train_in_workers(jobs, workers=_WORKERS.value,
                                cache=os.path.join(workdir, ".jax_cache"))
 
-  # The report: every cell's finished runs, the tables' lr read from its runs.
+  # The report: every cell's finished runs, the earlier tables' lr (--tables_lr) from theirs.
   by_cell, sources = {}, {}
   cells = [(lr, workdir, lambda row, lr, s: lr_study.run_name(row, lr, s)) for lr in lrs]
   cells.append((_TABLES_LR.value, tables, lambda row, lr, s: f"{row}_s{s}"))

@@ -279,7 +279,7 @@ _ON_GPU = jax.default_backend() == "gpu"
     pytest.param("xla_dot", marks=pytest.mark.xfail(
         _ON_GPU, strict=False, reason="XLA's GPU compiler (jax 0.11.2, H200) miscomputes a "
         "float32 'highest' dot of an int4 -> float convert with rows not a multiple of 8 "
-        "(425 of 427 wrong); quantized.project works around it (_int4_safe)"))])
+        "(425 of 427 wrong); quantized.int4_safe works around it"))])
 def test_int4_values_read_exactly_inside_jit(op):
   """What the native int4 weight-only path does with its values, inside one
   jitted program, equals numpy exactly: a row gather (the tied embedding's

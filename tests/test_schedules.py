@@ -273,7 +273,7 @@ def test_table_lr_decay_row_acts_on_the_measured_surge():
       lengths = [r["rollout/response_length_mean"] for r in rl.read_jsonl(path)
                  if "rollout/response_length_mean" in r]
       measured.append(schedules.measured_surge_step(lengths))
-    assert int(np.median(measured)) == table.SURGE_STEPS[lr], (lr, measured)
+    assert np.median(measured) == table.SURGE_STEPS[lr], (lr, measured)
   for lr, period in ((7e-4, 4), (2e-4, 7)):  # round(1.8 x 2), round(1.8 x 4)
     cfg = config_lib.from_config_dict(table.get_config(f"lr_decay,lr={lr}"))
     assert cfg.optim.schedule_kwargs(cfg.num_steps) == {"mode": "fixed", "decay_period": period}
@@ -302,7 +302,7 @@ def test_fixed_rates_are_the_transformations_rates(period, steps):
 
 
 def test_isolating_rows_match_lr_decays_rates_by_hand():
-  """The rate-matched baselines of the tables' setting (lr 7e-4, T_decay 4,
+  """The rate-matched baselines of the earlier tables' setting (lr 7e-4, T_decay 4,
   120 steps, floor 0.1): steps 1-3 at 7e-4, 4-7 at 3.5e-4, 8-11 at 1.75e-4,
   12-15 at 8.75e-5, 16-120 (105 steps) at 7e-5: mean 119e-4 / 120."""
   from configs import table  # pylint: disable=g-import-not-at-top

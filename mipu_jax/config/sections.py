@@ -54,7 +54,8 @@ class ModelConfig:
   init_perturb_ulps: int = 0
 
   def __post_init__(self):
-    if not isinstance(self.init_perturb_ulps, int) or self.init_perturb_ulps < 0:
+    if (isinstance(self.init_perturb_ulps, bool) or not isinstance(self.init_perturb_ulps, int)
+        or self.init_perturb_ulps < 0):
       raise ValueError(f"model.init_perturb_ulps must be an int >= 0, got "
                        f"{self.init_perturb_ulps!r}.")
     if self.preset not in model_config.PRESETS:

@@ -159,21 +159,24 @@ def keep_float8(x: jax.Array) -> jax.Array:
   return x
 
 
-# XLA's GPU compiler (jax 0.11.2, an H200) miscomputes a float32 dot whose
-# operand is an int4 -> float convert when the int4 array's rows (O) are not a
-# multiple of 8 and float32 dots are asked for (precision 'highest'): 425 of
-# 427 outputs wrong for a [61, 40] table, right for 64 or 88 rows, right at the
-# default precision (bench/README.md; tests/test_native_quant.py
-# test_int4_values_read_exactly_inside_jit). Such weights are first converted
-# to int8 behind a barrier (an int8 copy per step: only tiny models have such
-# widths; Qwen3's are multiples of 8).
-_INT4_SAFE_ROWS = 8
+# XLA's GPU compiler (jax 0.11.2, an H200) miscomputed a float32 dot whose
+# operand is an int4 -> float convert, at precision 'highest' (float32 dots
+# asked for): 425 of 427 outputs wrong for a [61, 40] table, and wrong at 62
+# and 63 rows too; right at 64 and 88 rows, at 1,001 x 1,024, and at the
+# default precision (bench/int4_dot_probe.py, bench/README.md). Which widths
+# fail was probed at those shapes only: "a width not a multiple of 8" covers
+# every failing one and none of Qwen3's, so such int4 arrays are first made
+# int8 behind a barrier (an int8 copy per step, only for such widths), which
+# was right at every probed shape. Checked on CPU; not rerun on a GPU.
+_INT4_SAFE_MULTIPLE = 8
 
 
-def _int4_safe(values_OI: jax.Array) -> jax.Array:
-  if values_OI.dtype == jnp.int4 and values_OI.shape[-2] % _INT4_SAFE_ROWS:
-    return jax.lax.optimization_barrier(values_OI.astype(jnp.int8))
-  return values_OI
+def int4_safe(values: jax.Array) -> jax.Array:
+  """`values`, or, for int4 values whose last two widths are not both
+  multiples of 8, their int8 copy behind an optimization barrier."""
+  if values.dtype == jnp.int4 and any(d % _INT4_SAFE_MULTIPLE for d in values.shape[-2:]):
+    return jax.lax.optimization_barrier(values.astype(jnp.int8))
+  return values
 
 
 def _dot_tn(a_MI, b_OI, out_dtype):
@@ -227,7 +230,7 @@ def project(x: jax.Array, w: QuantizedWeight, n_in: int, out_dtype=None) -> jax.
       xq_MI, sx_M1 = quantize_rows(x_MI, w.act)
       x_MI = (keep_float8(xq_MI).astype(jnp.float32) * sx_M1).astype(cd)
     acc = jnp.float32 if out_dtype == jnp.float32 else cd
-    y_MO = _dot_tn(x_MI, _int4_safe(w.values).astype(cd), acc).astype(jnp.float32) * scale_O
+    y_MO = _dot_tn(x_MI, int4_safe(w.values).astype(cd), acc).astype(jnp.float32) * scale_O
   return y_MO.astype(out_dtype).reshape(*lead, *w.out_shape)
 
 

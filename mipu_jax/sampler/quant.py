@@ -119,9 +119,17 @@ def quantize(w: jax.Array, qtype: str, channel_axes: tuple[int, ...]) -> qwix.QA
 
 
 def dequantize(q: qwix.QArray) -> jax.Array:
-  """`qwix.dequantize(q)`, a float8 `q.qvalue` kept as float8 values
-  (`quantized.keep_float8`: on a GPU, XLA would otherwise drop the rounding)."""
+  """`qwix.dequantize(q)` of a quantization made in the same program: a float8
+  `q.qvalue` kept as float8 values (`quantized.keep_float8`: on a GPU, XLA
+  would otherwise drop the rounding)."""
   return qwix.dequantize(q.replace(qvalue=quantized.keep_float8(q.qvalue)))
+
+
+def dequantize_stored(q: qwix.QArray) -> jax.Array:
+  """`qwix.dequantize(q)` of stored values (a program's input: no round trip
+  to keep), int4 values of widths XLA's GPU dot mishandles first made int8
+  (`quantized.int4_safe`)."""
+  return qwix.dequantize(q.replace(qvalue=quantized.int4_safe(q.qvalue)))
 
 
 def fake_quantize(w: jax.Array, qtype: str, channel_axes: tuple[int, ...]) -> jax.Array:
@@ -135,7 +143,7 @@ def is_quantized(x: Any) -> bool:
 
 def dequantize_tree(params: Any) -> Any:
   """Replaces every `QArray` leaf by its float32 dequantization (real-PTQ storage)."""
-  return jax.tree.map(lambda x: dequantize(x) if is_quantized(x) else x, params,
+  return jax.tree.map(lambda x: dequantize_stored(x) if is_quantized(x) else x, params,
                       is_leaf=is_quantized)
 
 
