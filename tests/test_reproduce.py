@@ -399,6 +399,20 @@ def test_a_run_stopped_by_a_preemption_notice_is_not_finished(tmp_path, monkeypa
   assert not (workdir / "summary.json").exists()
   with pytest.raises(RuntimeError, match=r"\[baseline seed 0\] stopped on a preemption"):
     workers._train(reproduce.Job("baseline", 0, cfg, str(workdir)), "")
+  # The tables' job (run_table, one process) starts no further run after it:
+  # before, the next row of the seed started training and was stopped in turn.
+  started, logs = [], []
+
+  def train(cfg, workdir):
+    started.append(workdir)
+    return types.SimpleNamespace(rows=rows, stopped_at=1)
+
+  monkeypatch.setattr(reproduce.runs.rl, "train", train)
+  result = reproduce.run_table(lambda row, seed, p: table.get_config(f"{row},seed={seed}"),
+                               ("baseline", "tis", "mis"), [0, 1], str(tmp_path / "t"),
+                               log=logs.append)
+  assert len(started) == 1 and started[0].endswith("baseline_s0")
+  assert not result.runs and any("preemption notice" in line for line in logs)
 
 
 def _fake_finished_run(directory, cfg, avg):

@@ -278,7 +278,10 @@ def run_table(make_config: MakeConfig, rows: Sequence[str],
   """
   os.makedirs(workdir, exist_ok=True)
   runs, skipped, tiers = [], {}, None
+  stopped = False
   for seed in seeds:
+    if stopped:
+      break
     seen: dict[config_lib.TrainConfig, RunSummary] = {}
     built: dict[str, config_lib.TrainConfig] = {}
     for row in order_rows(rows):
@@ -309,6 +312,11 @@ def run_table(make_config: MakeConfig, rows: Sequence[str],
                    log, train)
       if s is None:
         skipped.setdefault(row, []).append(seed)
+        if train:  # a preemption notice stopped it: start nothing more, report what finished
+          log("[reproduce] stopped on a preemption notice: no further run started; "
+              "rerun the same command to resume")
+          stopped = True
+          break
         continue
       if p is not None:
         s = dataclasses.replace(s, note=f"p = {p:.3f} (MIPU's rejection rate)")
