@@ -194,7 +194,7 @@ def committed_placement(runs: Sequence[RunSummary], make_config: MakeConfig,
   table = placement_markdown(runs, reference)
   if not table:
     return f"Not placed: no committed run of these rows in {root}."
-  return (f"Your runs among the committed ten seeds of each row ({root}; the float sums "
+  return (f"Your runs among the committed seeds of each row ({root}; the float sums "
           "differ from host to host, so a seed is one more draw, not a copy of the "
           "committed one):\n\n" + table)
 
