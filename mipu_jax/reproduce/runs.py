@@ -213,30 +213,33 @@ def perturbation_report(make_config: MakeConfig, rows: Sequence[str],
     ValueError: a run saved under another config, or a perturbation of 0.
   """
   from mipu_jax.reproduce.report import perturbation_markdown  # pylint: disable=g-import-not-at-top
+  if _as_train_config(make_config(rows[0], seeds[0], None)).model.init_perturb_ulps == 0:
+    raise ValueError("the perturbed runs' configs have no perturbation "
+                     "(model.init_perturb_ulps = 0).")
   sides = {"original": [], "perturbed": []}
   for seed in seeds:
     for row in order_rows(rows):
-      built = {}
       for side, root in (("original", original_root), ("perturbed", perturbed_root)):
         p = None
         if row == "random_rollback":
-          mipu = [r for r in sides[side] if r.row == "mipu" and r.seed == seed]
-          if not mipu:
+          p = _mipu_rate(sides[side], seed)
+          if p is None:
             continue
-          p = mipu[0].rollback_rate
         cfg = _as_train_config(make_config(row, seed, p))
         if side == "original":
           cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model,
                                                                    init_perturb_ulps=0))
-        built[side] = cfg
         s = run_one(cfg, row, seed, os.path.join(root, "runs", f"{row}_s{seed}"),
                     log=lambda _: None, train=False)
         if s is not None:
           sides[side].append(s)
-      if built.get("perturbed") and built["perturbed"].model.init_perturb_ulps == 0:
-        raise ValueError("the perturbed runs' configs have no perturbation "
-                         "(model.init_perturb_ulps = 0).")
   return perturbation_markdown(sides["original"], sides["perturbed"])
+
+
+def _mipu_rate(runs: Sequence[RunSummary], seed: int) -> Optional[float]:
+  """The rejection rate of seed `seed`'s finished MIPU run in `runs` (random
+  rollback's p), or None."""
+  return next((r.rollback_rate for r in runs if r.row == "mipu" and r.seed == seed), None)
 
 
 def order_rows(rows: Sequence[str]) -> list[str]:
@@ -287,14 +290,13 @@ def run_table(make_config: MakeConfig, rows: Sequence[str],
     for row in order_rows(rows):
       p = None
       if row == "random_rollback":
-        mipu = [r for r in runs if r.row == "mipu" and r.seed == seed]
-        if not mipu and seed in skipped.get("mipu", ()):  # MIPU's run is unfinished
+        p = _mipu_rate(runs, seed)
+        if p is None and seed in skipped.get("mipu", ()):  # MIPU's run is unfinished
           skipped.setdefault(row, []).append(seed)
           continue
-        if not mipu:
+        if p is None:
           raise ValueError("the random_rollback row needs the mipu row (its p "
                            "is MIPU's measured rejection rate): add it to rows.")
-        p = mipu[0].rollback_rate
       if p == 0.0:  # MIPU rejected nothing: random rollback is Step 1.
         cfg = _as_train_config(make_config("step1", seed, None))
       else:
