@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 
 import pytest
@@ -88,3 +89,59 @@ def test_committed_steps_are_the_step_named_directories(tmp_path):
   (tmp_path / "7").write_text("a file, not a step")
   assert checkpoint.committed_steps(tmp_path) == [3, 12]
   assert checkpoint.committed_steps(tmp_path / "missing") == []
+
+
+# Signs of life as published: "beat progress step run|wait phase".
+_RUN, _WAIT = "9 {} 2 run rollout", "9 {} 2 wait rollout"
+
+
+@pytest.mark.parametrize("waits,peers,age,expected", [
+    # Running its own code past the limit, no one behind: this one is stuck.
+    (False, [_WAIT.format(5)], 61, "in its own code"),
+    (False, [], 61, "in its own code"),
+    # Someone is behind (fewer phases): it is the stuck one, whatever this does.
+    (False, [_RUN.format(4)], 61, None),
+    (True, [_WAIT.format(4)], 500, None),
+    # Waiting inside JAX while a peer in the same phase runs its own code: the
+    # peer is the stuck one; defer, for at most another limit.
+    (True, [_RUN.format(5)], 61, None),
+    (True, [_RUN.format(5)], 120, None),
+    (True, [_RUN.format(5)], 121, "past twice the limit"),
+    # A peer ahead running its own code has passed what this one waits in.
+    (True, [_RUN.format(6)], 61, "like every other process"),
+    # Every process waits inside JAX: a stalled device or collective.
+    (True, [_WAIT.format(5), _WAIT.format(5)], 61, "like every other process"),
+    (True, [], 61, "a stalled device"),
+])
+def test_the_stuck_verdict_blames_the_process_that_is_not_waiting(waits, peers, age,
+                                                                  expected):
+  verdict = guard.stuck_verdict(age, 5, waits, peers, step_timeout_s=60)
+  if expected is None:
+    assert verdict is None
+  else:
+    assert expected in verdict
+
+
+def test_the_loop_waits_inside_jax_or_for_the_others_and_runs_elsewhere(monkeypatch):
+  import jax  # pylint: disable=g-import-not-at-top
+  assert os.path.dirname(jax.__file__) + os.sep in guard._WAITING_DIRS  # pylint: disable=protected-access
+  assert all(os.path.isdir(d) for d in guard._WAITING_DIRS[:2])  # pylint: disable=protected-access
+  g = guard.JobGuard(guard.JobLimits(), lambda: "none")
+  release = threading.Event()
+  blocked = threading.Thread(target=release.wait)
+  blocked.start()
+  try:
+    g._loop_thread = blocked.ident  # pylint: disable=protected-access
+    time.sleep(0.1)
+    assert not g.loop_waits()  # in threading.py: its own code
+    with g.waiting_for_others():
+      assert g.loop_waits()
+    assert not g.loop_waits()
+    # The classification is by the innermost frame's file: threading.py
+    # counted as one of JAX's own directories makes the same thread wait.
+    monkeypatch.setattr(guard, "_WAITING_DIRS", (os.path.dirname(threading.__file__),))
+    assert g.loop_waits()
+  finally:
+    release.set()
+    blocked.join()
+  assert not g.loop_waits()  # the thread has ended

@@ -252,6 +252,8 @@ def test_a_stuck_process_is_ended_by_its_watchdog_and_the_job_stops(tmp_path, re
   ended = job.wait(_JOB_TIMEOUT_S)
   assert ended[1].returncode == 76, ended[1].output[-3000:]
   assert f"stuck: rollout of step {_STEPS} has lasted" in ended[1].output
+  assert "in its own code, not waiting for another process" in ended[1].output
+  assert "in traced_phase" in ended[1].output  # the loop's stack: where it hangs
   assert ended[1].at - since < 60 + _BOUND_S
   _assert_job_ended_on_lost_process(ended, 1, ended[1].at, workdir)
   for got in _run_to_end(workdir, 2):

@@ -17,8 +17,16 @@ guard is a watchdog thread in every process of `rl.train`:
 - **Stuck step.** A phase of a step (`phase(name, step)`: rollout, learner
   step, Step 2's probe, evaluation, checkpoint save, step boundary) that has
   lasted `step_timeout_s` ends the process with `EXIT_STUCK` and a message
-  naming the phase, unless another process is behind it (then this one is
-  waiting for that one, whose own guard ends it first and is then seen lost).
+  naming the phase, unless another process is the stuck one and this one
+  only waits for it: a process behind it (fewer phases entered), or, in the
+  same phase, one running its own code while this one waits inside JAX (a
+  computation's result, a collective, a barrier: read from the main
+  thread's innermost Python frame and published with each sign of life).
+  Every watchdog has the same limit, so without that rule a process waiting
+  in a collective for the stuck one could end first and be blamed. The
+  waiting process defers for at most another `step_timeout_s`; when every
+  process waits inside JAX (a stalled device, a collective that never
+  completes) each ends, saying so.
 - **Preemption notice.** SIGTERM sets a flag; at every step boundary the
   processes exchange their flags (`stop_requested`), so all of them stop
   after the same step, which the loop checkpoints before returning. If the
@@ -62,6 +70,13 @@ _ALIVE = "mipu_jax/guard/alive/"
 _active: Optional["JobGuard"] = None
 _STOP = "mipu_jax/guard/stop/"
 _EXITING = "mipu_jax/guard/exiting/"
+
+# Where a thread blocked on other processes or on the device waits: inside
+# JAX (a computation's result, a collective, the distributed runtime) or in
+# orbax's multi-process barriers. Anywhere else it runs its own code.
+_WAITING_DIRS = tuple(
+    os.path.join(os.path.dirname(os.path.dirname(jax.__file__)), d) + os.sep
+    for d in ("jax", "jaxlib", os.path.join("orbax", "checkpoint", "_src", "multihost")))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -112,6 +127,8 @@ class JobGuard:
     self._client = distributed.kv_client() if self._count > 1 else None
     self._lock = threading.Lock()
     self._phase, self._step, self._progress = "start", 0, 0
+    self._waiting = 0  # > 0 inside `waiting_for_others`
+    self._loop_thread: Optional[int] = None
     self._last: Optional[tuple[str, int]] = None
     self._exiting = False
     self._lost: set[int] = set()
@@ -139,6 +156,27 @@ class JobGuard:
         self._phase, self._step, self._phase_since = outer
         self._progress += 1
 
+  @contextlib.contextmanager
+  def waiting_for_others(self) -> Iterator[None]:
+    """Marks the loop as waiting for the other processes while inside (a
+    blocking call outside JAX, e.g. on the coordination service's store)."""
+    with self._lock:
+      self._waiting += 1
+    try:
+      yield
+    finally:
+      with self._lock:
+        self._waiting -= 1
+
+  def loop_waits(self) -> bool:
+    """Whether the loop's thread now waits for others or the device rather
+    than running its own code: inside `waiting_for_others`, or with its
+    innermost Python frame inside JAX or orbax's barriers."""
+    if self._waiting:
+      return True
+    frame = sys._current_frames().get(self._loop_thread)  # pylint: disable=protected-access
+    return frame is not None and frame.f_code.co_filename.startswith(_WAITING_DIRS)
+
   @property
   def notice_received(self) -> bool:
     """Whether this process has received a preemption notice (SIGTERM)."""
@@ -154,7 +192,7 @@ class JobGuard:
     local = self.notice_received
     if self._client is None:
       return local
-    with self.phase("step boundary", step):
+    with self.phase("step boundary", step), self.waiting_for_others():
       self._client.key_value_set(f"{_STOP}{step}/{self._pid}", "1" if local else "0")
       flags = [self._client.blocking_key_value_get(f"{_STOP}{step}/{p}", 2**31 - 1)
                for p in range(self._count)]
@@ -185,6 +223,7 @@ class JobGuard:
   def __enter__(self) -> JobGuard:
     global _active
     _active = self
+    self._loop_thread = threading.get_ident()
     if threading.current_thread() is threading.main_thread():
       self._previous_handler = signal.signal(signal.SIGTERM, self._on_sigterm)
     else:
@@ -217,6 +256,7 @@ class JobGuard:
     beat = 0
     seen: dict[int, tuple[str, float]] = {}
     unreachable_since = None
+    deferred = -1  # the progress at which this process last deferred
     while not self._stop.wait(limits.poll_s):
       if self._exiting:  # the main thread is ending the process: no more signs of life
         return
@@ -229,8 +269,9 @@ class JobGuard:
       if self._client is not None:
         beat += 1
         try:
+          state = "wait" if self.loop_waits() else "run"
           with self._lock:
-            mine = f"{beat} {self._progress} {self._step} {self._phase}"
+            mine = f"{beat} {self._progress} {self._step} {state} {self._phase}"
           self._client.key_value_set(f"{_ALIVE}{self._pid}", mine, allow_overwrite=True)
           for p in range(self._count):
             if p != self._pid:
@@ -263,7 +304,7 @@ class JobGuard:
           if seen.get(p, (None,))[0] != value:
             seen[p] = (value, now)
           elif now - seen[p][1] > limits.peer_timeout_s:
-            _, _, step, phase = value.split(" ", 3)
+            _, _, step, _, phase = value.split(" ", 4)
             self._lost.add(p)
             self._exit(EXIT_PEER_LOST, (
                 f"process {p} is lost: no sign of life for {now - seen[p][1]:.0f} s "
@@ -272,11 +313,25 @@ class JobGuard:
       with self._lock:
         age, progress = now - self._phase_since, self._progress
       if limits.step_timeout_s is not None and age > limits.step_timeout_s:
-        behind = [p for p, (v, _) in seen.items() if int(v.split(" ")[1]) < progress]
-        if not behind:
-          self._exit(EXIT_STUCK, (
-              f"stuck: {self._where()} has lasted {age:.0f} s "
-              f"(step_timeout_s={limits.step_timeout_s:g})."))
+        verdict = stuck_verdict(age, progress, self.loop_waits(),
+                                [v for v, _ in seen.values()], limits.step_timeout_s)
+        if verdict is None and deferred != progress:
+          deferred = progress
+          _log.warning("Process %d: %s has lasted %.0f s (step_timeout_s=%g), waiting "
+                       "for another process: deferring to its watchdog. %s", self._pid,
+                       self._where(), age, limits.step_timeout_s, self._loop_stack(2))
+        if verdict is not None:
+          self._exit(EXIT_STUCK, f"stuck: {self._where()} has lasted {age:.0f} s "
+                     f"(step_timeout_s={limits.step_timeout_s:g}){verdict}",
+                     detail=self._loop_stack())
+
+  def _loop_stack(self, depth: int = 8) -> str:
+    """The loop thread's innermost `depth` Python frames, for a stuck message."""
+    frame = sys._current_frames().get(self._loop_thread)  # pylint: disable=protected-access
+    if frame is None:
+      return "(the loop's thread has ended)"
+    lines = traceback.format_stack(frame)[-depth:]
+    return "The loop's thread is in (innermost last):\n" + "".join(lines).rstrip()
 
   def _where(self) -> str:
     with self._lock:
@@ -291,7 +346,8 @@ class JobGuard:
     except Exception:  # pylint: disable=broad-except
       return None
 
-  def _exit(self, code: int, message: str, lost: Optional[int] = None) -> None:
+  def _exit(self, code: int, message: str, lost: Optional[int] = None,
+            detail: str = "") -> None:
     """Says why, names the newest committed checkpoint, and ends the process.
 
     The others learn it from the store (`exiting/<pid>`) at their next poll.
@@ -308,6 +364,8 @@ class JobGuard:
     text = (f"[mipu_jax] process {self._pid} of {self._count}: {message} "
             f"Newest committed checkpoint: {newest}. Exiting with {code}; rerun "
             "the same command on every process to resume from it.")
+    if detail:
+      text += "\n" + detail
     _log.error(text)
     print(text, file=sys.stderr, flush=True)
     sys.stdout.flush()
@@ -325,6 +383,38 @@ class JobGuard:
           others = [p for p in others if self._try_get(f"{_EXITING}{p}") is None]
           time.sleep(self.limits.poll_s / 2)
     os._exit(code)  # pylint: disable=protected-access
+
+
+def stuck_verdict(age: float, progress: int, waits: bool, peers: list[str],
+                  step_timeout_s: float) -> Optional[str]:
+  """Whether a process whose phase has lasted `age` > `step_timeout_s` is the
+  stuck one: None when it should defer to a peer, else the end of its message.
+
+  Args:
+    age: how long this process's current phase has lasted.
+    progress: how many phase entries and exits this process has made.
+    waits: whether its loop now waits inside JAX / for the others.
+    peers: the other processes' latest signs of life,
+      "beat progress step run|wait phase".
+    step_timeout_s: the limit.
+  """
+  parsed = [v.split(" ", 4) for v in peers]
+  if any(int(p[1]) < progress for p in parsed):
+    return None  # a process behind this one: it is the stuck one (or slow)
+  if not waits:
+    return " in its own code, not waiting for another process."
+  # A process ahead has passed what this one waits in; one in the same phase
+  # running its own code is the stuck one when it never arrives.
+  running = [p for p in parsed if int(p[1]) == progress and p[3] == "run"]
+  if running and age <= 2 * step_timeout_s:
+    return None  # waiting (in a collective) for a process running its own code
+  if running:
+    return (" waiting inside JAX while another process runs its own code past "
+            "twice the limit; ending this one.")
+  if not parsed:
+    return " waiting inside JAX for a computation's result: a stalled device."
+  return (" waiting inside JAX (a computation's result or a collective) like every "
+          "other process: a stalled device, or a collective that never completes.")
 
 
 @contextlib.contextmanager
