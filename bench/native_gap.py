@@ -34,39 +34,21 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import jax  # pylint: disable=g-import-not-at-top
 import jax.numpy as jnp
 import numpy as np
-from flax import nnx
 
-from mipu_jax.models import Qwen3  # pylint: disable=g-import-not-at-top
-from mipu_jax.models.config import get_config
+from mipu_jax.testing import models  # pylint: disable=g-import-not-at-top
 from mipu_jax.sampler import Sampler
 from sampler_table import _hlo_files, dot_kernels  # pylint: disable=g-import-not-at-top
 
-# tests/test_sampler.py's CFG / make_model and tests/test_quant.py's prompts.
-CFG = get_config("tiny", vocab_size=61, hidden_size=40, num_layers=1, num_heads=4,
-                 num_kv_heads=2, head_dim=12, intermediate_size=88)
-PROMPTS = [[5, 9, 2], [7, 1, 8, 2, 8, 1, 3], [4, 4, 6, 10, 12, 3, 5, 9, 11, 2, 1]]
+# The sampler tests' model and prompts (mipu_jax/testing/models.py).
+CFG, PROMPTS = models.SAMPLER_CFG, models.PROMPTS
 CASES = [("fp8_e4m3", "fp8", False), ("fp8_e4m3", "fp8", True), ("int8", "int8", False),
          ("int8", "int8", True), ("int4", "fp8", False), ("int4", "int8", False),
          ("int4", None, True), ("int8", "fp8", False), ("fp8_e4m3", None, False)]
 KW = dict(max_prefill_length=32, max_decode_length=32)
 
 
-def make_model(cfg, seed=0, std=0.16):
-  graphdef, state = nnx.split(nnx.eval_shape(lambda: Qwen3(cfg, rngs=nnx.Rngs(0))))
-  rng = np.random.default_rng(seed)
-  pure = jax.tree_util.tree_map_with_path(
-      lambda p, x: np.ones(x.shape, np.float32) if "norm" in jax.tree_util.keystr(p)
-      else rng.normal(0.0, std, x.shape).astype(np.float32), nnx.to_pure_dict(state))
-  return nnx.merge(graphdef, jax.tree.map(jnp.asarray, pure))
-
-
 def log_probs(sampler):
-  tokens = np.zeros((8, 16), np.int32)
-  tokens[:3, :11] = [p + [0] * (11 - len(p)) for p in PROMPTS]
-  prefix, _ = sampler.engine.prefill(params=sampler.params, padded_tokens=tokens,
-                                     true_length=[3, 7, 11, 1, 1, 1, 1, 1],
-                                     rng=jax.random.key(0))
-  return np.asarray(jax.nn.log_softmax(jnp.asarray(prefix.logits_RV, jnp.float32)[:3], -1))
+  return np.asarray(jax.nn.log_softmax(jnp.asarray(models.prefill_logits(sampler, PROMPTS)), -1))
 
 
 def main():
@@ -75,17 +57,18 @@ def main():
   p.add_argument("--precisions", default="highest,default",
                  help="matmul precisions to run under ('default': the platform's)")
   args = p.parse_args()
-  models = {"tied": make_model(CFG), "untied": make_model(CFG.replace(tie_embeddings=False))}
+  weights = {"tied": models.peaked_qwen3(CFG),
+             "untied": models.peaked_qwen3(CFG.replace(tie_embeddings=False))}
   rows = []
   for precision in args.precisions.split(","):
     with jax.default_matmul_precision(None if precision == "default" else precision):
-      floats = {k: log_probs(Sampler(m, **KW)) for k, m in models.items()}
+      floats = {k: log_probs(Sampler(m, **KW)) for k, m in weights.items()}
       for (wq, aq, head), tie in [(c, "tied") for c in CASES] + [
           (("fp8_e4m3", "fp8", True), "untied")]:
         kw = dict(weight_quant=wq, act_quant=aq, quant_lm_head=head, **KW)
-        emulated = log_probs(Sampler(models[tie], **kw))
+        emulated = log_probs(Sampler(weights[tie], **kw))
         before = _hlo_files(_DUMP)
-        native = log_probs(Sampler(models[tie], quant_compute="native", **kw))
+        native = log_probs(Sampler(weights[tie], quant_compute="native", **kw))
         row = dict(precision=precision, weight=wq, act=str(aq), lm_head=head, embed=tie,
                    native_vs_emulated=float(np.abs(native - emulated).max()),
                    emulated_vs_float=float(np.abs(emulated - floats[tie]).max()),

@@ -7,6 +7,7 @@ import pytest
 
 from mipu_jax.sampler import Sampler, mismatch, quant
 from mipu_jax.sampler.weights import learner_params
+from mipu_jax.testing import models
 from test_sampler import PROMPTS, make_model
 
 _BOUNDS = {"int8": 127.5, "int4": 7.5, "fp8_e4m3": 448.0, "fp8_e5m2": 57344.0}
@@ -73,12 +74,7 @@ def test_act_quant_is_per_token(name, levels):
 
 
 def _prefill_logits(sampler):
-  tokens = np.zeros((8, 16), np.int32)
-  tokens[:3, :11] = [p + [0] * (11 - len(p)) for p in PROMPTS]
-  prefix, _ = sampler.engine.prefill(params=sampler.params, padded_tokens=tokens,
-                                     true_length=[3, 7, 11, 1, 1, 1, 1, 1],
-                                     rng=jax.random.key(0))
-  return np.asarray(prefix.logits_RV)[:3]
+  return models.prefill_logits(sampler, PROMPTS)
 
 
 def test_real_storage_is_bit_identical_to_fake(model):

@@ -9,31 +9,19 @@ import pytest
 from flax import nnx
 from scipy import stats
 
-from mipu_jax.models import Qwen3, get_config
 from mipu_jax.sampler import Sampler, mismatch, truncated_logprobs
+from mipu_jax.testing import models
 from mipu_jax.sampler.sampling import draw, sample_logits, truncate_logits
 
 pytestmark = pytest.mark.filterwarnings("ignore:top-k/top-p sampling")
 
-# Prime-ish dims; shared by all sampler test files so jit caches are shared too.
-# One layer: XLA compiles a one-step layer scan ~2.5x faster on CPU, and
-# compiling dominates these tests; the stacked [L, ...] layout is unchanged.
-CFG = get_config("tiny", vocab_size=61, hidden_size=40, num_layers=1, num_heads=4,
-                 num_kv_heads=2, head_dim=12, intermediate_size=88)
-PROMPTS = [[5, 9, 2], [7, 1, 8, 2, 8, 1, 3], [4, 4, 6, 10, 12, 3, 5, 9, 11, 2, 1]]
+CFG = models.SAMPLER_CFG
+PROMPTS = models.PROMPTS
 
 
 def make_model(seed=0, std=0.16):
-  """A Qwen3 with N(0, std) matmul weights (numpy: no compile), peaked like a trained one.
-
-  `std` is 8x the model's own init scale, so the next-token law is far from uniform.
-  """
-  graphdef, state = nnx.split(nnx.eval_shape(lambda: Qwen3(CFG, rngs=nnx.Rngs(0))))
-  rng = np.random.default_rng(seed)
-  pure = jax.tree_util.tree_map_with_path(
-      lambda p, x: np.ones(x.shape, np.float32) if "norm" in jax.tree_util.keystr(p)
-      else rng.normal(0.0, std, x.shape).astype(np.float32), nnx.to_pure_dict(state))
-  return nnx.merge(graphdef, jax.tree.map(jnp.asarray, pure))
+  """The tests' tiny Qwen3, peaked like a trained one (`testing.models.peaked_qwen3`)."""
+  return models.peaked_qwen3(CFG, seed, std)
 
 
 @pytest.fixture(scope="module")
@@ -175,6 +163,9 @@ def test_sample_logits_extreme_logits_stay_finite():
 
 def test_no_recompilation_within_bucket(sampler):
   sampler.generate(PROMPTS, max_new_tokens=12, temperature=1.0, seed=0)
+  # A call with top-k / top-p runs programs that have them (a call without runs
+  # faster-compiling ones without): compiled once, then every knob is traced.
+  sampler.generate(PROMPTS, max_new_tokens=12, temperature=1.0, top_p=0.5, seed=0)
   before = dict(sampler.engine.trace_counts)
   sampler.generate(PROMPTS[:2], max_new_tokens=9, temperature=0.5, top_k=4, seed=1)
   sampler.generate([[1, 2], [3], [4, 5, 6]], max_new_tokens=16, top_p=0.9, seed=2,
@@ -234,3 +225,26 @@ def test_weight_sync_changes_outputs_without_recompiling(model, sampler):
   again = sampler.generate(PROMPTS, **kwargs)
   assert again.tokens == before.tokens
   np.testing.assert_array_equal(again.logprobs_array, before.logprobs_array)
+
+
+def test_a_call_draws_the_same_whatever_the_sampler_ran_before(model):
+  """A call without top-k / top-p runs programs without them, so it draws
+  the same tokens and log-probs, bitwise, before and after calls with them."""
+  kwargs = dict(max_new_tokens=10, temperature=0.8, num_samples=2, seed=3)
+  sampler = Sampler(model, max_prefill_length=32, max_decode_length=32)
+  before = sampler.generate(PROMPTS, **kwargs)
+  with pytest.warns(UserWarning, match="truncated"):
+    sampler.generate(PROMPTS, top_k=5, **kwargs)
+  after = sampler.generate(PROMPTS, **kwargs)
+  assert after.tokens == before.tokens
+  np.testing.assert_array_equal(after.logprobs_array, before.logprobs_array)
+
+
+def test_insert_without_truncation_refuses_a_truncating_request(model):
+  sampler = Sampler(model, max_prefill_length=32, max_decode_length=32)
+  engine = sampler.engine
+  prefix = engine.prefill_prefix(params=sampler.params, padded_tokens=np.ones((1, 8), np.int32),
+                                 true_length=8, top_p=0.9)
+  state = engine.init_decode_state(num_slots=4, prefill_length=8, decode_length=8)
+  with pytest.raises(ValueError, match="truncation=False"):
+    engine.bulk_insert(prefix, state, [0], truncation=False)

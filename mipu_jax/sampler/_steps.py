@@ -34,6 +34,7 @@ class DecodeSpec:
   pad_id: int
   kv_round: Optional[jnp.dtype] = None
   page_size: int = kv_cache.DEFAULT_PAGE_SIZE
+  truncation: bool = True  # False: no row uses top-k / top-p (leaves them out)
 
   def page_size_for(self, *lengths: int) -> int:
     """The cache page size for rows (regions) of these lengths."""
@@ -54,16 +55,17 @@ def _is_stop(tokens_B, stop_ids_E):
 
 
 def prefill(spec: DecodeSpec, params, tokens_RP, true_length_R, keys_R, temperature_R, top_k_R,
-            top_p_R, max_new_R):
+            top_p_R, max_new_R, first_request=0, sample_first: bool = True):
   """Prefills R right-padded prompts (JetStream's convention) into a `Prefix`.
 
   Returns the prefix and sample 0's first token and log-prob per request (the
-  token `insert` will draw for sample 0, so JetStream's prefill result agrees).
+  token `insert` will draw for sample 0, so JetStream's prefill result agrees;
+  None and None with `sample_first=False`).
   """
   model = build_model(spec, params)
   r, p = tokens_RP.shape
-  if keys_R.ndim == 0:  # one key for the batch: request r uses fold_in(key, r)
-    keys_R = _fold(jnp.broadcast_to(keys_R, (r,)), jnp.arange(r))
+  if keys_R.ndim == 0:  # one key for the batch: request r uses fold_in(key, first + r)
+    keys_R = _fold(jnp.broadcast_to(keys_R, (r,)), first_request + jnp.arange(r))
   # The model's cache needs left padding: rotate each row right by its padding.
   shift_R = p - true_length_R
   src_RP = (jnp.arange(p)[None, :] - shift_R[:, None]) % p
@@ -80,8 +82,11 @@ def prefill(spec: DecodeSpec, params, tokens_RP, true_length_R, keys_R, temperat
   prefix = Prefix(cache=cache, logits_RV=logits_RV, keys_R=keys_R,
                   true_length_R=true_length_R, temperature_R=temperature_R, top_k_R=top_k_R,
                   top_p_R=top_p_R, max_new_R=max_new_R)
+  if not sample_first:
+    return prefix, None, None
   first_keys_R = _fold(_fold(keys_R, jnp.zeros((r,), jnp.int32)), jnp.zeros((r,), jnp.int32))
-  tokens_R, lp_R = sample_logits(prefix.logits_RV, first_keys_R, temperature_R, top_k_R, top_p_R)
+  tokens_R, lp_R = sample_logits(prefix.logits_RV, first_keys_R, temperature_R, top_k_R, top_p_R,
+                                 spec.truncation)
   return prefix, tokens_R, lp_R
 
 
@@ -181,7 +186,7 @@ def insert(spec: DecodeSpec, prefix: Prefix, ds: DecodeState, slots_M, rows_M,
   top_k_M, top_p_M = prefix.top_k_R[rows_M], prefix.top_p_R[rows_M]
   max_new_M = prefix.max_new_R[rows_M]
   tokens_M, lp_M = sample_logits(prefix.logits_RV[rows_M], _fold(keys_M, jnp.zeros_like(samples_M)),
-                                 temperature_M, top_k_M, top_p_M)
+                                 temperature_M, top_k_M, top_p_M, spec.truncation)
   stop_M = _is_stop(tokens_M, ds.stop_ids_E)
   done_M = stop_M | (max_new_M <= 1)
   finish_M = jnp.where(done_M, jnp.where(stop_M, STOP, LENGTH), RUNNING)
@@ -253,7 +258,7 @@ def advance(spec: DecodeSpec, params, ds: DecodeState):
                             kv_round=spec.kv_round)
   cache = cache._replace(index=ds.cache.index + live_B.astype(jnp.int32))
   tokens_B, lp_B = sample_logits(logits_B1V[:, 0], _fold(ds.keys_B, ds.num_generated_B),
-                                 ds.temperature_B, ds.top_k_B, ds.top_p_B)
+                                 ds.temperature_B, ds.top_k_B, ds.top_p_B, spec.truncation)
   b, n = ds.tokens_BN.shape
   at_B = jnp.where(live_B, ds.num_generated_B, n)  # n: out of range, dropped
   num_generated_B = ds.num_generated_B + live_B.astype(jnp.int32)

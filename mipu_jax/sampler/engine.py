@@ -22,6 +22,7 @@ a compiled function or leaves stale weights in one.
 
 import collections
 import contextlib
+import dataclasses
 from typing import Any, Optional, Sequence
 
 import jax
@@ -84,7 +85,18 @@ _jit_prepare = _counted_jit("prepare", quant.quantize_params, static_argnames=(
     "weight_quant", "compute_dtype", "quant_lm_head", "tie_embeddings", "storage", "compute",
     "act_quant"))
 _jit_prefill = _counted_jit("prefill", _prefill_with_result, static_argnums=0)
+# Without sample 0's first token (insert draws every sample's): what `Sampler`
+# calls, one program fewer that samples (0.4 s less to compile on CPU, tiny model).
+_jit_prefill_prefix = _counted_jit(
+    "prefill_prefix", lambda spec, *args: _steps.prefill(spec, *args, sample_first=False)[0],
+    static_argnums=0)
 _jit_insert = _counted_jit("insert", _steps.insert, static_argnums=0, donate_argnums=2)
+# On CPU, insert (scatters and one draw, ~1 % of a rollout) compiles in half
+# the time without LLVM's optimizations and runs as fast (15 ms either way for
+# 64 slots of the bench's tiny model): a first call's compile is what it costs.
+_jit_insert_unoptimized = _counted_jit(
+    "insert", _steps.insert, static_argnums=0, donate_argnums=2,
+    compiler_options={"xla_backend_optimization_level": 0})
 _jit_generate = _counted_jit("generate", _generate_with_result, static_argnums=0,
                              donate_argnums=2)
 _jit_generate_until_done = _counted_jit("generate_until_done", _steps.generate_until_done,
@@ -133,6 +145,7 @@ class Engine:
     self._reference = jax.eval_shape(lambda: weights.learner_params(model))
     native = config.quant_compute == "native"  # the weights quantize their own inputs
     kv_round = config.kv_round(_platform(model, mesh))
+    self._insert = _jit_insert_unoptimized if _platform(model, mesh) == "cpu" else _jit_insert
     self._spec = _steps.DecodeSpec(
         graphdef=nnx.graphdef(abstract),
         kv_dtype=config.kv_cache_dtype if kv_round is None else config.dtype,
@@ -175,13 +188,18 @@ class Engine:
   def prefill(self, *, params: Params, existing_prefix: Optional[Prefix] = None,
               padded_tokens: Any, true_length: Any, sampler=None, request_id=None,
               rng: Optional[jax.Array] = None, temperature: Any = 1.0, top_k: Any = 0,
-              top_p: Any = 1.0, max_new_tokens: Any = None) -> tuple[Prefix, ResultTokens]:
+              top_p: Any = 1.0, max_new_tokens: Any = None, first_request: int = 0,
+              with_result: bool = True) -> Any:
     """Computes the KV cache of right-padded prompt(s); returns it and sample 0's first token.
 
     `padded_tokens` is `[P]` (one request, JetStream) or `[R, P]` (a batch);
     `true_length` an int or `[R]`. `rng`: one typed key per request (`[R]`), or
-    one key for all, request r then using `fold_in(rng, r)`; by default the
-    engine splits its own. `temperature == 0` is greedy.
+    one key for all, request r then using `fold_in(rng, first_request + r)`
+    (the requests' indices in a larger batch); by default the engine splits
+    its own. `temperature == 0` is greedy.
+
+    Returns `(prefix, result)`; only the prefix with `with_result=False`
+    (`prefill_prefix`).
     """
     del request_id
     if existing_prefix is not None:
@@ -215,11 +233,18 @@ class Engine:
       raise ValueError(f"rng must be one key or one per request ({r}), got shape {rng.shape}.")
     max_new = self.config.max_decode_length if max_new_tokens is None else max_new_tokens
     with self.mesh_context():
-      return _jit_prefill(
+      return (_jit_prefill if with_result else _jit_prefill_prefix)(
         self._spec, params, jnp.asarray(tokens, jnp.int32), jnp.asarray(lengths), rng,
         _as_array(temperature, np.float32, r, "temperature"),
         _as_array(top_k, np.int32, r, "top_k"), _as_array(top_p, np.float32, r, "top_p"),
-        _as_array(max_new, np.int32, r, "max_new_tokens"))
+        _as_array(max_new, np.int32, r, "max_new_tokens"),
+        jnp.asarray(first_request, jnp.int32))
+
+  def prefill_prefix(self, **kwargs) -> Prefix:
+    """`prefill` without its `ResultTokens` (sample 0's first token, which
+    `insert` draws again, identically): the same prefix, from a program that
+    does not sample. Takes `prefill`'s keyword arguments."""
+    return self.prefill(**kwargs, with_result=False)
 
   def insert(self, prefix: Prefix, decode_state: DecodeState, slot: int,
              request_id=None) -> DecodeState:
@@ -233,7 +258,8 @@ class Engine:
                   rows: Optional[Sequence[int]] = None,
                   sample_ids: Optional[Sequence[int]] = None,
                   prompt_blocks: Optional[Sequence[int]] = None,
-                  fill: Optional[Sequence[bool]] = None) -> DecodeState:
+                  fill: Optional[Sequence[bool]] = None,
+                  truncation: bool = True) -> DecodeState:
     """Inserts into several slots at once.
 
     JetStream semantics by default: one request into every slot of `slots`,
@@ -247,6 +273,11 @@ class Engine:
     (default: everywhere). The caller keeps each block's prompt: samples of
     one prompt share a block, the first insert fills it, and a block is reused
     only once no slot decodes from it.
+
+    `truncation=False` leaves top-k / top-p out of the program (it compiles
+    faster; an error if a request inserted uses them): for a decode state
+    whose requests never truncate, decoded with `truncation=False` too
+    (`Sampler` does so when its call has no top-k / top-p).
     """
     slots = np.asarray(slots, np.int32).reshape(-1)
     m = slots.shape[0]
@@ -280,9 +311,13 @@ class Engine:
     if prefix.cache.valid.shape[1] > region:
       raise ValueError(f"Prefix of length {prefix.cache.valid.shape[1]} does not fit the decode "
                        f"state's prefill region of {region} slots.")
+    if not truncation:
+      top_k_R, top_p_R = jax.device_get((prefix.top_k_R, prefix.top_p_R))
+      if np.any(top_k_R[rows] > 0) or np.any(top_p_R[rows] < 1.0):
+        raise ValueError("truncation=False, but a request to insert uses top-k / top-p.")
     with self.mesh_context():
-      return self._constrained(_jit_insert(
-          self._spec, prefix, decode_state, jnp.asarray(slots), jnp.asarray(rows),
+      return self._constrained(self._insert(
+          self._spec_for(truncation), prefix, decode_state, jnp.asarray(slots), jnp.asarray(rows),
           jnp.asarray(sample_ids), jnp.asarray(blocks), jnp.asarray(fill)))
 
   def generate(self, params: Params, decode_state: DecodeState,
@@ -293,18 +328,28 @@ class Engine:
     with self.mesh_context():
       return _jit_generate(self._spec, params, decode_state)
 
-  def generate_until_done(self, params: Params, decode_state: DecodeState) -> DecodeState:
-    """Decode steps in one `lax.while_loop` until every slot has finished."""
+  def generate_until_done(self, params: Params, decode_state: DecodeState, *,
+                          truncation: bool = True) -> DecodeState:
+    """Decode steps in one `lax.while_loop` until every slot has finished.
+
+    `truncation=False`: only for a state filled by `bulk_insert(...,
+    truncation=False)` (no row uses top-k / top-p).
+    """
     with self.mesh_context():
-      return self._constrained(_jit_generate_until_done(self._spec, params, decode_state))
+      return self._constrained(_jit_generate_until_done(self._spec_for(truncation), params,
+                                                        decode_state))
 
   def generate_until_free(self, params: Params, decode_state: DecodeState,
-                          min_finished: int) -> DecodeState:
+                          min_finished: int, *, truncation: bool = True) -> DecodeState:
     """Decode steps until `min_finished` occupied slots have finished (or none is
-    live): the point where a host loop harvests them and refills the slots."""
+    live): the point where a host loop harvests them and refills the slots.
+    `truncation`: as in `generate_until_done`."""
     with self.mesh_context():
       return self._constrained(_jit_generate_until_free(
-          self._spec, params, decode_state, jnp.asarray(min_finished, jnp.int32)))
+          self._spec_for(truncation), params, decode_state, jnp.asarray(min_finished, jnp.int32)))
+
+  def _spec_for(self, truncation: bool) -> _steps.DecodeSpec:
+    return self._spec if truncation else dataclasses.replace(self._spec, truncation=False)
 
   def mesh_context(self):
     """`jax.set_mesh(mesh)` (a no-op context without a mesh): the engine's

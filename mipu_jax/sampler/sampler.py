@@ -156,6 +156,10 @@ class Sampler:
     slots = min(cfg.slot_bucket(total), max(cfg.max_concurrent_decodes, 1))
     chunk = max(1, slots // g)  # prompts per prefill call
     base_key = jax.random.key(seed)
+    # Programs without top-k / top-p where this call has none: they compile
+    # faster, and a call always runs the same programs (its draws never depend
+    # on what the sampler ran before).
+    truncation = bool(top_k) or (top_p is not None and top_p < 1.0)
     # The paged cache holds each prompt once for its g samples (prompt blocks):
     # room for the prompts of one full wave of slots and the next one's first.
     num_blocks = min(slots, -(-slots // g) + 1)
@@ -180,10 +184,9 @@ class Sampler:
           tokens_RP[k, :len(prompts[i])] = prompts[i]
           lengths_R[k] = len(prompts[i])
         # Request i draws with fold_in(key(seed), i) whatever its chunk.
-        keys_R = jax.vmap(lambda i: jax.random.fold_in(base_key, i))(
-            offset + jnp.arange(c * chunk, c * chunk + rb))
-        prefixes[c], _ = engine.prefill(
-            params=params, padded_tokens=tokens_RP, true_length=lengths_R, rng=keys_R,
+        prefixes[c] = engine.prefill_prefix(
+            params=params, padded_tokens=tokens_RP, true_length=lengths_R, rng=base_key,
+            first_request=offset + c * chunk,
             temperature=temperature, top_k=top_k or 0, top_p=1.0 if top_p is None else top_p,
             max_new_tokens=max_new_tokens)
       return prefixes[c]
@@ -207,7 +210,8 @@ class Sampler:
             prefix_of(c), state, [b for b, *_ in items],
             rows=[(k // g) - c * chunk for _, k, *_ in items],
             sample_ids=[k % g for _, k, *_ in items],
-            prompt_blocks=[blk for *_, blk, _ in items], fill=[f for *_, f in items])
+            prompt_blocks=[blk for *_, blk, _ in items], fill=[f for *_, f in items],
+            truncation=truncation)
       for c in [c for c in prefixes if (c + 1) * chunk * g <= next_sample]:
         del prefixes[c]  # every sample of this chunk is in a slot
       busy = [b for b in range(slots) if occupant[b] is not None]
@@ -215,18 +219,20 @@ class Sampler:
         break
       if max_new_tokens > 1:  # with one token, every slot is done after insert
         if next_sample >= total:
-          state = engine.generate_until_done(params, state)
+          state = engine.generate_until_done(params, state, truncation=truncation)
         else:
-          state = engine.generate_until_free(params, state, max(1, len(busy) // 4))
+          state = engine.generate_until_free(params, state, max(1, len(busy) // 4),
+                                             truncation=truncation)
       done_B, n_B, fin_B = jax.device_get((state.done_B, state.num_generated_B,
                                            state.finish_B))
       harvest = [b for b in busy if done_B[b]]
       if harvest:
-        rows = jnp.asarray(harvest)
-        tok, lp = jax.device_get((state.tokens_BN[rows], state.logprobs_BN[rows]))
-        for m, b in enumerate(harvest):
+        # Every row (B x N x 8 bytes: 16 MB at 256 x 8,192) rather than a
+        # gather of the finished ones: no eager op to compile on a first call.
+        tok, lp = jax.device_get((state.tokens_BN, state.logprobs_BN))
+        for b in harvest:
           k, n = occupant[b], int(n_B[b])
-          out_tokens[k], out_lp[k] = tok[m, :n].tolist(), lp[m, :n].tolist()
+          out_tokens[k], out_lp[k] = tok[b, :n].tolist(), lp[b, :n].tolist()
           out_len[k], out_finish[k] = n, FINISH_NAMES[int(fin_B[b])]
           occupant[b] = None
           unharvested[k // g] -= 1
