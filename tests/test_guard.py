@@ -108,7 +108,7 @@ _RUN, _WAIT = "9 {} 2 run rollout", "9 {} 2 wait rollout"
     (True, [_RUN.format(5)], 120, None),
     (True, [_RUN.format(5)], 121, "past twice the limit"),
     # A peer ahead running its own code has passed what this one waits in.
-    (True, [_RUN.format(6)], 61, "like every other process"),
+    (True, [_RUN.format(6)], 61, "those running are ahead of it"),
     # Every process waits inside JAX: a stalled device or collective.
     (True, [_WAIT.format(5), _WAIT.format(5)], 61, "like every other process"),
     (True, [], 61, "a stalled device"),
@@ -125,23 +125,46 @@ def test_the_stuck_verdict_blames_the_process_that_is_not_waiting(waits, peers, 
 def test_the_loop_waits_inside_jax_or_for_the_others_and_runs_elsewhere(monkeypatch):
   import jax  # pylint: disable=g-import-not-at-top
   assert os.path.dirname(jax.__file__) + os.sep in guard._WAITING_DIRS  # pylint: disable=protected-access
-  assert all(os.path.isdir(d) for d in guard._WAITING_DIRS[:2])  # pylint: disable=protected-access
+  assert all(os.path.isdir(d) for d in guard._WAITING_DIRS)  # pylint: disable=protected-access
   g = guard.JobGuard(guard.JobLimits(), lambda: "none")
   release = threading.Event()
-  blocked = threading.Thread(target=release.wait)
+
+  def a_call_that_blocks():  # this file's code, blocked in threading.py
+    release.wait()
+
+  blocked = threading.Thread(target=a_call_that_blocks)
   blocked.start()
   try:
     g._loop_thread = blocked.ident  # pylint: disable=protected-access
     time.sleep(0.1)
-    assert not g.loop_waits()  # in threading.py: its own code
+    assert not g.loop_waits()  # its own code (the standard library's frames skipped)
     with g.waiting_for_others():
       assert g.loop_waits()
     assert not g.loop_waits()
-    # The classification is by the innermost frame's file: threading.py
-    # counted as one of JAX's own directories makes the same thread wait.
-    monkeypatch.setattr(guard, "_WAITING_DIRS", (os.path.dirname(threading.__file__),))
+    # Classified by the first frame outside the standard library: with this
+    # file's directory counted as JAX's, the same thread waits (as orbax's
+    # save does, joining its thread through threading.py).
+    monkeypatch.setattr(guard, "_WAITING_DIRS", (os.path.dirname(__file__) + os.sep,))
     assert g.loop_waits()
   finally:
     release.set()
     blocked.join()
   assert not g.loop_waits()  # the thread has ended
+
+
+def test_time_between_phases_is_not_a_stuck_phase():
+  """The loop's work between phases (logging, export) is timed from the last
+  phase's end, not from the guard's start: a run longer than the limit, made
+  of short phases, is not stuck."""
+  proc, _ = _run("""
+      limits = guard.JobLimits(peer_timeout_s=2, step_timeout_s=1.0, poll_s=0.1)
+      with guard.JobGuard(limits, lambda: "none") as g:
+        end = time.monotonic() + 3.0
+        while time.monotonic() < end:
+          with g.phase("rollout", 1):
+            time.sleep(0.5)
+          time.sleep(0.3)  # between phases
+      print("FINISHED")
+      """)
+  assert proc.returncode == 0, proc.stderr
+  assert "FINISHED" in proc.stdout

@@ -20,8 +20,10 @@ guard is a watchdog thread in every process of `rl.train`:
   naming the phase, unless another process is the stuck one and this one
   only waits for it: a process behind it (fewer phases entered), or, in the
   same phase, one running its own code while this one waits inside JAX (a
-  computation's result, a collective, a barrier: read from the main
-  thread's innermost Python frame and published with each sign of life).
+  computation's result, a collective, a barrier: read from the loop
+  thread's innermost Python frame outside the standard library, and
+  published with each sign of life). Time between phases counts from the
+  last phase's end.
   Every watchdog has the same limit, so without that rule a process waiting
   in a collective for the stuck one could end first and be blamed. The
   waiting process defers for at most another `step_timeout_s`; when every
@@ -73,10 +75,14 @@ _EXITING = "mipu_jax/guard/exiting/"
 
 # Where a thread blocked on other processes or on the device waits: inside
 # JAX (a computation's result, a collective, the distributed runtime) or in
-# orbax's multi-process barriers. Anywhere else it runs its own code.
+# orbax (its barriers, and the saves whose background threads wait in them).
+# Anywhere else it runs its own code. Frames of the standard library
+# (threading, queue, socket, ...) are skipped: they say how it waits, not for
+# whom (orbax joins its save thread through threading.py).
 _WAITING_DIRS = tuple(
     os.path.join(os.path.dirname(os.path.dirname(jax.__file__)), d) + os.sep
-    for d in ("jax", "jaxlib", os.path.join("orbax", "checkpoint", "_src", "multihost")))
+    for d in ("jax", "jaxlib", "orbax"))
+_STDLIB_DIR = os.path.dirname(threading.__file__) + os.sep
 
 
 @dataclasses.dataclass(frozen=True)
@@ -154,6 +160,8 @@ class JobGuard:
       with self._lock:
         self._last = (name, step)
         self._phase, self._step, self._phase_since = outer
+        if self._phase == "start":  # between phases: timed from this exit
+          self._phase_since = time.monotonic()
         self._progress += 1
 
   @contextlib.contextmanager
@@ -171,10 +179,13 @@ class JobGuard:
   def loop_waits(self) -> bool:
     """Whether the loop's thread now waits for others or the device rather
     than running its own code: inside `waiting_for_others`, or with its
-    innermost Python frame inside JAX or orbax's barriers."""
+    innermost Python frame outside the standard library inside JAX or orbax."""
     if self._waiting:
       return True
     frame = sys._current_frames().get(self._loop_thread)  # pylint: disable=protected-access
+    while frame is not None and frame.f_code.co_filename.startswith(_STDLIB_DIR) and \
+        "-packages" not in frame.f_code.co_filename:  # site- / dist-packages
+      frame = frame.f_back
     return frame is not None and frame.f_code.co_filename.startswith(_WAITING_DIRS)
 
   @property
@@ -413,6 +424,9 @@ def stuck_verdict(age: float, progress: int, waits: bool, peers: list[str],
             "twice the limit; ending this one.")
   if not parsed:
     return " waiting inside JAX for a computation's result: a stalled device."
+  if any(p[3] == "run" for p in parsed):
+    return (" waiting inside JAX; no process in its phase runs its own code (those "
+            "running are ahead of it).")
   return (" waiting inside JAX (a computation's result or a collective) like every "
           "other process: a stalled device, or a collective that never completes.")
 

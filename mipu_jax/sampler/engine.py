@@ -242,8 +242,9 @@ class Engine:
 
   def prefill_prefix(self, **kwargs) -> Prefix:
     """`prefill` without its `ResultTokens` (sample 0's first token, which
-    `insert` draws again, identically): the same prefix, from a program that
-    does not sample. Takes `prefill`'s keyword arguments."""
+    `insert` draws again with the same key; its log-prob equal to rounding, the
+    programs being compiled apart): the same prefix, from a program that does
+    not sample. Takes `prefill`'s keyword arguments."""
     return self.prefill(**kwargs, with_result=False)
 
   def insert(self, prefix: Prefix, decode_state: DecodeState, slot: int,
