@@ -182,7 +182,7 @@ class JobGuard:
     innermost Python frame outside the standard library inside JAX or orbax."""
     if self._waiting:
       return True
-    frame = sys._current_frames().get(self._loop_thread)  # pylint: disable=protected-access
+    frame = self._loop_frame()
     while frame is not None and frame.f_code.co_filename.startswith(_STDLIB_DIR) and \
         "-packages" not in frame.f_code.co_filename:  # site- / dist-packages
       frame = frame.f_back
@@ -277,10 +277,11 @@ class JobGuard:
             f"the job did not stop within the preemption grace time "
             f"({limits.preemption_grace_s:g} s after SIGTERM); last in {self._where()}."))
       peers = {}
+      waits = self.loop_waits()
       if self._client is not None:
         beat += 1
         try:
-          state = "wait" if self.loop_waits() else "run"
+          state = "wait" if waits else "run"
           with self._lock:
             mine = f"{beat} {self._progress} {self._step} {state} {self._phase}"
           self._client.key_value_set(f"{_ALIVE}{self._pid}", mine, allow_overwrite=True)
@@ -324,7 +325,7 @@ class JobGuard:
       with self._lock:
         age, progress = now - self._phase_since, self._progress
       if limits.step_timeout_s is not None and age > limits.step_timeout_s:
-        verdict = stuck_verdict(age, progress, self.loop_waits(),
+        verdict = stuck_verdict(age, progress, waits,
                                 [v for v, _ in seen.values()], limits.step_timeout_s)
         if verdict is None and deferred != progress:
           deferred = progress
@@ -336,9 +337,13 @@ class JobGuard:
                      f"(step_timeout_s={limits.step_timeout_s:g}){verdict}",
                      detail=self._loop_stack())
 
+  def _loop_frame(self):
+    """The loop thread's innermost Python frame (None once it has ended)."""
+    return sys._current_frames().get(self._loop_thread)  # pylint: disable=protected-access
+
   def _loop_stack(self, depth: int = 8) -> str:
     """The loop thread's innermost `depth` Python frames, for a stuck message."""
-    frame = sys._current_frames().get(self._loop_thread)  # pylint: disable=protected-access
+    frame = self._loop_frame()
     if frame is None:
       return "(the loop's thread has ended)"
     lines = traceback.format_stack(frame)[-depth:]
