@@ -6,9 +6,9 @@ r"""One decode step against the bytes it must read, per fill level of the KV cac
 
 For each fill level (1/8, 1/2 and all of the cache's slots filled in every
 row) and each decode attention (`paged`, which reads only the pages holding a
-filled slot, as XLA ops; `pallas`, the same as one Pallas kernel per layer,
-timed on a GPU only; and `dense`, the reference that reads every slot), in
-one run:
+filled slot, as XLA ops; `pallas` / `pallas_tpu`, the same as one Pallas
+kernel per layer, timed on a GPU / TPU only; and `dense`, the reference that
+reads every slot), in one run:
 
 - `step`: the best time of one engine decode step (`Engine.generate`: the
   model over one token per row, the cache write, the sample and its
@@ -31,7 +31,6 @@ import argparse
 import json
 import os
 import sys
-import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -166,7 +165,7 @@ def report(out: dict) -> str:
            f"{out['dtype']} (KV {out['kv_cache_dtype']}), page {out['page_size']}, "
            f"{out['device']} ({out['backend']}), jax {out['jax']}, load average "
            f"{out['load_average'][0]:.2f}", ""]
-  impls = [k for k in ("pallas", "paged", "dense") if k in out["levels"][0]]
+  impls = [k for k in ("pallas", "pallas_tpu", "paged", "dense") if k in out["levels"][0]]
   head = "| fill | must read | copy | read | " + " | ".join(
       f"{i} step | {i} / copy" for i in impls) + " |"
   lines += [head, "|" + "---|" * (4 + 2 * len(impls))]
@@ -198,13 +197,14 @@ def main():
   parser.add_argument("--page_size", type=int, default=64)
   parser.add_argument("--impls", default=None, type=lambda s: s.split(","),
                       help="decode attentions (default: pallas,paged,dense on a GPU, "
-                           "paged,dense elsewhere: the interpreted kernel is not timed)")
+                           "pallas_tpu,paged,dense on a TPU, paged,dense elsewhere: an "
+                           "interpreted kernel is not timed)")
   parser.add_argument("--repeats", type=int, default=5)
   parser.add_argument("--json", default=None, help="also write the results here")
   args = parser.parse_args()
   if args.impls is None:
-    args.impls = (["pallas", "paged", "dense"] if jax.default_backend() == "gpu"
-                  else ["paged", "dense"])
+    kernel = {"gpu": ["pallas"], "tpu": ["pallas_tpu"]}.get(jax.default_backend(), [])
+    args.impls = kernel + ["paged", "dense"]
   out = run(args)
   print(report(out))
   if args.json:

@@ -17,11 +17,13 @@ import numpy as np
 import pytest
 
 from flax import nnx
+from jax.experimental.pallas import tpu as pltpu
 
 from mipu_jax.models import attention
 from mipu_jax.models import get_config
 from mipu_jax.models import kv_cache
 from mipu_jax.models import paged_pallas
+from mipu_jax.models import paged_pallas_tpu
 from mipu_jax.models import Qwen3
 from mipu_jax.sampler import Engine
 from mipu_jax.sampler import engine as engine_lib
@@ -189,6 +191,59 @@ def _pallas_equals_paged(dtype, slots):
     np.testing.assert_allclose(np.asarray(alone[0]), np.asarray(got[r]), rtol=2e-5, atol=2e-6)
 
 
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float8_e4m3fn", "int8"])
+def test_pallas_tpu_decode_equals_paged_on_ragged_rows(dtype):
+  """The Pallas TPU kernel in the TPU interpreter (which simulates the pipeline's
+  page copies) against the XLA paged path: right-aligned prompts, holes, a row
+  with one slot, an empty row, shuffled pages, every cache dtype; a row alone
+  gives the same numbers."""
+  rng = np.random.default_rng(3)
+  b, s, k, n, h, g = 6, 96, 2, 4, 16, 16
+  kq, vq, ksc, vsc, pages, per, layer = _random_cache(rng, b, s, k, h, g, dtype)
+  valid = np.zeros((b, s), bool)
+  q_slot = np.array([[40], [33], [s - 1], [70], [32], [10]], np.int32)
+  for r, (start, end) in enumerate([(20, 41), (30, 34), (0, s), (31, 71), (32, 33), (0, 0)]):
+    valid[r, start:end] = True
+  valid[1, 32] = False
+  valid[3, 50] = False
+  valid[3, 64:70] = False  # a whole page of row 3 with nothing to attend
+  q = jnp.asarray(rng.standard_normal((b, 1, n, h)), jnp.float32)
+  ids = pages + layer * per
+  args = (kq, vq, ksc, vsc, ids, jnp.asarray(valid), jnp.asarray(q_slot), jnp.float32)
+  with jax.default_matmul_precision("highest"):
+    want = attention.paged(q, *args)
+    simulated = pltpu.InterpretParams()  # the TPU interpreter: HBM -> VMEM copies simulated
+    got = jax.jit(paged_pallas_tpu.decode, static_argnums=8,
+                  static_argnames="interpret")(q, *args, interpret=simulated)
+    np.testing.assert_allclose(np.asarray(got[:5]), np.asarray(want[:5]), rtol=2e-5, atol=2e-6)
+    np.testing.assert_array_equal(np.asarray(got[5]), 0.0)  # nothing to attend: 0, as the GPU kernel
+    for r in (0, 3):
+      alone = paged_pallas_tpu.decode(q[r:r + 1], kq, vq, ksc, vsc, ids[r:r + 1],
+                                      jnp.asarray(valid[r:r + 1]),
+                                      jnp.asarray(q_slot[r:r + 1]), jnp.float32)
+      np.testing.assert_array_equal(np.asarray(alone[0]), np.asarray(got[r]))
+    # Pallas' plain interpreter (the sampler tests' default off TPU): the same numbers.
+    np.testing.assert_array_equal(np.asarray(paged_pallas_tpu.decode(q, *args)), np.asarray(got))
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "int8"])
+def test_pallas_tpu_kernel_lowers_for_tpu(dtype):
+  """Pallas' Mosaic lowering of the TPU kernel at Qwen3-0.6B's page and head
+  shape (64 slots x 128), run on CPU through jax.export for platform 'tpu':
+  block shapes, index maps and scalar prefetch are checked there. (Mosaic's
+  compilation itself needs a TPU.)"""
+  b, j, g, k, n, h = 4, 4, 64, 2, 4, 128
+  cfg = type("C", (), dict(num_kv_heads=k, head_dim=h, num_layers=2))
+  kp, vp, ks, vs = kv_cache.init_pool(cfg, b * j, g, jnp.dtype(dtype))
+  fn = jax.jit(lambda q, kp, vp, ks, vs, ids, valid, slot: paged_pallas_tpu.decode(
+      q, kp, vp, ks, vs, ids, valid, slot, jnp.bfloat16, interpret=False))
+  exported = jax.export.export(fn, platforms=["tpu"])(
+      jnp.zeros((b, 1, n, h), jnp.bfloat16), kp, vp, ks, vs,
+      jnp.zeros((b, j), jnp.int32), jnp.ones((b, j * g), bool), jnp.zeros((b, 1), jnp.int32))
+  text = exported.mlir_module()
+  assert "tpu_custom_call" in text and "mipu_paged_decode_tpu" in text
+
+
 def test_pallas_kernel_refuses_shapes_its_tiles_do_not_fit():
   assert paged_pallas.supports(32, 64, 128)
   assert not paged_pallas.supports(32, 64, 12)  # head dim not a power of two
@@ -230,6 +285,8 @@ def test_decode_attention_auto_is_the_kernel_on_a_gpu_only():
   assert cfg.decode_attention_for("cpu") == cfg.decode_attention_for("tpu") == "paged"
   assert cfg.replace(decode_attention="dense").decode_attention_for("gpu") == "dense"
   assert cfg.decode_attention_for("gpu", devices=8) == "paged"  # a sharded cache
+  # The TPU kernel is asked for by name only (never compiled on a TPU yet).
+  assert cfg.replace(decode_attention="pallas_tpu").decode_attention_for("cpu") == "pallas_tpu"
   engine = Engine(Qwen3(cfg, rngs=nnx.Rngs(0)), SamplerConfig())
   assert engine.model_config.decode_attention == (
       "pallas" if jax.default_backend() == "gpu" else "paged")

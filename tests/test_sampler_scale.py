@@ -70,16 +70,17 @@ def test_native_sampler_refilled_and_sharded_equal_one_wave(model):
   _same(_generate(sharded), one_wave, atol=atol)
 
 
-def test_pallas_decode_refilled_and_sharded_equal_one_wave(model):
-  """The Pallas decode kernel (Pallas' interpreter on CPU) through refilled slots,
-  an int8 KV cache and a sharded mesh: the rollout of the XLA paged path in one
-  wave on one device."""
+@pytest.mark.parametrize("kernel", ["pallas", "pallas_tpu"])
+def test_pallas_decode_refilled_and_sharded_equal_one_wave(model, kernel):
+  """The Pallas decode kernels, GPU and TPU (Pallas' interpreters on CPU),
+  through refilled slots, an int8 KV cache and a sharded mesh: the rollout of
+  the XLA paged path in one wave on one device."""
   kw = dict(eos_ids=[7], kv_cache_dtype="int8")
   one_wave = _generate(Sampler(model, decode_attention="paged", **kw))
   refill = Sampler(model, max_concurrent_decodes=4, min_slot_bucket=4,
-                   decode_attention="pallas", **kw)
+                   decode_attention=kernel, **kw)
   _same(_generate(refill), one_wave, atol=1e-4)
   assert refill.engine.trace_counts["generate_until_free"] >= 1  # it did refill
   sharded = Sampler(model, mesh=make_mesh(2, 2, 2), max_concurrent_decodes=8,
-                    decode_attention="pallas", **kw)
+                    decode_attention=kernel, **kw)
   _same(_generate(sharded), one_wave, atol=1e-4)

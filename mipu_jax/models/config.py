@@ -32,7 +32,7 @@ def as_dtype(dtype: Any) -> jnp.dtype:
 REMAT_POLICIES = ("none", "layer", "dots")
 ATTENTIONS = ("dense", "blockwise", "cudnn", "splash")
 # Attention over a KV cache (prefill into it, decode): `mipu_jax.models.attention`.
-DECODE_ATTENTIONS = ("auto", "paged", "pallas", "dense")
+DECODE_ATTENTIONS = ("auto", "paged", "pallas", "pallas_tpu", "dense")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,7 +63,9 @@ class Qwen3Config:
       "pallas" (the same as one Pallas kernel per layer for a decode step,
       `paged_pallas.decode`; interpreted off GPU; a prefill, or a shape its
       tiles do not fit (`paged_pallas.supports`), uses "paged"),
-      "dense" (gathers every slot: the reference) or "auto" ("pallas" on one
+      "pallas_tpu" (the same as a Pallas TPU kernel, `paged_pallas_tpu.decode`;
+      interpreted off TPU; never compiled on a TPU yet, so "auto" does not
+      pick it), "dense" (gathers every slot: the reference) or "auto" ("pallas" on one
       GPU, "paged" elsewhere and on several devices: `decode_attention_for`,
       resolved when the step is traced, so that making a config never starts a
       JAX backend).

@@ -205,6 +205,21 @@ def env_plan() -> Optional[tuple[int, int, int, int]]:
   return plan
 
 
+def attended_pages(valid_BS, q_slot_BT, page_size: int):
+  """`(mask_BS, bounds_B2)`: the slots each row's query attends (valid, at or
+  before its slot) and the half-open range of page columns that hold them
+  (`[0, 0)` for a row with none). Both kernels loop over that range only."""
+  s = valid_BS.shape[1]
+  slots_S = jnp.arange(s, dtype=jnp.int32)
+  mask_BS = valid_BS & (slots_S[None, :] <= q_slot_BT[:, :1])
+  any_B = mask_BS.any(axis=1)
+  first_B = jnp.argmax(mask_BS, axis=1).astype(jnp.int32)
+  last_B = (s - 1 - jnp.argmax(mask_BS[:, ::-1], axis=1)).astype(jnp.int32)
+  bounds_B2 = jnp.where(any_B[:, None],
+                        jnp.stack([first_B // page_size, last_B // page_size + 1], axis=1), 0)
+  return mask_BS, bounds_B2
+
+
 def decode(q_BTNH, k_pool, v_pool, k_scale, v_scale, page_ids_BJ, valid_BS, q_slot_BT,
            dtype, *, interpret=None, plan=None):
   """`attention.paged` for one query per row (T = 1), as a Pallas kernel.
@@ -218,7 +233,6 @@ def decode(q_BTNH, k_pool, v_pool, k_scale, v_scale, page_ids_BJ, valid_BS, q_sl
   if t != 1:
     raise ValueError(f"paged_pallas.decode takes one query per row, got T={t}.")
   g = k_pool.shape[2]
-  s = valid_BS.shape[1]
   j = page_ids_BJ.shape[1]
   if interpret is None:
     interpret = jax.default_backend() != "gpu"
@@ -226,13 +240,7 @@ def decode(q_BTNH, k_pool, v_pool, k_scale, v_scale, page_ids_BJ, valid_BS, q_sl
     raise ValueError(f"the Pallas decode kernel needs a power-of-two page size and head "
                      f"dim and blocks of >= {_MIN_TILE} keys; got {j} pages of {g} slots, "
                      f"head dim {h} (decode_attention='paged' takes any shape).")
-  slots_S = jnp.arange(s, dtype=jnp.int32)
-  mask_BS = valid_BS & (slots_S[None, :] <= q_slot_BT[:, :1])
-  any_B = mask_BS.any(axis=1)
-  first_B = jnp.argmax(mask_BS, axis=1).astype(jnp.int32)
-  last_B = (s - 1 - jnp.argmax(mask_BS[:, ::-1], axis=1)).astype(jnp.int32)
-  bounds_B2 = jnp.where(any_B[:, None],
-                        jnp.stack([first_B // g, last_B // g + 1], axis=1), 0)
+  mask_BS, bounds_B2 = attended_pages(valid_BS, q_slot_BT, g)
   if plan is None:
     plan = env_plan()
     if plan is not None and (j % (plan[0] * plan[1]) or plan[0] * g < _MIN_TILE):

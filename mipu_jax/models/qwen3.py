@@ -13,7 +13,7 @@ D hidden, N query heads, K kv heads, Q = N // K, H head dim, F MLP width,
 V vocab, L layers.
 """
 
-from typing import Any, Callable, NamedTuple, Optional
+from typing import Any, Callable, Optional
 
 import jax
 import jax.numpy as jnp
@@ -22,6 +22,7 @@ from flax import nnx
 from mipu_jax.models import attention
 from mipu_jax.models import kv_cache
 from mipu_jax.models import paged_pallas
+from mipu_jax.models import paged_pallas_tpu
 from mipu_jax.models import quantized
 from mipu_jax.models.config import Qwen3Config
 from mipu_jax.models.kv_cache import KVCache, init_cache  # pylint: disable=unused-import
@@ -138,6 +139,8 @@ def _layer(cfg: Qwen3Config, x_BTD, w, positions_BT, attn_mask, kv, index, act_q
           and paged_pallas.supports(ids_BJ.shape[1], k_pool.shape[2], q_BTNH.shape[3],
                                     interpret=platform != "gpu")):
         paged = paged_pallas.decode
+      elif impl == "pallas_tpu" and q_BTNH.shape[1] == 1:
+        paged = paged_pallas_tpu.decode
       attn_BTNH = paged(q_BTNH, k_pool, v_pool, ks_pool, vs_pool, ids_BJ,
                         attn_mask.k_valid_BS, attn_mask.q_slot_BT, dt)
     new_kv = (k_pool, ks_pool, v_pool, vs_pool)

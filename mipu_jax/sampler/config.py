@@ -133,7 +133,8 @@ class SamplerConfig(SamplerPrecision):
       per row per loop step: bench/decode.py measures the trade-off.
     decode_attention: attention over the cache: 'paged' (only the pages that
       hold a filled slot of some row, pure XLA), 'pallas' (the same, one Pallas
-      kernel per layer and decode step), 'dense' (every slot: the reference)
+      GPU kernel per layer and decode step), 'pallas_tpu' (the same as a Pallas
+      TPU kernel; not yet compiled on a TPU), 'dense' (every slot: the reference)
       or 'auto' ('pallas' for a cache on one GPU, else 'paged');
       `Qwen3Config.decode_attention`.
   """
