@@ -11,7 +11,7 @@ from scipy import stats
 
 from mipu_jax.sampler import Sampler, mismatch, truncated_logprobs
 from mipu_jax.testing import models
-from mipu_jax.sampler.sampling import draw, sample_logits, truncate_logits
+from mipu_jax.sampler.sampling import draw, greedy, sample_logits, truncate_logits
 
 pytestmark = pytest.mark.filterwarnings("ignore:top-k/top-p sampling")
 
@@ -148,6 +148,25 @@ def test_two_level_draw_is_the_categorical_law():
   assert counts[2] == 0
   keep = p_V > 0
   assert stats.chisquare(counts[keep], p_V[keep] * n).pvalue > 1e-3
+
+
+def test_blocked_greedy_is_argmax():
+  """sampling.greedy (block maxima, then the block) is jnp.argmax to the index:
+  ties (the first wins), a short last block, -inf, NaN (counted as the maximum),
+  rows where the maximum sits in the padding-adjacent block."""
+  rng = np.random.default_rng(0)
+  x = rng.integers(-3, 4, size=(200, 13)).astype(np.float32)  # many ties
+  x[0] = -np.inf
+  x[1, 12] = 9.0  # the short last block
+  x[2, 5] = np.nan
+  x[3, [2, 9]] = np.nan
+  x[4, 3] = np.inf
+  x[5, :] = 7.0
+  for block in (1, 4, 5, 13, 64):
+    got = jax.jit(lambda v, b=block: greedy(v, block=b))(jnp.asarray(x))
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(jnp.argmax(jnp.asarray(x), -1)))
+  wide = jnp.asarray(rng.standard_normal((8, 1000)), jnp.float32)
+  np.testing.assert_array_equal(np.asarray(greedy(wide)), np.asarray(jnp.argmax(wide, -1)))
 
 
 def test_sample_logits_extreme_logits_stay_finite():
