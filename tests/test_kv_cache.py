@@ -75,7 +75,7 @@ def test_compiled_decode_step_writes_the_cache_in_place(model, kv, impl):
   assert limit >= 8 * 256 * 2  # rows x slots x kv heads
   programs = [("generate", engine_lib._jit_generate, (engine._spec, params, state))]
   if kv in ("bfloat16", "int8") and impl == "paged":  # the loop too, for the bytes-scattered and scaled pools
-    programs.append(("generate_until_done", engine_lib._jit_generate_until_done,
+    programs.append(("generate_until_done", engine.programs["generate_until_done"],
                      (engine._spec, params, state)))
   for name, fn, args in programs:
     hlo = fn.lower(*args).compile().as_text()

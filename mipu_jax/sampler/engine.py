@@ -91,18 +91,39 @@ _jit_prefill_prefix = _counted_jit(
     "prefill_prefix", lambda spec, *args: _steps.prefill(spec, *args, sample_first=False)[0],
     static_argnums=0)
 _jit_insert = _counted_jit("insert", _steps.insert, static_argnums=0, donate_argnums=2)
-# On CPU, insert (scatters and one draw, ~1 % of a rollout) compiles in half
-# the time without LLVM's optimizations and runs as fast (15 ms either way for
-# 64 slots of the bench's tiny model): a first call's compile is what it costs.
-_jit_insert_unoptimized = _counted_jit(
-    "insert", _steps.insert, static_argnums=0, donate_argnums=2,
-    compiler_options={"xla_backend_optimization_level": 0})
 _jit_generate = _counted_jit("generate", _generate_with_result, static_argnums=0,
                              donate_argnums=2)
 _jit_generate_until_done = _counted_jit("generate_until_done", _steps.generate_until_done,
                                         static_argnums=0, donate_argnums=2)
 _jit_generate_until_free = _counted_jit("generate_until_free", _steps.generate_until_free,
                                         static_argnums=0, donate_argnums=2)
+
+# The programs a `Sampler` call compiles, as compiled on CPU, where a first
+# call is mostly their compilation. XLA:CPU's older loop emitters instead of
+# its fusion emitters: prefill and the decode loop compile in about 20-30 %
+# less time, with bitwise the same tokens and log-probs where checked (the
+# sampler tests' model, float32 / int8 / FP8 caches, refills) and no slower
+# decode (bench/first_call.py, bench/sampler.py; bench/README.md). Insert
+# (scatters and one draw, ~1 % of a rollout) also without LLVM's optimizations:
+# half the compile time, as fast (15 ms either way for 64 slots of the bench's
+# tiny model).
+_CPU_OPTIONS = {"xla_cpu_use_fusion_emitters": False}
+_CPU_PROGRAMS = dict(
+    prefill_prefix=_counted_jit(
+        "prefill_prefix",
+        lambda spec, *args: _steps.prefill(spec, *args, sample_first=False)[0],
+        static_argnums=0, compiler_options=_CPU_OPTIONS),
+    insert=_counted_jit("insert", _steps.insert, static_argnums=0, donate_argnums=2,
+                        compiler_options=dict(_CPU_OPTIONS, xla_backend_optimization_level=0)),
+    generate_until_done=_counted_jit(
+        "generate_until_done", _steps.generate_until_done, static_argnums=0,
+        donate_argnums=2, compiler_options=_CPU_OPTIONS),
+    generate_until_free=_counted_jit(
+        "generate_until_free", _steps.generate_until_free, static_argnums=0,
+        donate_argnums=2, compiler_options=_CPU_OPTIONS))
+_PROGRAMS = dict(prefill_prefix=_jit_prefill_prefix, insert=_jit_insert,
+                 generate_until_done=_jit_generate_until_done,
+                 generate_until_free=_jit_generate_until_free)
 _jit_init_decode_state = _counted_jit("init_decode_state", _steps.init_decode_state,
                                       static_argnums=(0, 1, 2, 3, 4, 6))
 
@@ -145,7 +166,8 @@ class Engine:
     self._reference = jax.eval_shape(lambda: weights.learner_params(model))
     native = config.quant_compute == "native"  # the weights quantize their own inputs
     kv_round = config.kv_round(_platform(model, mesh))
-    self._insert = _jit_insert_unoptimized if _platform(model, mesh) == "cpu" else _jit_insert
+    # The jitted programs this engine calls (a Sampler's: prefill, insert, decode).
+    self.programs = _CPU_PROGRAMS if _platform(model, mesh) == "cpu" else _PROGRAMS
     self._spec = _steps.DecodeSpec(
         graphdef=nnx.graphdef(abstract),
         kv_dtype=config.kv_cache_dtype if kv_round is None else config.dtype,
@@ -233,7 +255,7 @@ class Engine:
       raise ValueError(f"rng must be one key or one per request ({r}), got shape {rng.shape}.")
     max_new = self.config.max_decode_length if max_new_tokens is None else max_new_tokens
     with self.mesh_context():
-      return (_jit_prefill if with_result else _jit_prefill_prefix)(
+      return (_jit_prefill if with_result else self.programs["prefill_prefix"])(
         self._spec, params, jnp.asarray(tokens, jnp.int32), jnp.asarray(lengths), rng,
         _as_array(temperature, np.float32, r, "temperature"),
         _as_array(top_k, np.int32, r, "top_k"), _as_array(top_p, np.float32, r, "top_p"),
@@ -317,7 +339,7 @@ class Engine:
       if np.any(top_k_R[rows] > 0) or np.any(top_p_R[rows] < 1.0):
         raise ValueError("truncation=False, but a request to insert uses top-k / top-p.")
     with self.mesh_context():
-      return self._constrained(self._insert(
+      return self._constrained(self.programs["insert"](
           self._spec_for(truncation), prefix, decode_state, jnp.asarray(slots), jnp.asarray(rows),
           jnp.asarray(sample_ids), jnp.asarray(blocks), jnp.asarray(fill)))
 
@@ -337,8 +359,8 @@ class Engine:
     truncation=False)` (no row uses top-k / top-p).
     """
     with self.mesh_context():
-      return self._constrained(_jit_generate_until_done(self._spec_for(truncation), params,
-                                                        decode_state))
+      return self._constrained(self.programs["generate_until_done"](
+          self._spec_for(truncation), params, decode_state))
 
   def generate_until_free(self, params: Params, decode_state: DecodeState,
                           min_finished: int, *, truncation: bool = True) -> DecodeState:
@@ -346,7 +368,7 @@ class Engine:
     live): the point where a host loop harvests them and refills the slots.
     `truncation`: as in `generate_until_done`."""
     with self.mesh_context():
-      return self._constrained(_jit_generate_until_free(
+      return self._constrained(self.programs["generate_until_free"](
           self._spec_for(truncation), params, decode_state, jnp.asarray(min_finished, jnp.int32)))
 
   def _spec_for(self, truncation: bool) -> _steps.DecodeSpec:
