@@ -28,8 +28,9 @@ SAMPLER_MODES = {
     "int4 weight-only emulated": {"weight_quant": "int4"},
     "int4 weight-only native": {"weight_quant": "int4", "quant_compute": "native"},
     # The decode attentions compared (the modes above use 'auto': the Pallas
-    # kernel on a GPU).
+    # kernel on a GPU, the XLA paged path elsewhere; the TPU kernel by name).
     "bf16 paged XLA": {"decode_attention": "paged"},
+    "bf16 pallas TPU": {"decode_attention": "pallas_tpu"},
     "bf16 dense": {"decode_attention": "dense"},
 }
 DEFAULT_SAMPLER_MODES = ("bf16", "fp8 native", "fp8 emulated", "int8 native", "bf16 + fp8 KV",

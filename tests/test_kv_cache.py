@@ -55,11 +55,13 @@ def model():
 
 @pytest.mark.parametrize("kv,impl", [(None, "paged"), ("bfloat16", "paged"), ("fp8", "paged"),
                                      ("int8", "paged"), ("bfloat16", "pallas"),
-                                     ("int8", "pallas")])
+                                     ("int8", "pallas"), ("bfloat16", "pallas_tpu"),
+                                     ("int8", "pallas_tpu")])
 def test_compiled_decode_step_writes_the_cache_in_place(model, kv, impl):
-  if impl == "pallas" and jax.default_backend() != "gpu":
-    pytest.skip("off GPU the kernel runs in Pallas' interpreter, which converts the "
-                "operands it reads (not the compiled kernel's program)")
+  kernel_platform = {"pallas": "gpu", "pallas_tpu": "tpu"}.get(impl)
+  if kernel_platform and jax.default_backend() != kernel_platform:
+    pytest.skip(f"off {kernel_platform} the kernel runs in Pallas' interpreter, which "
+                "converts the operands it reads (not the compiled kernel's program)")
   dtype = "bfloat16" if kv == "bfloat16" else "float32"
   cfg = SamplerConfig(dtype=dtype, kv_cache_dtype=None if kv == "bfloat16" else kv,
                       kv_cache_storage="real", max_concurrent_decodes=8,
@@ -191,11 +193,14 @@ def _pallas_equals_paged(dtype, slots):
     np.testing.assert_allclose(np.asarray(alone[0]), np.asarray(got[r]), rtol=2e-5, atol=2e-6)
 
 
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float8_e4m3fn", "int8"])
-def test_pallas_tpu_decode_equals_paged_on_ragged_rows(dtype):
+@pytest.mark.parametrize("dtype,compute", [("float32", "float32"), ("bfloat16", "float32"),
+                                           ("float8_e4m3fn", "float32"), ("int8", "float32"),
+                                           ("bfloat16", "bfloat16")])
+def test_pallas_tpu_decode_equals_paged_on_ragged_rows(dtype, compute):
   """The Pallas TPU kernel in the TPU interpreter (which simulates the pipeline's
-  page copies) against the XLA paged path: right-aligned prompts, holes, a row
-  with one slot, an empty row, shuffled pages, every cache dtype; a row alone
+  page copies) against the XLA paged path, bitwise: right-aligned prompts,
+  holes, a row with one slot, a fully masked page inside a row, an empty row,
+  shuffled pages, every cache dtype, float32 and bfloat16 compute; a row alone
   gives the same numbers."""
   rng = np.random.default_rng(3)
   b, s, k, n, h, g = 6, 96, 2, 4, 16, 16
@@ -206,27 +211,29 @@ def test_pallas_tpu_decode_equals_paged_on_ragged_rows(dtype):
     valid[r, start:end] = True
   valid[1, 32] = False
   valid[3, 50] = False
-  valid[3, 64:70] = False  # a whole page of row 3 with nothing to attend
-  q = jnp.asarray(rng.standard_normal((b, 1, n, h)), jnp.float32)
+  valid[3, 48:64] = False  # a whole page (48-63) of row 3 with nothing to attend
+  compute = jnp.dtype(compute)
+  q = jnp.asarray(rng.standard_normal((b, 1, n, h)), compute)
   ids = pages + layer * per
-  args = (kq, vq, ksc, vsc, ids, jnp.asarray(valid), jnp.asarray(q_slot), jnp.float32)
+  args = (kq, vq, ksc, vsc, ids, jnp.asarray(valid), jnp.asarray(q_slot), compute)
   with jax.default_matmul_precision("highest"):
     want = attention.paged(q, *args)
     simulated = pltpu.InterpretParams()  # the TPU interpreter: HBM -> VMEM copies simulated
     got = jax.jit(paged_pallas_tpu.decode, static_argnums=8,
                   static_argnames="interpret")(q, *args, interpret=simulated)
-    np.testing.assert_allclose(np.asarray(got[:5]), np.asarray(want[:5]), rtol=2e-5, atol=2e-6)
+    # The same float operations in the same order as attention.paged's loop.
+    np.testing.assert_array_equal(np.asarray(got[:5]), np.asarray(want[:5]))
     np.testing.assert_array_equal(np.asarray(got[5]), 0.0)  # nothing to attend: 0, as the GPU kernel
     for r in (0, 3):
       alone = paged_pallas_tpu.decode(q[r:r + 1], kq, vq, ksc, vsc, ids[r:r + 1],
                                       jnp.asarray(valid[r:r + 1]),
-                                      jnp.asarray(q_slot[r:r + 1]), jnp.float32)
+                                      jnp.asarray(q_slot[r:r + 1]), compute)
       np.testing.assert_array_equal(np.asarray(alone[0]), np.asarray(got[r]))
     # Pallas' plain interpreter (the sampler tests' default off TPU): the same numbers.
     np.testing.assert_array_equal(np.asarray(paged_pallas_tpu.decode(q, *args)), np.asarray(got))
 
 
-@pytest.mark.parametrize("dtype", ["bfloat16", "int8"])
+@pytest.mark.parametrize("dtype", ["bfloat16", "float8_e4m3fn", "int8"])
 def test_pallas_tpu_kernel_lowers_for_tpu(dtype):
   """Pallas' Mosaic lowering of the TPU kernel at Qwen3-0.6B's page and head
   shape (64 slots x 128), run on CPU through jax.export for platform 'tpu':
@@ -285,6 +292,8 @@ def test_decode_attention_auto_is_the_kernel_on_a_gpu_only():
   assert cfg.decode_attention_for("cpu") == cfg.decode_attention_for("tpu") == "paged"
   assert cfg.replace(decode_attention="dense").decode_attention_for("gpu") == "dense"
   assert cfg.decode_attention_for("gpu", devices=8) == "paged"  # a sharded cache
+  for kernel in ("pallas", "pallas_tpu"):  # jax cannot partition a kernel over devices
+    assert cfg.replace(decode_attention=kernel).decode_attention_for("tpu", devices=4) == "paged"
   # The TPU kernel is asked for by name only (never compiled on a TPU yet).
   assert cfg.replace(decode_attention="pallas_tpu").decode_attention_for("cpu") == "pallas_tpu"
   engine = Engine(Qwen3(cfg, rngs=nnx.Rngs(0)), SamplerConfig())

@@ -5,6 +5,8 @@ import numpy as np
 import pytest
 
 from mipu_jax.models import make_mesh
+from mipu_jax.models import paged_pallas
+from mipu_jax.models import paged_pallas_tpu
 from mipu_jax.sampler import Sampler
 from test_sampler import make_model
 
@@ -73,14 +75,23 @@ def test_native_sampler_refilled_and_sharded_equal_one_wave(model):
 @pytest.mark.parametrize("kernel", ["pallas", "pallas_tpu"])
 def test_pallas_decode_refilled_and_sharded_equal_one_wave(model, kernel):
   """The Pallas decode kernels, GPU and TPU (Pallas' interpreters on CPU),
-  through refilled slots, an int8 KV cache and a sharded mesh: the rollout of
-  the XLA paged path in one wave on one device."""
+  through refilled slots and an int8 KV cache: the rollout of the XLA paged
+  path in one wave on one device. On a sharded mesh the engine runs the XLA
+  paged path instead (jax cannot partition a kernel): the same rollout."""
   kw = dict(eos_ids=[7], kv_cache_dtype="int8")
   one_wave = _generate(Sampler(model, decode_attention="paged", **kw))
   refill = Sampler(model, max_concurrent_decodes=4, min_slot_bucket=4,
                    decode_attention=kernel, **kw)
+  assert refill.engine.model_config.decode_attention == kernel
   _same(_generate(refill), one_wave, atol=1e-4)
   assert refill.engine.trace_counts["generate_until_free"] >= 1  # it did refill
+  # The kernel is in the decode program (not a silent fallback to the XLA path).
+  eng = refill.engine
+  state = eng.init_decode_state()
+  lowered = eng.programs["generate_until_done"].lower(eng._spec, refill.params, state)  # pylint: disable=protected-access
+  name = (paged_pallas_tpu if kernel == "pallas_tpu" else paged_pallas).NAME
+  assert f'"{name}/' in lowered.as_text(debug_info=True)
   sharded = Sampler(model, mesh=make_mesh(2, 2, 2), max_concurrent_decodes=8,
                     decode_attention=kernel, **kw)
+  assert sharded.engine.model_config.decode_attention == "paged"
   _same(_generate(sharded), one_wave, atol=1e-4)

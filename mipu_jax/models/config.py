@@ -66,7 +66,8 @@ class Qwen3Config:
       "pallas_tpu" (the same as a Pallas TPU kernel, `paged_pallas_tpu.decode`;
       interpreted off TPU; never compiled on a TPU yet, so "auto" does not
       pick it), "dense" (gathers every slot: the reference) or "auto" ("pallas" on one
-      GPU, "paged" elsewhere and on several devices: `decode_attention_for`,
+      GPU, "paged" elsewhere). Either kernel, on a cache sharded over several
+      devices, runs "paged" (`decode_attention_for`,
       resolved when the step is traced, so that making a config never starts a
       JAX backend).
   """
@@ -114,8 +115,12 @@ class Qwen3Config:
 
   def decode_attention_for(self, platform: str, devices: int = 1) -> str:
     """The decode attention this config runs on `platform` with the cache on
-    `devices` devices ("auto" resolved: the Pallas kernel on one GPU; XLA
-    cannot partition its custom call over several)."""
+    `devices` devices: "auto" is the Pallas kernel on one GPU, else "paged";
+    a Pallas kernel ("pallas", "pallas_tpu") on several devices is "paged"
+    (jax cannot partition a Pallas kernel's custom call over a sharded cache:
+    for Mosaic, "pallas_call requires all mesh axes to be Manual")."""
+    if self.decode_attention in ("pallas", "pallas_tpu") and devices > 1:
+      return "paged"
     if self.decode_attention != "auto":
       return self.decode_attention
     return "pallas" if platform == "gpu" and devices == 1 else "paged"

@@ -33,7 +33,7 @@ fixed (float32 dots asked for) but not rerun on a GPU.
 
 One device only: XLA cannot partition the kernel's custom call, so a sampler
 whose cache is sharded over several devices uses `attention.paged`
-(`Qwen3Config.decode_attention_for`).
+(`Qwen3Config.decode_attention_for`, also when "pallas" is asked for).
 """
 
 import functools
@@ -45,6 +45,7 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
 _MIN_TILE = 16  # Triton's smallest dot dimension.
+NAME = "mipu_paged_decode"
 
 
 def _kernel(bounds_ref, q_ref, k_ref, ks_ref, v_ref, vs_ref, pages_ref, mask_ref,
@@ -142,7 +143,7 @@ def _row(q_NH, bounds_2, pages_J, mask_S, k_pool, v_pool, k_scale, v_scale, *,
       ],
       interpret=interpret,
       compiler_params=plgpu.CompilerParams(num_warps=num_warps, num_stages=num_stages),
-      name="mipu_paged_decode",
+      name=NAME,
   )(bounds_2, q_KQH, k_pool, k_scale, v_pool, v_scale, pages_J, mask_S)
   # Merge the splits (log-sum-exp). A row with no slot to attend gives 0
   # (attention.paged gives the mean of the values its loop visited; neither
@@ -258,5 +259,6 @@ def decode(q_BTNH, k_pool, v_pool, k_scale, v_scale, page_ids_BJ, valid_BS, q_sl
                           v_scale=v_scale, pages_per_block=ppb, k_splits=splits,
                           dtype=dtype, interpret=interpret, num_warps=num_warps,
                           num_stages=num_stages)
-  out_BNH = jax.vmap(row)(q_BTNH[:, 0], bounds_B2, page_ids_BJ, mask_BS.astype(jnp.int32))
+  with jax.named_scope(NAME):  # in the program's op metadata, interpreted or compiled
+    out_BNH = jax.vmap(row)(q_BTNH[:, 0], bounds_B2, page_ids_BJ, mask_BS.astype(jnp.int32))
   return out_BNH[:, None]

@@ -35,9 +35,17 @@ block shapes and index maps). Mosaic's own compilation runs only on a TPU and
 is untested, so `decode_attention='auto'` does not pick this kernel: ask for
 it with `decode_attention='pallas_tpu'`.
 
-One device only, as the GPU kernel: XLA cannot partition its custom call, so
-a cache sharded over several devices uses `attention.paged`
-(`Qwen3Config.decode_attention_for`).
+What a real TPU may show that nothing here can: the grid has a step per
+(row, kv head, page column) whatever a row's fill, one page of one head per
+step (Qwen3-0.6B's 64 rows x 8 kv heads x 32 pages: 16k steps per layer), so
+the per-step overhead may dominate a decode step; jax's TPU paged kernels
+copy several pages per step by hand (`pl.ANY` pools, async copies) and take
+several heads per block. That, and float8 pools on TPU generations without
+float8 support, wait for a TPU.
+
+One device only, as the GPU kernel: jax cannot partition a Pallas kernel over
+a sharded cache ("pallas_call requires all mesh axes to be Manual"), so
+`Qwen3Config.decode_attention_for` runs such a cache with `attention.paged`.
 """
 
 import functools
@@ -46,6 +54,9 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
+
+
+NAME = "mipu_paged_decode_tpu"
 
 
 def _kernel(pages_ref, bounds_ref, q_ref, k_ref, ks_ref, v_ref, vs_ref, mask_ref,
@@ -131,7 +142,7 @@ def _attend(q_BKQH, k_pool, v_pool, k_scale, v_scale, pages_BJ, bounds_B2, mask_
       compiler_params=pltpu.CompilerParams(
           dimension_semantics=("parallel", "parallel", "arbitrary")),
       interpret=interpret,
-      name="mipu_paged_decode_tpu",
+      name=NAME,
   )(pages_BJ.reshape(-1), bounds_B2.reshape(-1), q_BKQH, k_pool, k_scale, v_pool,
     v_scale, mask_BJ1G)
 
@@ -140,7 +151,10 @@ def decode(q_BTNH, k_pool, v_pool, k_scale, v_scale, page_ids_BJ, valid_BS, q_sl
            dtype, *, interpret=None):
   """`attention.paged` for one query per row (T = 1), as a Pallas TPU kernel.
 
-  Args and returns: as `attention.paged`. `interpret`: False (compile for
+  Args and returns: as `attention.paged`, except a row with no slot to attend
+  (a free sampler slot, whose result is never used): 0 here, as in
+  `paged_pallas.decode`, where `attention.paged` gives the mean of the values
+  its loop visited. `interpret`: False (compile for
   the TPU), True (Pallas' interpreter: the kernel's blocks as XLA ops, about
   1 ms a call at the tests' shapes) or a `pltpu.InterpretParams` (the TPU
   interpreter, which also simulates the pipeline's copies between HBM and VMEM
@@ -162,7 +176,8 @@ def decode(q_BTNH, k_pool, v_pool, k_scale, v_scale, page_ids_BJ, valid_BS, q_sl
   q_BKQH = q_BTNH[:, 0].reshape(b, kh, n // kh, h).astype(dtype)
   if k_scale is not None:
     k_scale, v_scale = k_scale.astype(jnp.float32), v_scale.astype(jnp.float32)
-  out = _attend(q_BKQH, k_pool, v_pool, k_scale, v_scale, page_ids_BJ.astype(jnp.int32),
-                bounds_B2, mask_BS.astype(jnp.int32).reshape(b, j, 1, g),
-                dtype=dtype, interpret=interpret)
+  with jax.named_scope(NAME):  # in the program's op metadata, interpreted or compiled
+    out = _attend(q_BKQH, k_pool, v_pool, k_scale, v_scale, page_ids_BJ.astype(jnp.int32),
+                  bounds_B2, mask_BS.astype(jnp.int32).reshape(b, j, 1, g),
+                  dtype=dtype, interpret=interpret)
   return out.reshape(b, 1, n, h).astype(dtype)

@@ -23,8 +23,10 @@ a compiled function or leaves stale weights in one.
 import collections
 import contextlib
 import dataclasses
+import types
 from typing import Any, Optional, Sequence
 
+from absl import logging
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -108,7 +110,7 @@ _jit_generate_until_free = _counted_jit("generate_until_free", _steps.generate_u
 # half the compile time, as fast (15 ms either way for 64 slots of the bench's
 # tiny model).
 _CPU_OPTIONS = {"xla_cpu_use_fusion_emitters": False}
-_CPU_PROGRAMS = dict(
+_CPU_PROGRAMS = types.MappingProxyType(dict(
     prefill_prefix=_counted_jit(
         "prefill_prefix",
         lambda spec, *args: _steps.prefill(spec, *args, sample_first=False)[0],
@@ -120,10 +122,11 @@ _CPU_PROGRAMS = dict(
         donate_argnums=2, compiler_options=_CPU_OPTIONS),
     generate_until_free=_counted_jit(
         "generate_until_free", _steps.generate_until_free, static_argnums=0,
-        donate_argnums=2, compiler_options=_CPU_OPTIONS))
-_PROGRAMS = dict(prefill_prefix=_jit_prefill_prefix, insert=_jit_insert,
-                 generate_until_done=_jit_generate_until_done,
-                 generate_until_free=_jit_generate_until_free)
+        donate_argnums=2, compiler_options=_CPU_OPTIONS)))
+_PROGRAMS = types.MappingProxyType(dict(
+    prefill_prefix=_jit_prefill_prefix, insert=_jit_insert,
+    generate_until_done=_jit_generate_until_done,
+    generate_until_free=_jit_generate_until_free))
 _jit_init_decode_state = _counted_jit("init_decode_state", _steps.init_decode_state,
                                       static_argnums=(0, 1, 2, 3, 4, 6))
 
@@ -160,6 +163,10 @@ class Engine:
     decode_attention = model.config.replace(
         decode_attention=config.decode_attention).decode_attention_for(
             _platform(model, mesh), 1 if mesh is None else mesh.size)
+    if config.decode_attention not in ("auto", decode_attention):
+      logging.warning("decode_attention=%r runs as %r: the Pallas kernels take a cache on "
+                      "one device, and this one is sharded over %d.", config.decode_attention,
+                      decode_attention, mesh.size)
     self.model_config = model.config.replace(dtype=config.dtype, remat=False,
                                              decode_attention=decode_attention)
     abstract = nnx.eval_shape(lambda: Qwen3(self.model_config, rngs=nnx.Rngs(0)))

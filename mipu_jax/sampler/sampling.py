@@ -104,7 +104,7 @@ def draw(keys_B: jax.Array, scaled_BV: jax.Array, block: int = 256):
   Returns `(tokens_B int32, logz_B)` with `logz_B = logsumexp(scaled_BV)`.
   """
   x_BNK = _blocks(scaled_BV, block)
-  b, n, k = x_BNK.shape
+  n, k = x_BNK.shape[1:]
   block_logz_BN = jax.nn.logsumexp(x_BNK, axis=-1)
   gumbel_BM = jax.vmap(lambda key: jax.random.gumbel(key, (n + k,), jnp.float32))(keys_B)
   j_B = jnp.argmax(block_logz_BN + gumbel_BM[:, :n], axis=-1)
