@@ -100,35 +100,42 @@ _jit_generate_until_done = _counted_jit("generate_until_done", _steps.generate_u
 _jit_generate_until_free = _counted_jit("generate_until_free", _steps.generate_until_free,
                                         static_argnums=0, donate_argnums=2)
 
+_jit_init_decode_state = _counted_jit("init_decode_state", _steps.init_decode_state,
+                                      static_argnums=(0, 1, 2, 3, 4, 6))
+
 # The programs a `Sampler` call compiles, as compiled on CPU, where a first
-# call is mostly their compilation. XLA:CPU's older loop emitters instead of
-# its fusion emitters: prefill and the decode loop compile in about 20-30 %
-# less time, with bitwise the same tokens and log-probs where checked (the
-# sampler tests' model, float32 / int8 / FP8 caches, refills) and no slower
-# decode (bench/first_call.py, bench/sampler.py; bench/README.md). Insert
-# (scatters and one draw, ~1 % of a rollout) also without LLVM's optimizations:
-# half the compile time, as fast (15 ms either way for 64 slots of the bench's
-# tiny model).
+# call is mostly their compilation: with XLA:CPU's loop emitters instead of its
+# fusion emitters, and LLVM at -O1 (prefill, the decode loop) or -O0 (insert,
+# init_decode_state: scatters, one draw, zeros). The loop emitters alone gave
+# bitwise the default compilation's tokens and log-probs where checked; at -O1
+# LLVM rounds some float sums differently: the same tokens, log-probs up to
+# 2.4e-6 apart (tests/test_sampler.py, the sampler tests' model with float32 /
+# int8 / FP8 caches and refills). bench/first_call.py (tiny model, idle
+# machine): XLA compilation 1.98-2.16 s -> about 1.0-1.2 s, first call
+# 2.9-3.3 s -> 2.0-2.2 s; decode tokens/s within a few percent
+# (bench/sampler.py; bench/README.md).
 _CPU_OPTIONS = {"xla_cpu_use_fusion_emitters": False}
 _CPU_PROGRAMS = types.MappingProxyType(dict(
     prefill_prefix=_counted_jit(
         "prefill_prefix",
         lambda spec, *args: _steps.prefill(spec, *args, sample_first=False)[0],
-        static_argnums=0, compiler_options=_CPU_OPTIONS),
+        static_argnums=0, compiler_options=dict(_CPU_OPTIONS, xla_backend_optimization_level=1)),
     insert=_counted_jit("insert", _steps.insert, static_argnums=0, donate_argnums=2,
                         compiler_options=dict(_CPU_OPTIONS, xla_backend_optimization_level=0)),
     generate_until_done=_counted_jit(
         "generate_until_done", _steps.generate_until_done, static_argnums=0,
-        donate_argnums=2, compiler_options=_CPU_OPTIONS),
+        donate_argnums=2, compiler_options=dict(_CPU_OPTIONS, xla_backend_optimization_level=1)),
     generate_until_free=_counted_jit(
         "generate_until_free", _steps.generate_until_free, static_argnums=0,
-        donate_argnums=2, compiler_options=_CPU_OPTIONS)))
+        donate_argnums=2, compiler_options=dict(_CPU_OPTIONS, xla_backend_optimization_level=1)),
+    init_decode_state=_counted_jit(
+        "init_decode_state", _steps.init_decode_state, static_argnums=(0, 1, 2, 3, 4, 6),
+        compiler_options=dict(_CPU_OPTIONS, xla_backend_optimization_level=0))))
 _PROGRAMS = types.MappingProxyType(dict(
     prefill_prefix=_jit_prefill_prefix, insert=_jit_insert,
     generate_until_done=_jit_generate_until_done,
-    generate_until_free=_jit_generate_until_free))
-_jit_init_decode_state = _counted_jit("init_decode_state", _steps.init_decode_state,
-                                      static_argnums=(0, 1, 2, 3, 4, 6))
+    generate_until_free=_jit_generate_until_free,
+    init_decode_state=_jit_init_decode_state))
 
 
 def _platform(model: Qwen3, mesh: Optional[jax.sharding.Mesh]) -> str:
@@ -453,7 +460,7 @@ class Engine:
     if len(stop) > cfg.max_stop_ids:
       raise ValueError(f"{len(stop)} stop ids, more than max_stop_ids={cfg.max_stop_ids}.")
     stop_E = jnp.asarray(list(stop) + [-1] * (cfg.max_stop_ids - len(stop)), jnp.int32)
-    return self._constrained(_jit_init_decode_state(
+    return self._constrained(self.programs["init_decode_state"](
         self._spec, self.model_config, num_slots or cfg.max_concurrent_decodes,
         prefill_length or cfg.max_prefill_length, decode_length or cfg.max_decode_length,
         stop_E, prompt_blocks))
