@@ -269,7 +269,7 @@ class Engine:
       raise ValueError(f"rng must be one key or one per request ({r}), got shape {rng.shape}.")
     max_new = self.config.max_decode_length if max_new_tokens is None else max_new_tokens
     with self.mesh_context():
-      return (_jit_prefill if with_result else self.programs["prefill_prefix"])(
+      return (_jit_prefill if with_result else self._program("prefill_prefix"))(
         self._spec, params, jnp.asarray(tokens, jnp.int32), jnp.asarray(lengths), rng,
         _as_array(temperature, np.float32, r, "temperature"),
         _as_array(top_k, np.int32, r, "top_k"), _as_array(top_p, np.float32, r, "top_p"),
@@ -353,7 +353,7 @@ class Engine:
       if np.any(top_k_R[rows] > 0) or np.any(top_p_R[rows] < 1.0):
         raise ValueError("truncation=False, but a request to insert uses top-k / top-p.")
     with self.mesh_context():
-      return self._constrained(self.programs["insert"](
+      return self._constrained(self._program("insert")(
           self._spec_for(truncation), prefix, decode_state, jnp.asarray(slots), jnp.asarray(rows),
           jnp.asarray(sample_ids), jnp.asarray(blocks), jnp.asarray(fill)))
 
@@ -373,7 +373,7 @@ class Engine:
     truncation=False)` (no row uses top-k / top-p).
     """
     with self.mesh_context():
-      return self._constrained(self.programs["generate_until_done"](
+      return self._constrained(self._program("generate_until_done")(
           self._spec_for(truncation), params, decode_state))
 
   def generate_until_free(self, params: Params, decode_state: DecodeState,
@@ -382,8 +382,17 @@ class Engine:
     live): the point where a host loop harvests them and refills the slots.
     `truncation`: as in `generate_until_done`."""
     with self.mesh_context():
-      return self._constrained(self.programs["generate_until_free"](
+      return self._constrained(self._program("generate_until_free")(
           self._spec_for(truncation), params, decode_state, jnp.asarray(min_finished, jnp.int32)))
+
+  def _program(self, name: str):
+    """The jitted program `name` as this engine compiles it (`programs`), or
+    the default compilation when called inside another trace (a caller's jit,
+    `memory_plan`'s eval_shape): jax takes compiler options at the top level
+    only."""
+    if self.programs is not _PROGRAMS and isinstance(jnp.zeros((), jnp.int32), jax.core.Tracer):
+      return _PROGRAMS[name]
+    return self.programs[name]
 
   def _spec_for(self, truncation: bool) -> _steps.DecodeSpec:
     return self._spec if truncation else dataclasses.replace(self._spec, truncation=False)
@@ -460,7 +469,7 @@ class Engine:
     if len(stop) > cfg.max_stop_ids:
       raise ValueError(f"{len(stop)} stop ids, more than max_stop_ids={cfg.max_stop_ids}.")
     stop_E = jnp.asarray(list(stop) + [-1] * (cfg.max_stop_ids - len(stop)), jnp.int32)
-    return self._constrained(self.programs["init_decode_state"](
+    return self._constrained(self._program("init_decode_state")(
         self._spec, self.model_config, num_slots or cfg.max_concurrent_decodes,
         prefill_length or cfg.max_prefill_length, decode_length or cfg.max_decode_length,
         stop_E, prompt_blocks))
