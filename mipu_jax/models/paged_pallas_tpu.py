@@ -55,6 +55,8 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
+from mipu_jax.models import paged_pallas
+
 
 NAME = "mipu_paged_decode_tpu"
 
@@ -108,18 +110,19 @@ def _attend(q_BKQH, k_pool, v_pool, k_scale, v_scale, pages_BJ, bounds_B2, mask_
   j = pages_BJ.shape[1]
   g = k_pool.shape[2]
 
-  def page(bi, ki, ji, pages_ref, bounds_ref):
-    """The pool page of row bi's page column ji, clamped to the row's attended
-    pages: a step outside them fetches the block its neighbour fetched."""
+  def column(bi, ji, bounds_ref):
+    """Row bi's page column ji clamped to the row's attended pages (in
+    [0, j): `lo < j`, `hi <= j`): a step outside them fetches the block its
+    neighbour fetched."""
     lo, hi = bounds_ref[2 * bi], bounds_ref[2 * bi + 1]
-    col = jnp.clip(ji, lo, jnp.maximum(hi - 1, lo))
-    return col, pages_ref[bi * j + jnp.minimum(col, j - 1)]
+    return jnp.clip(ji, lo, jnp.maximum(hi - 1, lo))
 
   def pool_map(bi, ki, ji, pages_ref, bounds_ref):
-    return (ki, page(bi, ki, ji, pages_ref, bounds_ref)[1], 0, 0)
+    return (ki, pages_ref[bi * j + column(bi, ji, bounds_ref)], 0, 0)
 
   def mask_map(bi, ki, ji, pages_ref, bounds_ref):
-    return (bi, jnp.minimum(page(bi, ki, ji, pages_ref, bounds_ref)[0], j - 1), 0, 0)
+    del ki, pages_ref
+    return (bi, column(bi, ji, bounds_ref), 0, 0)
 
   per_row = lambda bi, ki, ji, *_: (bi, ki, 0, 0)
   pool_spec = pl.BlockSpec((None, None, g, h), pool_map)
@@ -160,8 +163,6 @@ def decode(q_BTNH, k_pool, v_pool, k_scale, v_scale, page_ids_BJ, valid_BS, q_sl
   interpreter, which also simulates the pipeline's copies between HBM and VMEM
   and checks them, about 2,000x slower); default: True off a TPU.
   """
-  from mipu_jax.models import paged_pallas  # pylint: disable=g-import-not-at-top
-
   b, t, n, h = q_BTNH.shape
   if t != 1:
     raise ValueError(f"paged_pallas_tpu.decode takes one query per row, got T={t}.")

@@ -87,55 +87,54 @@ _jit_prepare = _counted_jit("prepare", quant.quantize_params, static_argnames=(
     "weight_quant", "compute_dtype", "quant_lm_head", "tie_embeddings", "storage", "compute",
     "act_quant"))
 _jit_prefill = _counted_jit("prefill", _prefill_with_result, static_argnums=0)
-# Without sample 0's first token (insert draws every sample's): what `Sampler`
-# calls, one program fewer that samples (0.4 s less to compile on CPU, tiny model).
-_jit_prefill_prefix = _counted_jit(
-    "prefill_prefix", lambda spec, *args: _steps.prefill(spec, *args, sample_first=False)[0],
-    static_argnums=0)
-_jit_insert = _counted_jit("insert", _steps.insert, static_argnums=0, donate_argnums=2)
 _jit_generate = _counted_jit("generate", _generate_with_result, static_argnums=0,
                              donate_argnums=2)
-_jit_generate_until_done = _counted_jit("generate_until_done", _steps.generate_until_done,
-                                        static_argnums=0, donate_argnums=2)
-_jit_generate_until_free = _counted_jit("generate_until_free", _steps.generate_until_free,
-                                        static_argnums=0, donate_argnums=2)
 
-_jit_init_decode_state = _counted_jit("init_decode_state", _steps.init_decode_state,
-                                      static_argnums=(0, 1, 2, 3, 4, 6))
 
-# The programs a `Sampler` call compiles, as compiled on CPU, where a first
-# call is mostly their compilation: with XLA:CPU's loop emitters instead of its
-# fusion emitters, and LLVM at -O1 (prefill, the decode loop) or -O0 (insert,
-# init_decode_state: scatters, one draw, zeros). The loop emitters alone gave
-# bitwise the default compilation's tokens and log-probs where checked; at -O1
-# LLVM rounds some float sums differently: the same tokens, log-probs up to
-# 2.4e-6 apart (tests/test_sampler.py, the sampler tests' model with float32 /
-# int8 / FP8 caches and refills). bench/first_call.py (tiny model, idle
-# machine): XLA compilation 1.98-2.16 s -> about 1.0-1.2 s, first call
-# 2.9-3.3 s -> 2.0-2.2 s; decode tokens/s within a few percent
-# (bench/sampler.py; bench/README.md).
-_CPU_OPTIONS = {"xla_cpu_use_fusion_emitters": False}
-_CPU_PROGRAMS = types.MappingProxyType(dict(
-    prefill_prefix=_counted_jit(
-        "prefill_prefix",
-        lambda spec, *args: _steps.prefill(spec, *args, sample_first=False)[0],
-        static_argnums=0, compiler_options=dict(_CPU_OPTIONS, xla_backend_optimization_level=1)),
-    insert=_counted_jit("insert", _steps.insert, static_argnums=0, donate_argnums=2,
-                        compiler_options=dict(_CPU_OPTIONS, xla_backend_optimization_level=0)),
-    generate_until_done=_counted_jit(
-        "generate_until_done", _steps.generate_until_done, static_argnums=0,
-        donate_argnums=2, compiler_options=dict(_CPU_OPTIONS, xla_backend_optimization_level=1)),
-    generate_until_free=_counted_jit(
-        "generate_until_free", _steps.generate_until_free, static_argnums=0,
-        donate_argnums=2, compiler_options=dict(_CPU_OPTIONS, xla_backend_optimization_level=1)),
-    init_decode_state=_counted_jit(
-        "init_decode_state", _steps.init_decode_state, static_argnums=(0, 1, 2, 3, 4, 6),
-        compiler_options=dict(_CPU_OPTIONS, xla_backend_optimization_level=0))))
-_PROGRAMS = types.MappingProxyType(dict(
-    prefill_prefix=_jit_prefill_prefix, insert=_jit_insert,
-    generate_until_done=_jit_generate_until_done,
-    generate_until_free=_jit_generate_until_free,
-    init_decode_state=_jit_init_decode_state))
+def _prefill_prefix(spec, *args):
+  """`prefill` without sample 0's first token (insert draws every sample's):
+  what `Sampler` calls, one program fewer that samples (0.4 s less to compile
+  on CPU, tiny model)."""
+  return _steps.prefill(spec, *args, sample_first=False)[0]
+
+
+# The programs a `Sampler` call runs: (function, jit arguments, the LLVM
+# optimization level they are compiled with on CPU).
+_SAMPLER_STEPS = {
+    "prefill_prefix": (_prefill_prefix, dict(static_argnums=0), 1),
+    "insert": (_steps.insert, dict(static_argnums=0, donate_argnums=2), 0),
+    "generate_until_done": (_steps.generate_until_done,
+                            dict(static_argnums=0, donate_argnums=2), 1),
+    "generate_until_free": (_steps.generate_until_free,
+                            dict(static_argnums=0, donate_argnums=2), 1),
+    "init_decode_state": (_steps.init_decode_state,
+                          dict(static_argnums=(0, 1, 2, 3, 4, 6)), 0),
+}
+
+
+def _compiled(cpu: bool) -> types.MappingProxyType:
+  """`_SAMPLER_STEPS` jitted: with jax's default compilation, or as compiled on
+  CPU (`cpu`), where a first call is mostly their compilation: XLA:CPU's loop
+  emitters instead of its fusion emitters, and LLVM at -O1 (prefill, the
+  decode loop) or -O0 (insert, init_decode_state: scatters, one draw, zeros).
+  The loop emitters alone gave bitwise the default compilation's tokens and
+  log-probs where checked; at -O1 LLVM rounds some float sums differently: the
+  same tokens, log-probs up to 2.4e-6 apart (tests/test_sampler.py, the
+  sampler tests' model with float32 / int8 / FP8 caches and refills).
+  bench/first_call.py (tiny model, idle machine): XLA compilation 1.81 s ->
+  0.96 s, first call 2.72 s -> 1.82 s; decode tokens/s within a few percent
+  (bench/sampler.py; bench/README.md)."""
+  table = {}
+  for name, (fn, jit_kwargs, cpu_level) in _SAMPLER_STEPS.items():
+    if cpu:
+      jit_kwargs = dict(jit_kwargs, compiler_options={
+          "xla_cpu_use_fusion_emitters": False, "xla_backend_optimization_level": cpu_level})
+    table[name] = _counted_jit(name, fn, **jit_kwargs)
+  return types.MappingProxyType(table)
+
+
+_PROGRAMS = _compiled(cpu=False)
+_CPU_PROGRAMS = _compiled(cpu=True)
 
 
 def _platform(model: Qwen3, mesh: Optional[jax.sharding.Mesh]) -> str:
