@@ -26,3 +26,28 @@ def test_readme_main_command_names_files_that_exist():
   main = _readme_commands()[0]
   for path in re.findall(r"(?:experiments|configs)/[\w/]+\.py", main):
     assert (ROOT / path).is_file(), path
+
+
+def _tracked_run_dirs():
+  """`results/<study>/runs/<run>` paths in the checkout: tracked ones where git
+  is there (a study writing into results/ leaves half-written runs untracked),
+  else every directory on disk."""
+  import subprocess  # pylint: disable=g-import-not-at-top
+  try:
+    out = subprocess.run(["git", "ls-files", "results"], cwd=ROOT, capture_output=True,
+                         text=True, check=True).stdout.split()
+  except (OSError, subprocess.CalledProcessError):
+    return sorted(p.relative_to(ROOT).as_posix() for p in ROOT.glob("results/*/runs/*"))
+  return sorted({"/".join(p.split("/")[:4]) for p in out
+                 if p.count("/") >= 3 and p.split("/")[2] == "runs"})
+
+
+def test_committed_study_runs_are_finished():
+  """A run directory is finished when it has its summary.json (the last file a
+  run writes, `mipu_jax.train`); a half-written one must not be committed,
+  because the tables and a resumed study would read it as a result. A link to
+  another study's run (the shared rows) must reach a finished run."""
+  runs = _tracked_run_dirs()
+  assert len(runs) > 300, len(runs)  # the committed studies
+  unfinished = [r for r in runs if not (ROOT / r / "summary.json").is_file()]
+  assert not unfinished, unfinished
