@@ -2,6 +2,7 @@
 
 import dataclasses
 import os
+import pathlib
 import subprocess
 import sys
 
@@ -451,3 +452,13 @@ def test_perturbation_report_pairs_the_same_runs_and_checks_like_with_like(tmp_p
     reproduce.perturbation_report(
         lambda row, seed, p: table.get_config(f"{row},seed={seed},quick,ulp=1,lr=3e-4"),
         ["control"], [0], str(tmp_path / "p"), str(tmp_path / "o"))
+
+
+def test_the_main_job_has_committed_tables_to_be_placed_among():
+  """experiments/compare.py places a user's runs among configs/table.py
+  COMMITTED's tables for the lr it trained: each listed table is in the
+  repository, and the job's default lr has one (else it prints 'Not placed')."""
+  for lr, path in table.COMMITTED.items():
+    assert (pathlib.Path(ROOT) / path / "summary.json").is_file(), (lr, path)
+  default_lr = _build(table, "control,seed=0").optim.learning_rate
+  assert default_lr in table.COMMITTED, default_lr

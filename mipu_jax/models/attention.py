@@ -41,10 +41,6 @@ import jax
 import jax.numpy as jnp
 
 IMPLEMENTATIONS = ("dense", "blockwise", "cudnn", "splash")
-# Attention over a paged KV cache (`mipu_jax.models.kv_cache`): `paged` reads
-# page by page only the pages some query may attend (the portable path, every
-# platform); `dense` gathers every slot and runs `attend`'s dense reference.
-CACHE_IMPLEMENTATIONS = ("dense", "paged")
 NEG_INF = float(jnp.finfo(jnp.float32).min)
 
 

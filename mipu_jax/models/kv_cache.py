@@ -205,3 +205,19 @@ def logical_view(pool, scale, pages_BJ, layer, pages_per_layer: int, dtype):
   x_BKGH = read_pages(pool, scale, ids, dtype)  # [B*J, K, G, H]
   k, g, h = x_BKGH.shape[1:]
   return jnp.moveaxis(x_BKGH.reshape(b, j, k, g, h), 2, 3).reshape(b, j * g, k, h)
+
+
+def attended_pages(valid_BS, q_slot_BT, page_size: int):
+  """`(mask_BS, bounds_B2)` of the decode kernels (`paged_pallas`,
+  `paged_pallas_tpu`): the slots each row's query attends (valid, at or
+  before its slot) and the half-open range of page columns that hold them
+  (`[0, 0)` for a row with none). Both kernels loop over that range only."""
+  s = valid_BS.shape[1]
+  slots_S = jnp.arange(s, dtype=jnp.int32)
+  mask_BS = valid_BS & (slots_S[None, :] <= q_slot_BT[:, :1])
+  any_B = mask_BS.any(axis=1)
+  first_B = jnp.argmax(mask_BS, axis=1).astype(jnp.int32)
+  last_B = (s - 1 - jnp.argmax(mask_BS[:, ::-1], axis=1)).astype(jnp.int32)
+  bounds_B2 = jnp.where(any_B[:, None],
+                        jnp.stack([first_B // page_size, last_B // page_size + 1], axis=1), 0)
+  return mask_BS, bounds_B2

@@ -44,6 +44,8 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
+from mipu_jax.models import kv_cache
+
 _MIN_TILE = 16  # Triton's smallest dot dimension.
 NAME = "mipu_paged_decode"
 
@@ -206,21 +208,6 @@ def env_plan() -> Optional[tuple[int, int, int, int]]:
   return plan
 
 
-def attended_pages(valid_BS, q_slot_BT, page_size: int):
-  """`(mask_BS, bounds_B2)`: the slots each row's query attends (valid, at or
-  before its slot) and the half-open range of page columns that hold them
-  (`[0, 0)` for a row with none). Both kernels loop over that range only."""
-  s = valid_BS.shape[1]
-  slots_S = jnp.arange(s, dtype=jnp.int32)
-  mask_BS = valid_BS & (slots_S[None, :] <= q_slot_BT[:, :1])
-  any_B = mask_BS.any(axis=1)
-  first_B = jnp.argmax(mask_BS, axis=1).astype(jnp.int32)
-  last_B = (s - 1 - jnp.argmax(mask_BS[:, ::-1], axis=1)).astype(jnp.int32)
-  bounds_B2 = jnp.where(any_B[:, None],
-                        jnp.stack([first_B // page_size, last_B // page_size + 1], axis=1), 0)
-  return mask_BS, bounds_B2
-
-
 def decode(q_BTNH, k_pool, v_pool, k_scale, v_scale, page_ids_BJ, valid_BS, q_slot_BT,
            dtype, *, interpret=None, plan=None):
   """`attention.paged` for one query per row (T = 1), as a Pallas kernel.
@@ -241,7 +228,7 @@ def decode(q_BTNH, k_pool, v_pool, k_scale, v_scale, page_ids_BJ, valid_BS, q_sl
     raise ValueError(f"the Pallas decode kernel needs a power-of-two page size and head "
                      f"dim and blocks of >= {_MIN_TILE} keys; got {j} pages of {g} slots, "
                      f"head dim {h} (decode_attention='paged' takes any shape).")
-  mask_BS, bounds_B2 = attended_pages(valid_BS, q_slot_BT, g)
+  mask_BS, bounds_B2 = kv_cache.attended_pages(valid_BS, q_slot_BT, g)
   if plan is None:
     plan = env_plan()
     if plan is not None and (j % (plan[0] * plan[1]) or plan[0] * g < _MIN_TILE):

@@ -55,7 +55,7 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
-from mipu_jax.models import paged_pallas
+from mipu_jax.models import kv_cache
 
 
 NAME = "mipu_paged_decode_tpu"
@@ -172,7 +172,7 @@ def decode(q_BTNH, k_pool, v_pool, k_scale, v_scale, page_ids_BJ, valid_BS, q_sl
     raise ValueError(f"{valid_BS.shape[1]} slots per row is not {j} pages of {g}.")
   if interpret is None:
     interpret = jax.default_backend() != "tpu"
-  mask_BS, bounds_B2 = paged_pallas.attended_pages(valid_BS, q_slot_BT, g)
+  mask_BS, bounds_B2 = kv_cache.attended_pages(valid_BS, q_slot_BT, g)
   kh = k_pool.shape[0]
   q_BKQH = q_BTNH[:, 0].reshape(b, kh, n // kh, h).astype(dtype)
   if k_scale is not None:
