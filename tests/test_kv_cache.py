@@ -197,11 +197,18 @@ def _pallas_equals_paged(dtype, slots):
                                            ("float8_e4m3fn", "float32"), ("int8", "float32"),
                                            ("bfloat16", "bfloat16")])
 def test_pallas_tpu_decode_equals_paged_on_ragged_rows(dtype, compute):
-  """The Pallas TPU kernel in the TPU interpreter (which simulates the pipeline's
-  page copies) against the XLA paged path, bitwise: right-aligned prompts,
-  holes, a row with one slot, a fully masked page inside a row, an empty row,
-  shuffled pages, every cache dtype, float32 and bfloat16 compute; a row alone
-  gives the same numbers."""
+  """The Pallas TPU kernel in the TPU interpreter against the XLA paged path:
+  right-aligned prompts, holes, a row with one slot, a fully masked page inside
+  a row, an empty row, shuffled pages, every cache dtype, float32 and bfloat16
+  compute. The interpreter simulates the kernel's copies between HBM and VMEM,
+  runs each when it is started (a copy into a block still being read would
+  change the numbers) and checks the copies and reads for races.
+
+  One page per block is attention.paged's float operations in its order:
+  bitwise. The default blocks (2 pages here) sum two pages at once: float32
+  within 2.5e-7 of it (measured), bfloat16 outputs within one bfloat16 ulp
+  (9.8e-4 measured); a row alone, another ring depth and Pallas' plain
+  interpreter give the same numbers bitwise."""
   rng = np.random.default_rng(3)
   b, s, k, n, h, g = 6, 96, 2, 4, 16, 16
   kq, vq, ksc, vsc, pages, per, layer = _random_cache(rng, b, s, k, h, g, dtype)
@@ -216,30 +223,40 @@ def test_pallas_tpu_decode_equals_paged_on_ragged_rows(dtype, compute):
   q = jnp.asarray(rng.standard_normal((b, 1, n, h)), compute)
   ids = pages + layer * per
   args = (kq, vq, ksc, vsc, ids, jnp.asarray(valid), jnp.asarray(q_slot), compute)
+  assert paged_pallas_tpu.pages_per_block(s // g, g) == 2
+  assert paged_pallas_tpu.pages_per_block(32, 64) == 4  # Qwen3-0.6B's rows: 256 keys a block
+  simulated = pltpu.InterpretParams(dma_execution_mode="eager", detect_races=True)
+  decode = jax.jit(paged_pallas_tpu.decode, static_argnums=8,
+                   static_argnames=("interpret", "block_pages", "depth"))
+  f32 = lambda x: np.asarray(x, np.float32)
   with jax.default_matmul_precision("highest"):
-    want = attention.paged(q, *args)
-    simulated = pltpu.InterpretParams()  # the TPU interpreter: HBM -> VMEM copies simulated
-    got = jax.jit(paged_pallas_tpu.decode, static_argnums=8,
-                  static_argnames="interpret")(q, *args, interpret=simulated)
-    # The same float operations in the same order as attention.paged's loop.
-    np.testing.assert_array_equal(np.asarray(got[:5]), np.asarray(want[:5]))
-    np.testing.assert_array_equal(np.asarray(got[5]), 0.0)  # nothing to attend: 0, as the GPU kernel
+    want = f32(attention.paged(q, *args))
+    by_page = f32(decode(q, *args, interpret=simulated, block_pages=1))
+    np.testing.assert_array_equal(by_page[:5], want[:5])
+    np.testing.assert_array_equal(by_page[5], 0.0)  # nothing to attend: 0, as the GPU kernel
+    got = decode(q, *args, interpret=simulated)
+    tol = dict(rtol=0, atol=2 ** -8 * np.abs(want).max()) if compute == jnp.bfloat16 else dict(
+        rtol=2e-6, atol=5e-7)
+    np.testing.assert_allclose(f32(got[:5]), want[:5], **tol)
+    np.testing.assert_array_equal(f32(got[5]), 0.0)
     for r in (0, 3):
       alone = paged_pallas_tpu.decode(q[r:r + 1], kq, vq, ksc, vsc, ids[r:r + 1],
                                       jnp.asarray(valid[r:r + 1]),
-                                      jnp.asarray(q_slot[r:r + 1]), compute)
-      np.testing.assert_array_equal(np.asarray(alone[0]), np.asarray(got[r]))
+                                      jnp.asarray(q_slot[r:r + 1]), compute, interpret=simulated)
+      np.testing.assert_array_equal(f32(alone[0]), f32(got[r]))
+    np.testing.assert_array_equal(f32(decode(q, *args, interpret=simulated, depth=2)), f32(got))
     # Pallas' plain interpreter (the sampler tests' default off TPU): the same numbers.
-    np.testing.assert_array_equal(np.asarray(paged_pallas_tpu.decode(q, *args)), np.asarray(got))
+    np.testing.assert_array_equal(f32(paged_pallas_tpu.decode(q, *args)), f32(got))
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float8_e4m3fn", "int8"])
 def test_pallas_tpu_kernel_lowers_for_tpu(dtype):
   """Pallas' Mosaic lowering of the TPU kernel at Qwen3-0.6B's page and head
-  shape (64 slots x 128), run on CPU through jax.export for platform 'tpu':
-  block shapes, index maps and scalar prefetch are checked there. (Mosaic's
-  compilation itself needs a TPU.)"""
-  b, j, g, k, n, h = 4, 4, 64, 2, 4, 128
+  shape (64 slots x 128, 8 kv heads, 16 query heads), run on CPU through
+  jax.export for platform 'tpu': block shapes, scalar prefetch, the copies from
+  HBM and every op's lowering are checked there. (Mosaic's compilation itself
+  needs a TPU.)"""
+  b, j, g, k, n, h = 4, 32, 64, 8, 16, 128  # Qwen3-0.6B's heads; 4 pages a block
   cfg = type("C", (), dict(num_kv_heads=k, head_dim=h, num_layers=2))
   kp, vp, ks, vs = kv_cache.init_pool(cfg, b * j, g, jnp.dtype(dtype))
   fn = jax.jit(lambda q, kp, vp, ks, vs, ids, valid, slot: paged_pallas_tpu.decode(

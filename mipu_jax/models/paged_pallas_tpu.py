@@ -2,46 +2,48 @@
 
 The TPU counterpart of `paged_pallas` (the GPU kernel): the same computation
 as `attention.paged` for one query per row, in one kernel per layer. The grid
-is (row, kv head, page column). The page table and each row's first and last
-page holding an attended slot are scalar-prefetched into SMEM, and the key,
-value (and int8 scale) blocks are fetched through an index map that reads the
-page table, so Pallas' pipeline copies one pool page per grid step from HBM
-into VMEM while the previous one is computed. A step outside the row's pages
-maps to the same block as its neighbour (no copy) and computes nothing, so a
+has a step per row; the row's page table and its first and last page holding
+an attended slot are scalar-prefetched into SMEM. The pools stay in HBM
+(`pl.ANY`) and the kernel copies them by hand: blocks of `pages_per_block`
+page columns (256 slots at Qwen3-0.6B's pages of 64), every kv head's page of
+keys and values (and int8 scales) per column, into a ring of `depth` VMEM
+buffers, `depth - 1` blocks ahead of the block it computes. It loops from the
+block holding the row's first attended page to the one holding its last, so a
 step reads each row's filled pages and nothing else.
+
+Why this shape: a grid step costs a fixed overhead on a TPU (a fraction of a
+microsecond), and a page of one head is 16 KiB at Qwen3-0.6B's shape. The
+first version had a step per (row, kv head, page column), Pallas' pipeline
+copying one page per step: 16k steps per layer at 64 rows x 8 kv heads x 32
+pages, whatever the fill. Now it is 64 steps, each with a loop over its
+row's blocks, and each block's compute is a `[Q, 256]` dot per head instead
+of a `[Q, 64]` one.
 
 Why not jax's `pallas.ops.tpu.paged_attention` or `ragged_paged_attention`:
 they mask by a length (slots 0 .. n-1 of the row's pages), and the sampler's
 rows have left-padded prompts, holes and refilled slots, so the kernel takes
 the slot mask `attention.paged` takes. What it keeps from them: the pool
-layout `[K, pages, G, H]` (`kv_cache.KVCache`), page-granular fetches driven
-by a scalar-prefetched page table, FlashAttention's running max and sum in
-float32.
-
-Blocks are whole trailing dimensions (a page `[G, H]`, a row's mask page
-`[1, G]`, its queries `[Q, H]`), which Mosaic accepts for any G and H; a page
-of G slots is a (G, H) tile, so G a multiple of the dtype's sublane tile (8
-for float32, 16 bfloat16, 32 int8 / FP8) and H of 128 avoid padded copies.
-int8 pools are dequantized per slot before the dot, FP8 pools cast to the
-compute dtype, as `kv_cache.read_pages` does.
+layout `[K, pages, G, H]` (`kv_cache.KVCache`), pages copied by hand from a
+scalar-prefetched page table into multi-page VMEM blocks, FlashAttention's
+running max and sum in float32. int8 pools are dequantized per slot before
+the dot, FP8 pools cast to the compute dtype, as `kv_cache.read_pages` does.
 
 What was checked, without a TPU (none has reached this project): on CPU the
 kernel runs in Pallas' TPU interpreter (`pltpu.InterpretParams`, which
-simulates the pipeline's copies; the sampler's tests use Pallas' plain
-interpreter, 2,000x faster) and equals `attention.paged` on ragged rows
-for every cache dtype (tests/test_kv_cache.py), and it lowers for TPU
-(`jax.export` with `platforms=["tpu"]`: Pallas' Mosaic lowering, which checks
-block shapes and index maps). Mosaic's own compilation runs only on a TPU and
-is untested, so `decode_attention='auto'` does not pick this kernel: ask for
-it with `decode_attention='pallas_tpu'`.
-
-What a real TPU may show that nothing here can: the grid has a step per
-(row, kv head, page column) whatever a row's fill, one page of one head per
-step (Qwen3-0.6B's 64 rows x 8 kv heads x 32 pages: 16k steps per layer), so
-the per-step overhead may dominate a decode step; jax's TPU paged kernels
-copy several pages per step by hand (`pl.ANY` pools, async copies) and take
-several heads per block. That, and float8 pools on TPU generations without
-float8 support, wait for a TPU.
+simulates the copies between HBM and VMEM; the tests run each copy when it is
+started and check for races, so a copy into a block still being read shows)
+and equals `attention.paged` on ragged rows for every cache dtype
+(tests/test_kv_cache.py): bitwise with one page per block, within float32
+rounding (2.5e-7) with several, whose softmax sums cover a block at once. It
+lowers for TPU at Qwen3-0.6B's head and page shape (`jax.export` with
+`platforms=["tpu"]`: Pallas' Mosaic lowering of every op, copy and block).
+Mosaic's own compilation runs only on a TPU and is untested, as is its speed,
+so `decode_attention='auto'` does not pick this kernel: ask for it with
+`decode_attention='pallas_tpu'`. What waits for a TPU: the block size and
+ring depth (`decode(..., block_pages=, depth=)`), the copies' per-head
+granularity (one copy per head and page; a `[K, G, H]` copy per page would
+be fewer), the query heads of a kv head padded to the sublane tile by
+Mosaic, and float8 pools on TPU generations without float8 support.
 
 One device only, as the GPU kernel: jax cannot partition a Pallas kernel over
 a sharded cache ("pallas_call requires all mesh axes to be Manual"), so
@@ -61,97 +63,133 @@ from mipu_jax.models import kv_cache
 NAME = "mipu_paged_decode_tpu"
 
 
-def _kernel(pages_ref, bounds_ref, q_ref, k_ref, ks_ref, v_ref, vs_ref, mask_ref,
-            o_ref, m_sc, l_sc, acc_sc, *, scale: float, dtype):
-  """Grid step (row b, kv head, page column j): one page of keys and values."""
-  b, j = pl.program_id(0), pl.program_id(2)
+def _kernel(pages_ref, bounds_ref, q_ref, k_hbm, ks_hbm, v_hbm, vs_hbm, mask_ref, o_ref,
+            *scratch, pages: int, depth: int, scale: float, dtype):
+  """Grid step b: row b's attention, every kv head, over its attended pages.
 
-  @pl.when(j == 0)
-  def _init():
-    m_sc[...] = jnp.full_like(m_sc, -jnp.inf)
-    l_sc[...] = jnp.zeros_like(l_sc)
-    acc_sc[...] = jnp.zeros_like(acc_sc)
+  The loop runs over blocks of `ppb` page columns (`k_buf`: `[depth, K, ppb,
+  G, H]`) from the block holding the row's first attended page to the one
+  holding its last, with `depth - 1` blocks' copies in flight ahead of the
+  block being computed. A column of a block outside the row's attended pages
+  copies the nearest attended page (a page id the row owns) and is masked.
+  """
+  if ks_hbm is None:
+    (k_buf, v_buf, sems), ks_buf, vs_buf = scratch, None, None
+  else:
+    k_buf, v_buf, ks_buf, vs_buf, sems = scratch
+  b = pl.program_id(0)
+  kh, ppb = k_buf.shape[1], k_buf.shape[2]
+  lo, hi = bounds_ref[2 * b], bounds_ref[2 * b + 1]
+  # Non-negative integers: lax's truncating div / rem (jnp's floor division
+  # lowers through sign, which Mosaic's lowering asks the TPU generation for).
+  b_lo = jax.lax.div(lo, ppb)
+  n_blocks = jnp.maximum(jax.lax.div(hi + ppb - 1, ppb) - b_lo, 0)
 
-  def load(ref, sref):
-    x = ref[...]
-    if sref is None:
-      return x.astype(dtype)
-    return (x.astype(jnp.float32) * sref[...]).astype(dtype)
+  def copies(blk, slot):
+    out = []
+    for c in range(ppb):
+      page = pages_ref[b * pages + jnp.clip(blk * ppb + c, lo, hi - 1)]
+      for head in range(kh):
+        for hbm, buf in ((k_hbm, k_buf), (v_hbm, v_buf), (ks_hbm, ks_buf), (vs_hbm, vs_buf)):
+          if hbm is not None:
+            out.append(pltpu.make_async_copy(hbm.at[head, page], buf.at[slot, head, c],
+                                              sems.at[slot]))
+    return out
 
-  @pl.when((j >= bounds_ref[2 * b]) & (j < bounds_ref[2 * b + 1]))
-  def _page():
-    q = q_ref[...]
-    k = load(k_ref, ks_ref)
-    v = load(v_ref, vs_ref)
-    s = jax.lax.dot_general(q, k, (((1,), (1,)), ((), ())),
-                            preferred_element_type=jnp.float32) * scale
-    valid = jnp.broadcast_to(mask_ref[...] != 0, s.shape)
-    s = jnp.where(valid, s, -jnp.inf)
-    m = m_sc[...]
-    m_new = jnp.maximum(m, s.max(axis=-1, keepdims=True))
-    # A page with no attended slot leaves m at -inf: keep exp's argument finite.
-    m_safe = jnp.where(m_new == -jnp.inf, 0.0, m_new)
-    p = jnp.where(valid, jnp.exp(s - m_safe), 0.0)
-    corr = jnp.exp(m - m_safe)
-    l_sc[...] = l_sc[...] * corr + p.sum(axis=-1, keepdims=True)
-    acc_sc[...] = acc_sc[...] * corr + jax.lax.dot_general(
-        p.astype(dtype), v, (((1,), (0,)), ((), ())), preferred_element_type=jnp.float32)
-    m_sc[...] = m_new
+  for ahead in range(depth - 1):
+    @pl.when(ahead < n_blocks)
+    def _prefetch():
+      for cp in copies(b_lo + ahead, ahead):
+        cp.start()
 
-  @pl.when(j == pl.num_programs(2) - 1)
-  def _out():
-    l = l_sc[...]
-    o_ref[...] = acc_sc[...] / jnp.where(l == 0, 1.0, l)
+  def load(buf, sbuf, slot, head):
+    x = buf[slot, head].astype(jnp.float32)  # [ppb, G, H]
+    if sbuf is not None:
+      x = x * sbuf[slot, head]
+    g, h = x.shape[1:]
+    return x.reshape(ppb * g, h).astype(dtype)
+
+  def body(i, carry):
+    blk, slot = b_lo + i, jax.lax.rem(i, depth)
+
+    @pl.when(i + depth - 1 < n_blocks)
+    def _next():
+      for cp in copies(blk + depth - 1, jax.lax.rem(i + depth - 1, depth)):
+        cp.start()
+
+    for cp in copies(blk, slot):
+      cp.wait()
+    valid_1K = mask_ref[blk] != 0  # [1, ppb * G]
+    out = []
+    for head, (m, l, acc) in enumerate(carry):
+      k = load(k_buf, ks_buf, slot, head)
+      v = load(v_buf, vs_buf, slot, head)
+      s = jax.lax.dot_general(q_ref[head], k, (((1,), (1,)), ((), ())),
+                              preferred_element_type=jnp.float32) * scale
+      valid = jnp.broadcast_to(valid_1K, s.shape)
+      s = jnp.where(valid, s, -jnp.inf)
+      m_new = jnp.maximum(m, s.max(axis=-1, keepdims=True))
+      # A block with no attended slot leaves m at -inf: keep exp's argument finite.
+      m_safe = jnp.where(m_new == -jnp.inf, 0.0, m_new)
+      p = jnp.where(valid, jnp.exp(s - m_safe), 0.0)
+      corr = jnp.exp(m - m_safe)
+      out.append((m_new, l * corr + p.sum(axis=-1, keepdims=True),
+                  acc * corr + jax.lax.dot_general(
+                      p.astype(dtype), v, (((1,), (0,)), ((), ())),
+                      preferred_element_type=jnp.float32)))
+    return tuple(out)
+
+  qn, h = q_ref.shape[1:]
+  init = tuple((jnp.full((qn, 1), -jnp.inf, jnp.float32), jnp.zeros((qn, 1), jnp.float32),
+                jnp.zeros((qn, h), jnp.float32)) for _ in range(kh))
+  final = jax.lax.fori_loop(0, n_blocks, body, init)
+  for head, (_, l, acc) in enumerate(final):
+    o_ref[head] = acc / jnp.where(l == 0, 1.0, l)
 
 
-def _attend(q_BKQH, k_pool, v_pool, k_scale, v_scale, pages_BJ, bounds_B2, mask_BJ1G,
-            *, dtype, interpret):
+def pages_per_block(pages: int, page_size: int, keys: int = 256) -> int:
+  """The columns a block copies and computes at once: the largest power of
+  two dividing a row's `pages` with at most `keys` slots (at least 1)."""
+  ppb = 1
+  while 2 * ppb * page_size <= keys and pages % (2 * ppb) == 0:
+    ppb *= 2
+  return ppb
+
+
+def _attend(q_BKQH, k_pool, v_pool, k_scale, v_scale, pages_BJ, bounds_B2, mask_BS,
+            *, dtype, ppb, depth, interpret):
   b, kh, qn, h = q_BKQH.shape
   j = pages_BJ.shape[1]
   g = k_pool.shape[2]
-
-  def column(bi, ji, bounds_ref):
-    """Row bi's page column ji clamped to the row's attended pages (in
-    [0, j): `lo < j`, `hi <= j`): a step outside them fetches the block its
-    neighbour fetched."""
-    lo, hi = bounds_ref[2 * bi], bounds_ref[2 * bi + 1]
-    return jnp.clip(ji, lo, jnp.maximum(hi - 1, lo))
-
-  def pool_map(bi, ki, ji, pages_ref, bounds_ref):
-    return (ki, pages_ref[bi * j + column(bi, ji, bounds_ref)], 0, 0)
-
-  def mask_map(bi, ki, ji, pages_ref, bounds_ref):
-    del ki, pages_ref
-    return (bi, column(bi, ji, bounds_ref), 0, 0)
-
-  per_row = lambda bi, ki, ji, *_: (bi, ki, 0, 0)
-  pool_spec = pl.BlockSpec((None, None, g, h), pool_map)
-  scale_spec = None if k_scale is None else pl.BlockSpec((None, None, g, 1), pool_map)
+  hbm = pl.BlockSpec(memory_space=pl.ANY)  # the pools stay in HBM: copied by hand
+  per_row = lambda bi, *_: (bi, 0, 0, 0)
+  scaled = k_scale is not None
   grid_spec = pltpu.PrefetchScalarGridSpec(
       num_scalar_prefetch=2,
-      grid=(b, kh, j),
-      in_specs=[pl.BlockSpec((None, None, qn, h), per_row),
-                pool_spec, scale_spec, pool_spec, scale_spec,
-                pl.BlockSpec((None, None, 1, g), mask_map)],
-      out_specs=pl.BlockSpec((None, None, qn, h), per_row),
-      scratch_shapes=[pltpu.VMEM((qn, 1), jnp.float32),
-                      pltpu.VMEM((qn, 1), jnp.float32),
-                      pltpu.VMEM((qn, h), jnp.float32)])
-  kernel = functools.partial(_kernel, scale=h ** -0.5, dtype=dtype)
+      grid=(b,),
+      in_specs=[pl.BlockSpec((None, kh, qn, h), per_row),
+                hbm, hbm if scaled else None, hbm, hbm if scaled else None,
+                pl.BlockSpec((None, j // ppb, 1, ppb * g), per_row)],
+      out_specs=pl.BlockSpec((None, kh, qn, h), per_row),
+      scratch_shapes=(
+          [pltpu.VMEM((depth, kh, ppb, g, h), k_pool.dtype),
+           pltpu.VMEM((depth, kh, ppb, g, h), v_pool.dtype)]
+          + [pltpu.VMEM((depth, kh, ppb, g, 1), jnp.float32)] * (2 if scaled else 0)
+          + [pltpu.SemaphoreType.DMA((depth,))]))
+  kernel = functools.partial(_kernel, pages=j, depth=depth, scale=h ** -0.5, dtype=dtype)
   return pl.pallas_call(
       kernel,
       grid_spec=grid_spec,
       out_shape=jax.ShapeDtypeStruct((b, kh, qn, h), jnp.float32),
-      compiler_params=pltpu.CompilerParams(
-          dimension_semantics=("parallel", "parallel", "arbitrary")),
+      compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel",)),
       interpret=interpret,
       name=NAME,
   )(pages_BJ.reshape(-1), bounds_B2.reshape(-1), q_BKQH, k_pool, k_scale, v_pool,
-    v_scale, mask_BJ1G)
+    v_scale, mask_BS.reshape(b, j // ppb, 1, ppb * g))
 
 
 def decode(q_BTNH, k_pool, v_pool, k_scale, v_scale, page_ids_BJ, valid_BS, q_slot_BT,
-           dtype, *, interpret=None):
+           dtype, *, interpret=None, block_pages=None, depth: int = 3):
   """`attention.paged` for one query per row (T = 1), as a Pallas TPU kernel.
 
   Args and returns: as `attention.paged`, except a row with no slot to attend
@@ -160,8 +198,11 @@ def decode(q_BTNH, k_pool, v_pool, k_scale, v_scale, page_ids_BJ, valid_BS, q_sl
   its loop visited. `interpret`: False (compile for
   the TPU), True (Pallas' interpreter: the kernel's blocks as XLA ops, about
   1 ms a call at the tests' shapes) or a `pltpu.InterpretParams` (the TPU
-  interpreter, which also simulates the pipeline's copies between HBM and VMEM
-  and checks them, about 2,000x slower); default: True off a TPU.
+  interpreter, which also simulates the copies between HBM and VMEM and
+  checks them, about 2,000x slower); default: True off a TPU.
+  `block_pages`: page columns per block (default `pages_per_block`; with
+  1 the float operations are `attention.paged`'s, in its order). `depth`:
+  blocks in VMEM at once (`depth - 1` in flight).
   """
   b, t, n, h = q_BTNH.shape
   if t != 1:
@@ -170,6 +211,10 @@ def decode(q_BTNH, k_pool, v_pool, k_scale, v_scale, page_ids_BJ, valid_BS, q_sl
   j = page_ids_BJ.shape[1]
   if valid_BS.shape[1] != j * g:
     raise ValueError(f"{valid_BS.shape[1]} slots per row is not {j} pages of {g}.")
+  ppb = pages_per_block(j, g) if block_pages is None else block_pages
+  if j % ppb or depth < 2:
+    raise ValueError(f"{ppb} pages per block does not divide a row's {j} pages, or depth "
+                     f"{depth} < 2.")
   if interpret is None:
     interpret = jax.default_backend() != "tpu"
   mask_BS, bounds_B2 = kv_cache.attended_pages(valid_BS, q_slot_BT, g)
@@ -179,6 +224,6 @@ def decode(q_BTNH, k_pool, v_pool, k_scale, v_scale, page_ids_BJ, valid_BS, q_sl
     k_scale, v_scale = k_scale.astype(jnp.float32), v_scale.astype(jnp.float32)
   with jax.named_scope(NAME):  # in the program's op metadata, interpreted or compiled
     out = _attend(q_BKQH, k_pool, v_pool, k_scale, v_scale, page_ids_BJ.astype(jnp.int32),
-                  bounds_B2, mask_BS.astype(jnp.int32).reshape(b, j, 1, g),
-                  dtype=dtype, interpret=interpret)
+                  bounds_B2, mask_BS.astype(jnp.int32), dtype=dtype, ppb=ppb, depth=depth,
+                  interpret=interpret)
   return out.reshape(b, 1, n, h).astype(dtype)
