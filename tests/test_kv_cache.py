@@ -249,6 +249,32 @@ def test_pallas_tpu_decode_equals_paged_on_ragged_rows(dtype, compute):
     np.testing.assert_array_equal(f32(paged_pallas_tpu.decode(q, *args)), f32(got))
 
 
+def test_pallas_tpu_ring_fits_the_default_vmem_limit():
+  """The TPU kernel's ring of VMEM blocks at Qwen3-0.6B's 8 kv heads, pages of
+  64 x 128 and 3 blocks of 4 pages: keys and values 2 x 3 x 8 x 4 x 64 x 128
+  elements (3 MiB in bf16, 1.5 MiB in int8), int8 scales padded to 128 lanes
+  of float32 (2 x 3 x 8 x 4 x 64 x 128 x 4 bytes = 6 MiB). Blocks of 8 int8
+  pages (15 MiB) exceed the budget: an explicit request is refused, and the
+  default block shrinks where 256 slots would not fit (32 kv heads: 30 MiB at
+  4 pages, 15 at 2, 7.5 at 1)."""
+  ring = paged_pallas_tpu.ring_bytes
+  assert ring(8, 4, 64, 128, jnp.bfloat16, False, 3) == 3 * 2**20
+  assert ring(8, 4, 64, 128, jnp.int8, True, 3) == (1.5 + 6) * 2**20
+  assert ring(8, 8, 64, 128, jnp.int8, True, 3) == 15 * 2**20 > paged_pallas_tpu.VMEM_BUDGET
+  ppb = paged_pallas_tpu.pages_per_block
+  assert ppb(32, 64, ring=lambda p: ring(8, p, 64, 128, jnp.int8, True, 3)) == 4
+  assert ppb(32, 64, ring=lambda p: ring(32, p, 64, 128, jnp.int8, True, 3)) == 1
+  assert ppb(32, 64, ring=lambda p: ring(32, p, 64, 128, jnp.bfloat16, False, 3)) == 4  # 12 MiB
+  cfg = type("C", (), dict(num_kv_heads=8, head_dim=128, num_layers=1))
+  kp, vp, ks, vs = kv_cache.init_pool(cfg, 64, 64, jnp.dtype("int8"))
+  q = jnp.zeros((1, 1, 16, 128), jnp.float32)
+  args = (kp, vp, ks, vs, jnp.arange(64, dtype=jnp.int32)[None], jnp.zeros((1, 64 * 64), bool),
+          jnp.zeros((1, 1), jnp.int32), jnp.float32)
+  with pytest.raises(ValueError, match="MiB of VMEM"):
+    paged_pallas_tpu.decode(q, *args, block_pages=8)
+  np.testing.assert_array_equal(np.asarray(paged_pallas_tpu.decode(q, *args)), 0.0)
+
+
 @pytest.mark.parametrize("dtype", ["bfloat16", "float8_e4m3fn", "int8"])
 def test_pallas_tpu_kernel_lowers_for_tpu(dtype):
   """Pallas' Mosaic lowering of the TPU kernel at Qwen3-0.6B's page and head

@@ -5,8 +5,9 @@ as `attention.paged` for one query per row, in one kernel per layer. The grid
 has a step per row; the row's page table and its first and last page holding
 an attended slot are scalar-prefetched into SMEM. The pools stay in HBM
 (`pl.ANY`) and the kernel copies them by hand: blocks of `pages_per_block`
-page columns (256 slots at Qwen3-0.6B's pages of 64), every kv head's page of
-keys and values (and int8 scales) per column, into a ring of `depth` VMEM
+page columns (256 slots at Qwen3-0.6B's pages of 64; fewer where the ring
+would pass `VMEM_BUDGET`), one strided copy of every kv head's page of keys,
+of values (and of int8 scales) per column, into a ring of `depth` VMEM
 buffers, `depth - 1` blocks ahead of the block it computes. It loops from the
 block holding the row's first attended page to the one holding its last, so a
 step reads each row's filled pages and nothing else.
@@ -36,14 +37,17 @@ and equals `attention.paged` on ragged rows for every cache dtype
 (tests/test_kv_cache.py): bitwise with one page per block, within float32
 rounding (2.5e-7) with several, whose softmax sums cover a block at once. It
 lowers for TPU at Qwen3-0.6B's head and page shape (`jax.export` with
-`platforms=["tpu"]`: Pallas' Mosaic lowering of every op, copy and block).
-Mosaic's own compilation runs only on a TPU and is untested, as is its speed,
-so `decode_attention='auto'` does not pick this kernel: ask for it with
+`platforms=["tpu"]` runs Pallas' lowering of every op, copy and block to
+Mosaic's dialect). Mosaic's own passes (vector layouts, then compilation) run
+only in a TPU's runtime and are untested, as is the kernel's speed, so `decode_attention='auto'` does not pick this kernel: ask for it with
 `decode_attention='pallas_tpu'`. What waits for a TPU: the block size and
-ring depth (`decode(..., block_pages=, depth=)`), the copies' per-head
-granularity (one copy per head and page; a `[K, G, H]` copy per page would
-be fewer), the query heads of a kv head padded to the sublane tile by
-Mosaic, and float8 pools on TPU generations without float8 support.
+ring depth (`decode(..., block_pages=, depth=)`); the first block's copy
+latency at each row (nothing is prefetched across grid steps, which keeps
+the steps independent for megacore's "parallel" split); int8 scales, stored
+`[.., G, 1]` float32 and so padded to 128 lanes in HBM and VMEM (32 KiB
+copied per 8 KiB page: a lane-dense scale layout in `kv_cache` would fix it);
+the query heads of a kv head padded to the sublane tile; and float8 pools on
+TPU generations without float8 support.
 
 One device only, as the GPU kernel: jax cannot partition a Pallas kernel over
 a sharded cache ("pallas_call requires all mesh axes to be Manual"), so
@@ -70,8 +74,9 @@ def _kernel(pages_ref, bounds_ref, q_ref, k_hbm, ks_hbm, v_hbm, vs_hbm, mask_ref
   The loop runs over blocks of `ppb` page columns (`k_buf`: `[depth, K, ppb,
   G, H]`) from the block holding the row's first attended page to the one
   holding its last, with `depth - 1` blocks' copies in flight ahead of the
-  block being computed. A column of a block outside the row's attended pages
-  copies the nearest attended page (a page id the row owns) and is masked.
+  block being computed; one DMA semaphore per ring slot counts all of that
+  block's copies. A column of a block outside the row's attended pages copies
+  the nearest attended page (a page id the row owns) and is masked.
   """
   if ks_hbm is None:
     (k_buf, v_buf, sems), ks_buf, vs_buf = scratch, None, None
@@ -86,14 +91,15 @@ def _kernel(pages_ref, bounds_ref, q_ref, k_hbm, ks_hbm, v_hbm, vs_hbm, mask_ref
   n_blocks = jnp.maximum(jax.lax.div(hi + ppb - 1, ppb) - b_lo, 0)
 
   def copies(blk, slot):
+    """A block's copies: per page column, one strided copy of every kv head's
+    page (`[K, 1, G, H]`) for keys, values and int8 scales."""
     out = []
     for c in range(ppb):
       page = pages_ref[b * pages + jnp.clip(blk * ppb + c, lo, hi - 1)]
-      for head in range(kh):
-        for hbm, buf in ((k_hbm, k_buf), (v_hbm, v_buf), (ks_hbm, ks_buf), (vs_hbm, vs_buf)):
-          if hbm is not None:
-            out.append(pltpu.make_async_copy(hbm.at[head, page], buf.at[slot, head, c],
-                                              sems.at[slot]))
+      for hbm, buf in ((k_hbm, k_buf), (v_hbm, v_buf), (ks_hbm, ks_buf), (vs_hbm, vs_buf)):
+        if hbm is not None:
+          out.append(pltpu.make_async_copy(hbm.at[:, pl.ds(page, 1)],
+                                            buf.at[slot, :, pl.ds(c, 1)], sems.at[slot]))
     return out
 
   for ahead in range(depth - 1):
@@ -103,10 +109,14 @@ def _kernel(pages_ref, bounds_ref, q_ref, k_hbm, ks_hbm, v_hbm, vs_hbm, mask_ref
         cp.start()
 
   def load(buf, sbuf, slot, head):
-    x = buf[slot, head].astype(jnp.float32)  # [ppb, G, H]
+    """One head's keys or values of the block as `[ppb * G, H]` in `dtype`."""
+    x = buf[slot, head]  # [ppb, G, H]
+    g, h = x.shape[1:]
+    if sbuf is None and x.dtype == dtype and g % _sublanes(dtype) == 0:
+      return x.reshape(ppb * g, h)  # tile-aligned as it is: no conversion
+    x = x.astype(jnp.float32)
     if sbuf is not None:
       x = x * sbuf[slot, head]
-    g, h = x.shape[1:]
     return x.reshape(ppb * g, h).astype(dtype)
 
   def body(i, carry):
@@ -119,19 +129,19 @@ def _kernel(pages_ref, bounds_ref, q_ref, k_hbm, ks_hbm, v_hbm, vs_hbm, mask_ref
 
     for cp in copies(blk, slot):
       cp.wait()
-    valid_1K = mask_ref[blk] != 0  # [1, ppb * G]
+    # 0 on an attended slot, -inf elsewhere: adding it is the mask (x + 0 = x),
+    # and exp(-inf - m) = 0 drops the slot from the sums.
+    bias_1K = jnp.where(mask_ref[blk] != 0, 0.0, -jnp.inf)  # [1, ppb * G] float32
     out = []
     for head, (m, l, acc) in enumerate(carry):
       k = load(k_buf, ks_buf, slot, head)
       v = load(v_buf, vs_buf, slot, head)
       s = jax.lax.dot_general(q_ref[head], k, (((1,), (1,)), ((), ())),
-                              preferred_element_type=jnp.float32) * scale
-      valid = jnp.broadcast_to(valid_1K, s.shape)
-      s = jnp.where(valid, s, -jnp.inf)
+                              preferred_element_type=jnp.float32) * scale + bias_1K
       m_new = jnp.maximum(m, s.max(axis=-1, keepdims=True))
       # A block with no attended slot leaves m at -inf: keep exp's argument finite.
       m_safe = jnp.where(m_new == -jnp.inf, 0.0, m_new)
-      p = jnp.where(valid, jnp.exp(s - m_safe), 0.0)
+      p = jnp.exp(s - m_safe)
       corr = jnp.exp(m - m_safe)
       out.append((m_new, l * corr + p.sum(axis=-1, keepdims=True),
                   acc * corr + jax.lax.dot_general(
@@ -147,11 +157,35 @@ def _kernel(pages_ref, bounds_ref, q_ref, k_hbm, ks_hbm, v_hbm, vs_hbm, mask_ref
     o_ref[head] = acc / jnp.where(l == 0, 1.0, l)
 
 
-def pages_per_block(pages: int, page_size: int, keys: int = 256) -> int:
+def _sublanes(dtype) -> int:
+  """Rows of a VMEM tile of `dtype` (8 of 32 bits, 16 of 16, 32 of 8)."""
+  return 8 * 4 // jnp.dtype(dtype).itemsize
+
+
+# The ring's VMEM, kept under v5e's and v4's default scoped limit (16 MiB)
+# with room for the pipelined query, mask and output blocks.
+VMEM_BUDGET = 12 * 2**20
+
+
+def ring_bytes(kv_heads: int, ppb: int, page_size: int, head_dim: int, pool_dtype,
+               scaled: bool, depth: int) -> int:
+  """VMEM of the kernel's ring buffers: keys and values `[depth, K, ppb, G, H]`
+  in tiles of (sublanes, 128 lanes), int8 scales `[.., G, 1]` float32 padded
+  to 128 lanes."""
+  up = lambda x, m: -(-x // m) * m
+  rows = depth * kv_heads * ppb
+  kv = 2 * rows * up(page_size, _sublanes(pool_dtype)) * up(head_dim, 128) * jnp.dtype(
+      pool_dtype).itemsize
+  return kv + (2 * rows * up(page_size, 8) * 128 * 4 if scaled else 0)
+
+
+def pages_per_block(pages: int, page_size: int, keys: int = 256, ring=None) -> int:
   """The columns a block copies and computes at once: the largest power of
-  two dividing a row's `pages` with at most `keys` slots (at least 1)."""
+  two dividing a row's `pages` with at most `keys` slots and, given `ring`
+  (`ppb` -> the ring's bytes), a ring within `VMEM_BUDGET` (at least 1)."""
+  fits = lambda ppb: ring is None or ring(ppb) <= VMEM_BUDGET
   ppb = 1
-  while 2 * ppb * page_size <= keys and pages % (2 * ppb) == 0:
+  while 2 * ppb * page_size <= keys and pages % (2 * ppb) == 0 and fits(2 * ppb):
     ppb *= 2
   return ppb
 
@@ -211,14 +245,17 @@ def decode(q_BTNH, k_pool, v_pool, k_scale, v_scale, page_ids_BJ, valid_BS, q_sl
   j = page_ids_BJ.shape[1]
   if valid_BS.shape[1] != j * g:
     raise ValueError(f"{valid_BS.shape[1]} slots per row is not {j} pages of {g}.")
-  ppb = pages_per_block(j, g) if block_pages is None else block_pages
-  if j % ppb or depth < 2:
-    raise ValueError(f"{ppb} pages per block does not divide a row's {j} pages, or depth "
-                     f"{depth} < 2.")
+  kh = k_pool.shape[0]
+  ring = lambda ppb: ring_bytes(kh, ppb, g, h, k_pool.dtype, k_scale is not None, depth)
+  ppb = pages_per_block(j, g, ring=ring) if block_pages is None else block_pages
+  if j % ppb or depth < 2 or ring(ppb) > VMEM_BUDGET:
+    raise ValueError(f"{ppb} pages per block does not divide a row's {j} pages, depth "
+                     f"{depth} < 2, or the ring of {depth} blocks needs "
+                     f"{ring(ppb) / 2**20:.1f} MiB of VMEM (budget "
+                     f"{VMEM_BUDGET / 2**20:.0f} MiB): fewer pages per block or a shallower ring.")
   if interpret is None:
     interpret = jax.default_backend() != "tpu"
   mask_BS, bounds_B2 = kv_cache.attended_pages(valid_BS, q_slot_BT, g)
-  kh = k_pool.shape[0]
   q_BKQH = q_BTNH[:, 0].reshape(b, kh, n // kh, h).astype(dtype)
   if k_scale is not None:
     k_scale, v_scale = k_scale.astype(jnp.float32), v_scale.astype(jnp.float32)
