@@ -3,8 +3,10 @@
 # results under $OUT). Wheels the image lacks (qwix, ml_collections,
 # tensorboardX) travel in .whl/ (bench/README.md, "GPU figures").
 #   bash bench/gpu_checks.sh kernel   # the kernel's tests, bench/decode.py, int8 GEMM tests
-#   bash bench/gpu_checks.sh sampler  # the kernel's plans (bench/paged_kernel.py), the
-#                                     # sampler table with the best, the tests on the GPU
+#   bash bench/gpu_checks.sh plans    # the kernel's launch plans (bench/paged_kernel.py:
+#                                     # 48 at full fill, the best at every fill), ~3 min
+#   bash bench/gpu_checks.sh sampler  # the sampler table with PLAN=... (else the best of a
+#                                     # 4-plan sweep), the tests on the GPU
 #   bash bench/gpu_checks.sh verify   # the kernel's comparison tests, the native-vs-emulated
 #                                     # gap (bench/native_gap.py), FP8 weights at a 1.7B shape
 set -u
@@ -34,11 +36,19 @@ case "${1:-kernel}" in
       | tail -25 > "$OUT/tests_native_quant.txt"
     tail -3 "$OUT/tests_native_quant.txt"
     ;;
-  sampler)
-    timeout 100 python3 bench/paged_kernel.py --json "$OUT/paged_kernel.json" \
+  plans)
+    timeout 330 python3 bench/paged_kernel.py --json "$OUT/paged_kernel.json" \
       > "$OUT/paged_kernel.md" 2> "$OUT/paged_kernel.log"
-    cat "$OUT/paged_kernel.md"
-    best=$(python3 -c "import json; print(json.load(open('$OUT/paged_kernel.json')).get('best_plan', ''))")
+    cat "$OUT/paged_kernel.md"; tail -3 "$OUT/paged_kernel.log"
+    ;;
+  sampler)
+    best=${PLAN:-}
+    if [ -z "$best" ]; then
+      timeout 100 python3 bench/paged_kernel.py --ppb 1 --splits 4,8 --warps 4 --stages 2,3 \
+        --json "$OUT/paged_kernel.json" > "$OUT/paged_kernel.md" 2> "$OUT/paged_kernel.log"
+      cat "$OUT/paged_kernel.md"
+      best=$(python3 -c "import json; print(json.load(open('$OUT/paged_kernel.json')).get('best_plan', ''))")
+    fi
     echo "plan: $best" > "$OUT/plan.txt"
     MIPU_PALLAS_DECODE_PLAN=$best \
     timeout "${SAMPLER_TIMEOUT:-220}" python3 bench/accelerator.py --parts sampler \

@@ -1,15 +1,22 @@
 r"""The Pallas decode-attention kernel alone, per launch plan, against its read bound.
 
-    python bench/paged_kernel.py --json /tmp/plans.json        # a GPU
+    python bench/paged_kernel.py --json /tmp/plans.json        # a GPU, ~2-3 min
 
-One layer of a Qwen3-0.6B-shaped paged cache (64 rows x 2,048 slots, 8 kv
-heads of 128, 16 query heads, bfloat16, pages of 64), rows filled to 1/8, 1/2
-and all of their slots. For each plan `(pages_per_block, k_splits, num_warps,
-num_stages)` of `mipu_jax.models.paged_pallas.decode` and for the XLA path
-(`attention.paged`): the best time of one call, and `read`, the best time of
-a jitted sum over the bytes the call must read (the filled K/V slots), in the
-same run. The best plan at full fill is printed as the
-`MIPU_PALLAS_DECODE_PLAN` value that selects it.
+A Qwen3-0.6B-shaped paged cache (64 rows x 2,048 slots, 8 kv heads of 128, 16
+query heads, bfloat16, pages of 64) whose pools hold every layer (`--layers`
+28: 15 GB, so the kernel addresses them as the sampler's does, with 64-bit
+offsets), one layer's pages read. Every plan `(pages_per_block, k_splits,
+num_warps, num_stages)` of `mipu_jax.models.paged_pallas.decode` is timed at
+full fill; the default plan and the best `--top` are then timed with rows
+filled to 1/8, 1/2 and all of their slots, next to the XLA path
+(`attention.paged`) and `read`, a jitted sum over as many bytes as the call
+must read (the filled K/V slots), in the same run.
+
+A time is the best over `--repeats` of the mean of `--calls` back-to-back
+calls, blocking on the last only: the device's time per call, the host's
+dispatch overlapped (one blocking call also counts launch and dispatch,
+about 0.1 ms on an H200, a third of a full-fill layer). The best plan at full
+fill is printed as the `MIPU_PALLAS_DECODE_PLAN` value that selects it.
 """
 
 import argparse
@@ -17,16 +24,27 @@ import itertools
 import json
 import os
 import sys
+import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import jax  # pylint: disable=g-import-not-at-top
 import jax.numpy as jnp
 
-from attention import _best_time  # pylint: disable=g-import-not-at-top
-from decode import bandwidth_times  # pylint: disable=g-import-not-at-top
 from mipu_jax.models import attention, paged_pallas  # pylint: disable=g-import-not-at-top
+
+
+def per_call(fn, calls: int, repeats: int) -> float:
+  """Seconds per call of `fn` over `calls` back-to-back calls (best of `repeats`)."""
+  jax.block_until_ready(fn())  # compile, warm up
+  best = float("inf")
+  for _ in range(repeats):
+    t0 = time.perf_counter()
+    for _ in range(calls):
+      out = fn()
+    jax.block_until_ready(out)
+    best = min(best, (time.perf_counter() - t0) / calls)
+  return best
 
 
 def main():
@@ -38,67 +56,107 @@ def main():
   p.add_argument("--kv_heads", type=int, default=8)
   p.add_argument("--heads", type=int, default=16)
   p.add_argument("--head_dim", type=int, default=128)
-  p.add_argument("--ppb", default="1,2,4")
-  p.add_argument("--splits", default="1,2,4")
+  p.add_argument("--layers", type=int, default=28, help="layers the pools hold")
+  p.add_argument("--ppb", default="1,2")
+  p.add_argument("--splits", default="2,4,8,16")
   p.add_argument("--warps", default="4,8")
-  p.add_argument("--stages", default="2")
-  p.add_argument("--repeats", type=int, default=10)
+  p.add_argument("--stages", default="2,3,4")
+  p.add_argument("--top", type=int, default=3, help="plans timed at every fill")
+  p.add_argument("--calls", type=int, default=20)
+  p.add_argument("--repeats", type=int, default=5)
   p.add_argument("--json", default=None)
   a = p.parse_args()
   b, s, g, k, n, h = a.rows, a.slots, a.page, a.kv_heads, a.heads, a.head_dim
   j = s // g
+  per_layer = b * j
   key = jax.random.split(jax.random.key(0), 3)
-  kp = jax.random.normal(key[0], (k, b * j, g, h), jnp.bfloat16)
-  vp = jax.random.normal(key[1], (k, b * j, g, h), jnp.bfloat16)
+
+  @jax.jit
+  def pool(key):  # the read layer random, the others zero
+    x = jax.random.normal(key, (k, per_layer, g, h), jnp.bfloat16)
+    return jnp.concatenate([jnp.zeros((k, (a.layers - 1) * per_layer, g, h), jnp.bfloat16), x],
+                           axis=1)
+
+  kp, vp = pool(key[0]), pool(key[1])
   q = jax.random.normal(key[2], (b, 1, n, h), jnp.bfloat16)
-  ids = jnp.arange(b * j, dtype=jnp.int32).reshape(b, j)
+  ids = jnp.arange(per_layer, dtype=jnp.int32).reshape(b, j) + (a.layers - 1) * per_layer
   interpret = jax.default_backend() != "gpu"
   ints = lambda t: [int(x) for x in t.split(",")]
   plans = [pl for pl in itertools.product(ints(a.ppb), ints(a.splits), ints(a.warps),
-                                          ints(a.stages)) if j % (pl[0] * pl[1]) == 0]
+                                          ints(a.stages))
+           if j % (pl[0] * pl[1]) == 0 and pl[0] * g >= 16]
+  default = paged_pallas.split_plan(b, k, j, g) + (4, 2)
+  name = lambda plan: ",".join(map(str, plan))
   out = dict(device=str(jax.devices()[0].device_kind), jax=jax.__version__, rows=b, slots=s,
-             page=g, kv_heads=k, heads=n, head_dim=h, default_plan=paged_pallas.split_plan(
-                 b, k, j, g) + (4, 2), levels=[])
-  for fill in (s // 8, s // 2, s):
-    valid = jnp.arange(s)[None, :] < fill
-    valid = jnp.broadcast_to(valid, (b, s))
-    q_slot = jnp.full((b, 1), fill - 1, jnp.int32)
-    nbytes = 2 * b * fill * k * h * 2
-    _, read_s = bandwidth_times(nbytes, a.repeats)
-    level = dict(fill=fill, bytes=nbytes, read_s=read_s, plans={})
-    xla = jax.jit(lambda q, kp, vp, ids, valid, q_slot: attention.paged(
-        q, kp, vp, None, None, ids, valid, q_slot, jnp.bfloat16))
-    level["xla_s"] = _best_time(lambda: xla(q, kp, vp, ids, valid, q_slot).block_until_ready(),
-                                a.repeats)
-    for plan in plans:
-      fn = jax.jit(lambda q, kp, vp, ids, valid, q_slot, plan=plan: paged_pallas.decode(
+             page=g, kv_heads=k, heads=n, head_dim=h, layers=a.layers, calls=a.calls,
+             default_plan=default, sweep={}, levels=[])
+
+  kernels = {}
+
+  def kernel(plan):
+    if plan not in kernels:
+      kernels[plan] = jax.jit(lambda q, kp, vp, ids, valid, q_slot: paged_pallas.decode(
           q, kp, vp, None, None, ids, valid, q_slot, jnp.bfloat16, plan=plan,
           interpret=interpret))
-      try:
-        t = _best_time(lambda: fn(q, kp, vp, ids, valid, q_slot).block_until_ready(), a.repeats)
-      except Exception as e:  # pylint: disable=broad-except
-        t = f"{type(e).__name__}: {str(e)[:120]}"
-      level["plans"][",".join(map(str, plan))] = t
-      print(f"fill {fill} plan {plan}: {t}", file=sys.stderr, flush=True)
+    return kernels[plan]
+
+  def inputs(fill):
+    valid = jnp.broadcast_to(jnp.arange(s)[None, :] < fill, (b, s))
+    return valid, jnp.full((b, 1), fill - 1, jnp.int32)
+
+  def timed(plan, fill):
+    valid, q_slot = inputs(fill)
+    try:
+      return per_call(lambda: kernel(plan)(q, kp, vp, ids, valid, q_slot), a.calls, a.repeats)
+    except Exception as e:  # pylint: disable=broad-except
+      return f"{type(e).__name__}: {str(e)[:120]}"
+
+  for plan in plans:  # the sweep, at full fill
+    out["sweep"][name(plan)] = timed(plan, s)
+    print(f"full fill, plan {plan}: {out['sweep'][name(plan)]}", file=sys.stderr, flush=True)
+  ok = {k_: v for k_, v in out["sweep"].items() if isinstance(v, float)}
+  ranked = sorted(ok, key=ok.get)
+  chosen = [default] + [tuple(ints(x)) for x in ranked[:a.top] if tuple(ints(x)) != default]
+
+  xla = jax.jit(lambda q, kp, vp, ids, valid, q_slot: attention.paged(
+      q, kp, vp, None, None, ids, valid, q_slot, jnp.bfloat16))
+  read = jax.jit(lambda x: jnp.sum(x, dtype=jnp.uint32))
+
+  def read_s(nbytes):
+    x = jnp.ones((nbytes,), jnp.uint8)
+    return per_call(lambda: read(x), a.calls, a.repeats)
+
+  for fill in (s // 8, s // 2, s):
+    nbytes = 2 * b * fill * k * h * 2
+    valid, q_slot = inputs(fill)
+    level = dict(fill=fill, bytes=nbytes, read_s=read_s(nbytes),
+                 xla_s=per_call(lambda: xla(q, kp, vp, ids, valid, q_slot), a.calls, a.repeats),
+                 plans={name(plan): timed(plan, fill) for plan in chosen})
     out["levels"].append(level)
+    print(f"fill {fill}: {level}", file=sys.stderr, flush=True)
+
   print(f"kernel, {b} rows x {s} slots, pages of {g}, {k} kv heads of {h}, {n} heads, bf16, "
-        f"{out['device']}, jax {out['jax']}; times in ms, x = / read bound\n")
-  names = list(out["levels"][0]["plans"])
-  print("| plan | " + " | ".join(f"fill {lv['fill']}" for lv in out["levels"]) + " |")
-  print("|---|" + "---|" * len(out["levels"]))
+        f"pools of {a.layers} layers, {out['device']}, jax {out['jax']}; ms per call over "
+        f"{a.calls} back-to-back calls, x = / read bound\n")
   fmt = lambda t, lv: (f"{t * 1e3:.3f} ({t / lv['read_s']:.2f}x)" if isinstance(t, float)
                        else "fails")
-  print("| read bound | " + " | ".join(f"{lv['read_s'] * 1e3:.3f}" for lv in out["levels"]) + " |")
-  print("| XLA paged | " + " | ".join(fmt(lv["xla_s"], lv) for lv in out["levels"]) + " |")
-  for name in names:
-    print(f"| {name} | " + " | ".join(fmt(lv["plans"][name], lv) for lv in out["levels"]) + " |")
-  full = out["levels"][-1]["plans"]
-  ok = {k_: v for k_, v in full.items() if isinstance(v, float)}
-  if ok:
-    best = min(ok, key=ok.get)
-    out["best_plan"] = best
-    print(f"\nbest at full fill: {paged_pallas.PLAN_ENV}={best} "
-          f"(default plan {out['default_plan']})")
+  levels = out["levels"]
+  print("| plan | " + " | ".join(f"fill {lv['fill']}" for lv in levels) + " |")
+  print("|---|" + "---|" * len(levels))
+  print("| read bound | " + " | ".join(f"{lv['read_s'] * 1e3:.3f}" for lv in levels) + " |")
+  print("| XLA paged | " + " | ".join(fmt(lv["xla_s"], lv) for lv in levels) + " |")
+  for plan in chosen:
+    label = name(plan) + (" (default)" if plan == default else "")
+    print(f"| {label} | " + " | ".join(fmt(lv["plans"][name(plan)], lv) for lv in levels) + " |")
+  full = levels[-1]
+  print(f"\nsweep at full fill ({len(plans)} plans; {len(ok)} ran), fastest first:")
+  print(", ".join(f"{x} {fmt(ok[x], full)}" for x in ranked[:12]))
+  failed = sorted(set(out["sweep"]) - set(ok))
+  if failed:
+    print(f"failed: {', '.join(failed)}")
+  if ranked:
+    out["best_plan"] = ranked[0]
+    print(f"\nbest at full fill: {paged_pallas.PLAN_ENV}={ranked[0]} (default plan {default})")
   if a.json:
     with open(a.json, "w") as f:
       json.dump(out, f, indent=1)
