@@ -294,6 +294,24 @@ def test_pallas_tpu_kernel_lowers_for_tpu(dtype):
   assert "tpu_custom_call" in text and "mipu_paged_decode_tpu" in text
 
 
+@pytest.mark.parametrize("dtype", ["bfloat16", "float8_e4m3fn", "int8"])
+def test_pallas_kernel_lowers_for_gpu(dtype):
+  """Pallas' Triton lowering of the GPU kernel at Qwen3-0.6B's shape (8 kv
+  heads of 128, 16 query heads, 32 pages of 64), run on CPU for platform
+  'cuda': every op, load, masked store and block of the kernel is lowered to
+  Triton's dialect there (Triton's own compilation needs a GPU)."""
+  b, j, g, k, n, h = 4, 32, 64, 8, 16, 128
+  cfg = type("C", (), dict(num_kv_heads=k, head_dim=h, num_layers=2))
+  kp, vp, ks, vs = kv_cache.init_pool(cfg, b * j, g, jnp.dtype(dtype))
+  fn = jax.jit(lambda q, kp, vp, ks, vs, ids, valid, slot: paged_pallas.decode(
+      q, kp, vp, ks, vs, ids, valid, slot, jnp.bfloat16, interpret=False))
+  lowered = fn.trace(jnp.zeros((b, 1, n, h), jnp.bfloat16), kp, vp, ks, vs,
+                     jnp.zeros((b, j), jnp.int32), jnp.ones((b, j * g), bool),
+                     jnp.zeros((b, 1), jnp.int32)).lower(lowering_platforms=("cuda",))
+  text = lowered.as_text()
+  assert "__gpu$xla.gpu.triton" in text and paged_pallas.NAME in text
+
+
 def test_pallas_kernel_refuses_shapes_its_tiles_do_not_fit():
   assert paged_pallas.supports(32, 64, 128)
   assert not paged_pallas.supports(32, 64, 12)  # head dim not a power of two

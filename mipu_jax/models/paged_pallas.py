@@ -18,10 +18,13 @@ length), the softmax scale applied to the float32 logits (as
 `attention.paged` does, so the two agree to float rounding), and int8 pools
 dequantized per slot before the dot (the same `(x * scale).astype(dtype)`
 as `kv_cache.read_pages`). FP8 pools are cast to the compute dtype in the
-kernel. Query heads of one kv head are padded to 16 (the smallest dot tile).
+kernel. Query heads of one kv head are padded to 16 (the smallest dot tile);
+only the real rows of each split's float32 partial output are stored (a
+masked store) and merged.
 
 On a machine without a GPU it runs in Pallas' interpret mode (tests compare
-it with `attention.paged` and the dense reference on CPU).
+it with `attention.paged` and the dense reference on CPU), and its lowering
+to Triton's dialect for 'cuda' is checked there too.
 
 It is written against Pallas' core API and its Triton backend
 (`jax.experimental.pallas.triton.CompilerParams`), not the `pallas.ops.gpu`
@@ -51,7 +54,7 @@ NAME = "mipu_paged_decode"
 
 
 def _kernel(bounds_ref, q_ref, k_ref, ks_ref, v_ref, vs_ref, pages_ref, mask_ref,
-            o_ref, l_ref, m_ref, *, pages_per_block: int, scale: float, dtype):
+            o_ref, l_ref, m_ref, *, pages_per_block: int, scale: float, dtype, heads: int):
   """One (kv head, query-head block, split) program of one row."""
   split = pl.program_id(2)
   block_h, h = q_ref.shape
@@ -97,7 +100,10 @@ def _kernel(bounds_ref, q_ref, k_ref, ks_ref, v_ref, vs_ref, pages_ref, mask_ref
           jnp.full((block_h,), -jnp.inf, jnp.float32),
           jnp.zeros((block_h,), jnp.float32))
   o, m, l = jax.lax.fori_loop(0, n_blocks, body, init)
-  o_ref[...] = o
+  # Only the kv head's `heads` real query rows of the float32 partial output
+  # (2 of the 16-row tile at Qwen3-0.6B): the merge reads those alone.
+  from jax.experimental.pallas import triton as plgpu  # pylint: disable=g-import-not-at-top
+  plgpu.store(o_ref, o, mask=jax.lax.broadcasted_iota(jnp.int32, o.shape, 0) < heads)
   m_ref[...] = m
   l_ref[...] = l
 
@@ -121,7 +127,7 @@ def _row(q_NH, bounds_2, pages_J, mask_S, k_pool, v_pool, k_scale, v_scale, *,
     scale_spec = pl.BlockSpec((None, total_pages, g), lambda k, i, s: (k, 0, 0))
     k_scale, v_scale = k_scale[..., 0], v_scale[..., 0]
   kernel = functools.partial(_kernel, pages_per_block=pages_per_block,
-                             scale=h ** -0.5, dtype=dtype)
+                             scale=h ** -0.5, dtype=dtype, heads=per_kv)
   from jax.experimental.pallas import triton as plgpu  # pylint: disable=g-import-not-at-top
   o, l, m = pl.pallas_call(
       kernel,
@@ -150,13 +156,14 @@ def _row(q_NH, bounds_2, pages_J, mask_S, k_pool, v_pool, k_scale, v_scale, *,
   # Merge the splits (log-sum-exp). A row with no slot to attend gives 0
   # (attention.paged gives the mean of the values its loop visited; neither
   # is used: such a row is not sampling).
+  o, l, m = o[:, :, :per_kv], l[:, :, :per_kv], m[:, :, :per_kv]  # the rows written
   m_max = m.max(axis=0)
   m_safe = jnp.where(m_max == -jnp.inf, 0.0, m_max)
   corr = jnp.exp(m - m_safe[None])
   l_sum = (l * corr).sum(axis=0)
   o_sum = (o * corr[..., None]).sum(axis=0)
   out = o_sum / jnp.where(l_sum == 0, 1.0, l_sum)[..., None]
-  return out[:, :per_kv].reshape(n, h).astype(dtype)
+  return out.reshape(n, h).astype(dtype)
 
 
 def split_plan(batch: int, kv_heads: int, pages: int, page_size: int,
