@@ -44,12 +44,14 @@ case "${1:-kernel}" in
   sampler)
     best=${PLAN:-}
     if [ -z "$best" ]; then
+      rm -f "$OUT/paged_kernel.json"
       timeout 100 python3 bench/paged_kernel.py --ppb 1 --splits 4,8 --warps 4 --stages 2,3 \
         --json "$OUT/paged_kernel.json" > "$OUT/paged_kernel.md" 2> "$OUT/paged_kernel.log"
       cat "$OUT/paged_kernel.md"
-      best=$(python3 -c "import json; print(json.load(open('$OUT/paged_kernel.json')).get('best_plan', ''))")
+      best=$(python3 -c "import json; print(json.load(open('$OUT/paged_kernel.json')).get('best_plan', ''))" 2>/dev/null)
     fi
-    echo "plan: $best" > "$OUT/plan.txt"
+    [ -z "$best" ] && echo "no plan measured: the sampler runs the default plan"
+    echo "plan: ${best:-default}" > "$OUT/plan.txt"
     MIPU_PALLAS_DECODE_PLAN=$best \
     timeout "${SAMPLER_TIMEOUT:-220}" python3 bench/accelerator.py --parts sampler \
       --sampler_modes "${MODES:-bf16,bf16 + fp8 KV,bf16 paged XLA}" --out "$OUT/accelerator" \

@@ -272,6 +272,11 @@ def test_pallas_tpu_ring_fits_the_default_vmem_limit():
           jnp.zeros((1, 1), jnp.int32), jnp.float32)
   with pytest.raises(ValueError, match="MiB of VMEM"):
     paged_pallas_tpu.decode(q, *args, block_pages=8)
+  for bad in (0, -1, 3):
+    with pytest.raises(ValueError, match=f"block_pages {bad} does not divide"):
+      paged_pallas_tpu.decode(q, *args, block_pages=bad)
+  with pytest.raises(ValueError, match="at least 2 blocks"):
+    paged_pallas_tpu.decode(q, *args, depth=1)
   np.testing.assert_array_equal(np.asarray(paged_pallas_tpu.decode(q, *args)), 0.0)
 
 

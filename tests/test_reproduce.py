@@ -458,7 +458,14 @@ def test_the_main_job_has_committed_tables_to_be_placed_among():
   """experiments/compare.py places a user's runs among configs/table.py
   COMMITTED's tables for the lr it trained: each listed table is in the
   repository, and the job's default lr has one (else it prints 'Not placed')."""
+  def seeds(lr):  # what compare.py reads back: each row's committed seeds
+    runs = pathlib.Path(ROOT) / table.COMMITTED[lr] / "runs"
+    return sorted(int(p.name.rsplit("_s", 1)[1]) for p in runs.glob("control_s*")
+                  if (p / "summary.json").is_file())
+
   for lr, path in table.COMMITTED.items():
     assert (pathlib.Path(ROOT) / path / "summary.json").is_file(), (lr, path)
+    assert seeds(lr)[:3] == [0, 1, 2], (lr, seeds(lr))
   default_lr = _build(table, "control,seed=0").optim.learning_rate
   assert default_lr in table.COMMITTED, default_lr
+  assert seeds(default_lr) == list(range(10))

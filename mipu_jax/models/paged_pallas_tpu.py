@@ -10,7 +10,9 @@ would pass `VMEM_BUDGET`), one strided copy of every kv head's page of keys,
 of values (and of int8 scales) per column, into a ring of `depth` VMEM
 buffers, `depth - 1` blocks ahead of the block it computes. It loops from the
 block holding the row's first attended page to the one holding its last, so a
-step reads each row's filled pages and nothing else.
+step reads each row's filled pages and, in its first and last block, at most
+`2 * (pages_per_block - 1)` more page copies (columns outside the row's pages
+copy its nearest page again, masked), not the whole cache.
 
 Why this shape: a grid step costs a fixed overhead on a TPU (a fraction of a
 microsecond), and a page of one head is 16 KiB at Qwen3-0.6B's shape. The
@@ -34,13 +36,14 @@ kernel runs in Pallas' TPU interpreter (`pltpu.InterpretParams`, which
 simulates the copies between HBM and VMEM; the tests run each copy when it is
 started and check for races, so a copy into a block still being read shows)
 and equals `attention.paged` on ragged rows for every cache dtype
-(tests/test_kv_cache.py): bitwise with one page per block, within float32
-rounding (2.5e-7) with several, whose softmax sums cover a block at once. It
-lowers for TPU at Qwen3-0.6B's head and page shape (`jax.export` with
-`platforms=["tpu"]` runs Pallas' lowering of every op, copy and block to
-Mosaic's dialect). Mosaic's own passes (vector layouts, then compilation) run
-only in a TPU's runtime and are untested, as is the kernel's speed, so `decode_attention='auto'` does not pick this kernel: ask for it with
-`decode_attention='pallas_tpu'`. What waits for a TPU: the block size and
+(tests/test_kv_cache.py): bitwise with one page per block; with blocks of two
+16-slot pages, whose softmax sums cover a block at once, within 2.5e-7 in
+float32 compute and one bf16 ulp in bf16 compute. It lowers for TPU at
+Qwen3-0.6B's head and page shape (`jax.export` with `platforms=["tpu"]` runs
+Pallas' lowering of every op, copy and block to Mosaic's dialect). Mosaic's
+own passes (vector layouts, then compilation) run only in a TPU's runtime and
+are untested, as is the kernel's speed, so `decode_attention='auto'` does not
+pick this kernel: ask for it with `decode_attention='pallas_tpu'`. What waits for a TPU: the block size and
 ring depth (`decode(..., block_pages=, depth=)`); the first block's copy
 latency at each row (nothing is prefetched across grid steps, which keeps
 the steps independent for megacore's "parallel" split); int8 scales, stored
@@ -247,12 +250,15 @@ def decode(q_BTNH, k_pool, v_pool, k_scale, v_scale, page_ids_BJ, valid_BS, q_sl
     raise ValueError(f"{valid_BS.shape[1]} slots per row is not {j} pages of {g}.")
   kh = k_pool.shape[0]
   ring = lambda ppb: ring_bytes(kh, ppb, g, h, k_pool.dtype, k_scale is not None, depth)
+  if depth < 2:
+    raise ValueError(f"depth {depth}: the ring needs at least 2 blocks.")
+  if block_pages is not None and (block_pages < 1 or j % block_pages):
+    raise ValueError(f"block_pages {block_pages} does not divide a row's {j} pages.")
   ppb = pages_per_block(j, g, ring=ring) if block_pages is None else block_pages
-  if j % ppb or depth < 2 or ring(ppb) > VMEM_BUDGET:
-    raise ValueError(f"{ppb} pages per block does not divide a row's {j} pages, depth "
-                     f"{depth} < 2, or the ring of {depth} blocks needs "
-                     f"{ring(ppb) / 2**20:.1f} MiB of VMEM (budget "
-                     f"{VMEM_BUDGET / 2**20:.0f} MiB): fewer pages per block or a shallower ring.")
+  if ring(ppb) > VMEM_BUDGET:
+    raise ValueError(f"a ring of {depth} blocks of {ppb} pages needs {ring(ppb) / 2**20:.1f} "
+                     f"MiB of VMEM (budget {VMEM_BUDGET / 2**20:.0f} MiB): fewer pages per "
+                     "block or a shallower ring.")
   if interpret is None:
     interpret = jax.default_backend() != "tpu"
   mask_BS, bounds_B2 = kv_cache.attended_pages(valid_BS, q_slot_BT, g)
