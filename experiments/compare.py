@@ -14,7 +14,7 @@ response length, learning rate, rollback rate). The rows differ only in what
 they compare (`mipu_jax.reproduce.check_like_with_like`). The job ends with
 the verdict lines of the sources' claims about its rows (MIPU > baseline,
 MIPU > TIS; `mipu_jax/reproduce/stats.py`: paired by seed, exact sign-flip
-test, 0.05). One seed (the default, about 9 minutes on 2 idle cores: 551 s
+test, 0.05). One seed (the default, about 9 minutes on 2 idle cores: 543 s
 measured at lr 2e-4, README.md "Two commands") can
 only say "undecidable"; `--seeds 0,1,2,3,4` is the least that can decide
 (smallest one-sided p 1/32), at about five times the time.
