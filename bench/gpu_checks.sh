@@ -4,7 +4,8 @@
 # tensorboardX) travel in .whl/ (bench/README.md, "GPU figures").
 #   bash bench/gpu_checks.sh kernel   # the kernel's tests, bench/decode.py, int8 GEMM tests
 #   bash bench/gpu_checks.sh plans    # the kernel's launch plans (bench/paged_kernel.py:
-#                                     # 48 at full fill, the best at every fill), ~3 min
+#                                     # 48 page-gather and 8 slot-gather plans at full fill,
+#                                     # the best at every fill), ~3 min
 #   bash bench/gpu_checks.sh sampler  # the sampler table with PLAN=... (else the best of a
 #                                     # 4-plan sweep), the tests on the GPU
 #   bash bench/gpu_checks.sh verify   # the kernel's comparison tests, the native-vs-emulated

@@ -5,9 +5,10 @@ r"""The Pallas decode-attention kernel alone, per launch plan, against its read 
 A Qwen3-0.6B-shaped paged cache (64 rows x 2,048 slots, 8 kv heads of 128, 16
 query heads, bfloat16, pages of 64) whose pools hold every layer (`--layers`
 28: 15 GB, so the kernel addresses them as the sampler's does, with 64-bit
-offsets), one layer's pages read. Every plan `(pages_per_block, k_splits,
-num_warps, num_stages)` of `mipu_jax.models.paged_pallas.decode` is timed at
-full fill; the default plan and the best `--top` are then timed with rows
+offsets), one layer's pages read. Every plan `(block, k_splits, num_warps,
+num_stages)` of `mipu_jax.models.paged_pallas.decode` is timed at full fill,
+for the page gather (blocks of pages) and the slot gather (`--slot_plans`,
+blocks of slots); the default plan and the best `--top` are then timed with rows
 filled to 1/8, 1/2 and all of their slots, next to the XLA path
 (`attention.paged`) and `read`, a jitted sum over as many bytes as the call
 must read (the filled K/V slots), in the same run.
@@ -63,6 +64,9 @@ def main():
   p.add_argument("--splits", default="2,4,8,16")
   p.add_argument("--warps", default="4,8")
   p.add_argument("--stages", default="2,3,4")
+  p.add_argument("--slot_plans", default="32,4,4,2;32,4,4,3;32,8,4,2;32,8,4,3;"
+                 "64,4,4,2;64,4,4,3;64,8,4,2;64,8,4,3",
+                 help="plans of the slot gather ('block,splits,warps,stages;...'; '' for none)")
   p.add_argument("--top", type=int, default=3, help="plans timed at every fill")
   p.add_argument("--calls", type=int, default=20)
   p.add_argument("--repeats", type=int, default=5)
@@ -84,22 +88,25 @@ def main():
   ids = jnp.arange(per_layer, dtype=jnp.int32).reshape(b, j) + (a.layers - 1) * per_layer
   interpret = jax.default_backend() != "gpu"
   ints = lambda t: [int(x) for x in t.split(",")]
-  plans = [pl for pl in itertools.product(ints(a.ppb), ints(a.splits), ints(a.warps),
-                                          ints(a.stages))
+  plans = [("pages", pl) for pl in itertools.product(ints(a.ppb), ints(a.splits),
+                                                     ints(a.warps), ints(a.stages))
            if j % (pl[0] * pl[1]) == 0 and pl[0] * g >= 16]
-  default = paged_pallas.split_plan(b, k, j, g) + (4, 2)
-  name = lambda plan: ",".join(map(str, plan))
+  plans += [("slots", tuple(ints(x))) for x in a.slot_plans.split(";") if x.strip()
+            and s % (ints(x)[0] * ints(x)[1]) == 0]
+  default = ("pages", paged_pallas.split_plan(b, k, j, g) + (4, 2))
+  # As MIPU_PALLAS_DECODE_PLAN reads it: "1,4,4,2" (pages), "slots:64,4,4,3".
+  name = lambda plan: ("" if plan[0] == "pages" else plan[0] + ":") + ",".join(map(str, plan[1]))
   out = dict(device=str(jax.devices()[0].device_kind), jax=jax.__version__, rows=b, slots=s,
              page=g, kv_heads=k, heads=n, head_dim=h, layers=a.layers, calls=a.calls,
-             default_plan=default, sweep={}, levels=[])
+             default_plan=name(default), sweep={}, levels=[])
 
   kernels = {}
 
   def kernel(plan):
     if plan not in kernels:
       kernels[plan] = jax.jit(lambda q, kp, vp, ids, valid, q_slot: paged_pallas.decode(
-          q, kp, vp, None, None, ids, valid, q_slot, jnp.bfloat16, plan=plan,
-          interpret=interpret))
+          q, kp, vp, None, None, ids, valid, q_slot, jnp.bfloat16, gather=plan[0],
+          plan=plan[1], interpret=interpret))
     return kernels[plan]
 
   def inputs(fill):
@@ -130,10 +137,12 @@ def main():
 
   for plan in plans:  # the sweep, at full fill
     out["sweep"][name(plan)] = timed(plan, s)
-    print(f"full fill, plan {plan}: {out['sweep'][name(plan)]}", file=sys.stderr, flush=True)
+    print(f"full fill, plan {name(plan)}: {out['sweep'][name(plan)]}", file=sys.stderr,
+          flush=True)
   ok = {k_: v for k_, v in out["sweep"].items() if isinstance(v, float)}
   ranked = sorted(ok, key=ok.get)
-  chosen = [default] + [tuple(ints(x)) for x in ranked[:a.top] if tuple(ints(x)) != default]
+  by_name = {name(plan): plan for plan in plans}
+  chosen = [default] + [by_name[x] for x in ranked[:a.top] if by_name[x] != default]
 
   read = jax.jit(lambda x: jnp.sum(x, dtype=jnp.uint32))
 
@@ -171,7 +180,8 @@ def main():
     print(f"{plan}: {out['sweep'][plan]}")
   if ranked:
     out["best_plan"] = ranked[0]
-    print(f"\nbest at full fill: {paged_pallas.PLAN_ENV}={ranked[0]} (default plan {default})")
+    print(f"\nbest at full fill: {paged_pallas.PLAN_ENV}={ranked[0]} "
+          f"(default plan {name(default)})")
   if a.json:
     with open(a.json, "w") as f:
       json.dump(out, f, indent=1)

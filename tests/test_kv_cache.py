@@ -185,6 +185,13 @@ def _pallas_equals_paged(dtype, slots):
   assert (ppb, splits) == ((2, 1) if s == 96 else (4, 2))
   # The H200's best plan for Qwen3-0.6B's 64 rows x 32 pages of 64 (bench/paged_kernel.py).
   assert paged_pallas.split_plan(64, 8, 32, 64) == (1, 4)
+  # The slot gather: its default (blocks of 32 slots here) and other blocks and splits.
+  assert paged_pallas.split_plan(b, k, s, 1) == ((32, 1) if s == 96 else (64, 2))
+  for plan in (None, (16, 2, 4, 2), (32, 1, 4, 3)):
+    if s % (plan[0] * plan[1]) if plan else False:
+      continue
+    by_slot = paged_pallas.decode(q, *args, gather="slots", plan=plan)
+    np.testing.assert_allclose(np.asarray(by_slot), np.asarray(want), rtol=2e-5, atol=2e-6)
   # One row alone (more splits: another order of the same float32 sums).
   for r in (0, 3):
     alone = paged_pallas.decode(q[r:r + 1], kq, vq, ksc, vsc, ids[r:r + 1],
@@ -299,17 +306,18 @@ def test_pallas_tpu_kernel_lowers_for_tpu(dtype):
   assert "tpu_custom_call" in text and "mipu_paged_decode_tpu" in text
 
 
+@pytest.mark.parametrize("gather", ["pages", "slots"])
 @pytest.mark.parametrize("dtype", ["bfloat16", "float8_e4m3fn", "int8"])
-def test_pallas_kernel_lowers_for_gpu(dtype):
+def test_pallas_kernel_lowers_for_gpu(dtype, gather):
   """Pallas' Triton lowering of the GPU kernel at Qwen3-0.6B's shape (8 kv
   heads of 128, 16 query heads, 32 pages of 64), run on CPU for platform
-  'cuda': every op, load, masked store and block of the kernel is lowered to
-  Triton's dialect there (Triton's own compilation needs a GPU)."""
+  'cuda', both gathers: every op, load, masked store and block of the kernel
+  is lowered to Triton's dialect there (Triton's own compilation needs a GPU)."""
   b, j, g, k, n, h = 4, 32, 64, 8, 16, 128
   cfg = type("C", (), dict(num_kv_heads=k, head_dim=h, num_layers=2))
   kp, vp, ks, vs = kv_cache.init_pool(cfg, b * j, g, jnp.dtype(dtype))
   fn = jax.jit(lambda q, kp, vp, ks, vs, ids, valid, slot: paged_pallas.decode(
-      q, kp, vp, ks, vs, ids, valid, slot, jnp.bfloat16, interpret=False))
+      q, kp, vp, ks, vs, ids, valid, slot, jnp.bfloat16, interpret=False, gather=gather))
   lowered = fn.trace(jnp.zeros((b, 1, n, h), jnp.bfloat16), kp, vp, ks, vs,
                      jnp.zeros((b, j), jnp.int32), jnp.ones((b, j * g), bool),
                      jnp.zeros((b, 1), jnp.int32)).lower(lowering_platforms=("cuda",))
@@ -331,20 +339,32 @@ def test_pallas_kernel_refuses_shapes_its_tiles_do_not_fit():
 
 def test_pallas_launch_plan_from_the_environment(monkeypatch):
   monkeypatch.setenv(paged_pallas.PLAN_ENV, "1,4,4,2")
-  assert paged_pallas.env_plan() == (1, 4, 4, 2)
+  assert paged_pallas.env_plan() == ("pages", (1, 4, 4, 2))
+  monkeypatch.setenv(paged_pallas.PLAN_ENV, "slots:64,4,4,3")
+  assert paged_pallas.env_plan() == ("slots", (64, 4, 4, 3))
   monkeypatch.setenv(paged_pallas.PLAN_ENV, "")
   assert paged_pallas.env_plan() is None
-  for bad in ("1,4,4", "a,b,c,d", "1,0,4,2"):
+  for bad in ("1,4,4", "a,b,c,d", "1,0,4,2", "rows:1,4,4,2"):
     monkeypatch.setenv(paged_pallas.PLAN_ENV, bad)
     with pytest.raises(ValueError, match="four positive integers"):
       paged_pallas.env_plan()
+  monkeypatch.setenv(paged_pallas.PLAN_ENV, "")
   z = jnp.zeros((2, 6, 16, 16))
-  with pytest.raises(ValueError, match="does not divide"):
+  with pytest.raises(ValueError, match="do not tile a row"):
     paged_pallas.decode(jnp.zeros((1, 1, 4, 16)), z, z, None, None,
                         jnp.zeros((1, 3), jnp.int32), jnp.ones((1, 48), bool),
                         jnp.zeros((1, 1), jnp.int32), jnp.float32, plan=(2, 1, 4, 2))
+  with pytest.raises(ValueError, match="gather 'rows'"):
+    paged_pallas.decode(jnp.zeros((1, 1, 4, 16)), z, z, None, None,
+                        jnp.zeros((1, 3), jnp.int32), jnp.ones((1, 48), bool),
+                        jnp.zeros((1, 1), jnp.int32), jnp.float32, gather="rows")
   # The environment's plan, where it does not fit a shape, leaves the default.
   monkeypatch.setenv(paged_pallas.PLAN_ENV, "2,1,4,2")
+  out = paged_pallas.decode(jnp.ones((1, 1, 4, 16)), z + 1, z + 1, None, None,
+                            jnp.zeros((1, 3), jnp.int32), jnp.ones((1, 48), bool),
+                            jnp.full((1, 1), 47, jnp.int32), jnp.float32)
+  np.testing.assert_allclose(np.asarray(out), 1.0, rtol=1e-6)
+  monkeypatch.setenv(paged_pallas.PLAN_ENV, "slots:16,3,4,2")  # 16 x 3 slots tile 48
   out = paged_pallas.decode(jnp.ones((1, 1, 4, 16)), z + 1, z + 1, None, None,
                             jnp.zeros((1, 3), jnp.int32), jnp.ones((1, 48), bool),
                             jnp.full((1, 1), 47, jnp.int32), jnp.float32)

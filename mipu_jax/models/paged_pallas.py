@@ -22,6 +22,16 @@ kernel. Query heads of one kv head are padded to 16 (the smallest dot tile);
 only the real rows of each split's float32 partial output are stored (a
 masked store) and merged.
 
+Two gathers (`decode(..., gather=)`, or `MIPU_PALLAS_DECODE_PLAN="slots:..."`):
+"pages", the default and the one timed on a GPU so far, loads a block's page
+ids, then each page's `[G, H]` keys through them, then the block's slot mask;
+"slots" views the pools as `[K, P * G, H]` rows and loads one index per slot
+(its pool row, -1 where not attended), so a block of any power-of-two size
+costs one index load, which then addresses its rows directly (SGLang's
+Triton decode kernel loads keys this way). The second exists to be compared
+with the first on a GPU (`bench/paged_kernel.py` sweeps both); it is tested
+against `attention.paged` in interpret mode like the first.
+
 On a machine without a GPU it runs in Pallas' interpret mode (tests compare
 it with `attention.paged` and the dense reference on CPU), and its lowering
 to Triton's dialect for 'cuda' is checked there too.
@@ -54,18 +64,24 @@ NAME = "mipu_paged_decode"
 
 
 def _kernel(bounds_ref, q_ref, k_ref, ks_ref, v_ref, vs_ref, pages_ref, mask_ref,
-            o_ref, l_ref, m_ref, *, pages_per_block: int, scale: float, dtype, heads: int):
-  """One (kv head, query-head block, split) program of one row."""
+            o_ref, l_ref, m_ref, *, block: int, unit: int, scale: float, dtype, heads: int):
+  """One (kv head, query-head block, split) program of one row.
+
+  Page gather (`unit` = the page size G): `pages_ref` holds the split's page
+  ids, `mask_ref` its slots' mask, a block is `block` pages. Slot gather
+  (`unit` 1, `mask_ref` None): the pools are `[P * G, H]` rows, `pages_ref`
+  holds each of the split's slots' pool row (-1 where not attended), a block
+  is `block` slots. `bounds_ref`: the row's attended range in those units.
+  """
   split = pl.program_id(2)
   block_h, h = q_ref.shape
-  g = k_ref.shape[-2]
-  pages_per_split = pages_ref.shape[0]
-  block_k = pages_per_block * g
-  first = split * pages_per_split
+  per_split = pages_ref.shape[0]
+  block_k = block * unit
+  first = split * per_split
   lo = jnp.maximum(bounds_ref[0], first) - first
-  hi = jnp.minimum(bounds_ref[1], first + pages_per_split) - first
-  b_lo = lo // pages_per_block
-  n_blocks = jnp.maximum(pl.cdiv(hi, pages_per_block) - b_lo, 0)
+  hi = jnp.minimum(bounds_ref[1], first + per_split) - first
+  b_lo = lo // block
+  n_blocks = jnp.maximum(pl.cdiv(hi, block) - b_lo, 0)
   q = q_ref[...]
 
   def load(ref, sref, ids):
@@ -78,12 +94,16 @@ def _kernel(bounds_ref, q_ref, k_ref, ks_ref, v_ref, vs_ref, pages_ref, mask_ref
   def body(i, carry):
     o, m, l = carry
     blk = b_lo + i
-    ids = pages_ref[pl.ds(blk * pages_per_block, pages_per_block)]
+    ids = pages_ref[pl.ds(blk * block, block)]
+    if mask_ref is None:  # slot gather: -1 marks a slot not attended
+      valid = ids >= 0
+      ids = jnp.maximum(ids, 0)
+    else:
+      valid = mask_ref[pl.ds(blk * block_k, block_k)] != 0
     k = load(k_ref, ks_ref, ids)
     v = load(v_ref, vs_ref, ids)
     s = jax.lax.dot_general(q, k, (((1,), (1,)), ((), ())),
                             preferred_element_type=jnp.float32) * scale
-    valid = mask_ref[pl.ds(blk * block_k, block_k)] != 0
     valid = jax.lax.broadcast_in_dim(valid, (block_h, block_k), (1,))
     s = jnp.where(valid, s, -jnp.inf)
     m_new = jnp.maximum(m, s.max(axis=-1))
@@ -109,25 +129,31 @@ def _kernel(bounds_ref, q_ref, k_ref, ks_ref, v_ref, vs_ref, pages_ref, mask_ref
 
 
 def _row(q_NH, bounds_2, pages_J, mask_S, k_pool, v_pool, k_scale, v_scale, *,
-         pages_per_block: int, k_splits: int, dtype, interpret: bool,
-         num_warps: int, num_stages: int):
-  """One row's attention: `[N, H]` (vmapped over rows by `decode`)."""
+         block: int, k_splits: int, dtype, interpret: bool, num_warps: int,
+         num_stages: int):
+  """One row's attention: `[N, H]` (vmapped over rows by `decode`). Page
+  gather: pools `[K, P, G, H]`, `pages_J` and `mask_S`; slot gather: pools
+  `[K, P * G, H]`, `pages_J` the `[S]` slots' pool rows, `mask_S` None."""
   n, h = q_NH.shape
-  kh, total_pages, g, _ = k_pool.shape
+  kh = k_pool.shape[0]
   per_kv = n // kh
   block_h = max(_MIN_TILE, 1 << (per_kv - 1).bit_length())
-  j = pages_J.shape[0]
-  pages_per_split = j // k_splits
+  per_split = pages_J.shape[0] // k_splits
   q_KQH = q_NH.reshape(kh, per_kv, h)
   if block_h != per_kv:
     q_KQH = jnp.pad(q_KQH, ((0, 0), (0, block_h - per_kv), (0, 0)))
-  pool_spec = pl.BlockSpec((None, total_pages, g, h), lambda k, i, s: (k, 0, 0, 0))
+  rest = k_pool.shape[1:]  # (P, G, H) or (P * G, H): the whole kv head's pool
+  pool_spec = pl.BlockSpec((None, *rest), lambda k, i, s: (k,) + (0,) * len(rest))
   scale_spec = None
   if k_scale is not None:
-    scale_spec = pl.BlockSpec((None, total_pages, g), lambda k, i, s: (k, 0, 0))
     k_scale, v_scale = k_scale[..., 0], v_scale[..., 0]
-  kernel = functools.partial(_kernel, pages_per_block=pages_per_block,
-                             scale=h ** -0.5, dtype=dtype, heads=per_kv)
+    scale_spec = pl.BlockSpec((None, *rest[:-1]),
+                              lambda k, i, s: (k,) + (0,) * (len(rest) - 1))
+  unit = 1 if mask_S is None else k_pool.shape[2]
+  kernel = functools.partial(_kernel, block=block, unit=unit, scale=h ** -0.5, dtype=dtype,
+                             heads=per_kv)
+  mask_spec = (None if mask_S is None
+               else pl.BlockSpec((per_split * unit,), lambda k, i, s: (s,)))
   from jax.experimental.pallas import triton as plgpu  # pylint: disable=g-import-not-at-top
   o, l, m = pl.pallas_call(
       kernel,
@@ -136,8 +162,8 @@ def _row(q_NH, bounds_2, pages_J, mask_S, k_pool, v_pool, k_scale, v_scale, *,
           pl.BlockSpec((2,), lambda k, i, s: (0,)),  # bounds
           pl.BlockSpec((None, block_h, h), lambda k, i, s: (k, i, 0)),  # q
           pool_spec, scale_spec, pool_spec, scale_spec,
-          pl.BlockSpec((pages_per_split,), lambda k, i, s: (s,)),  # page ids
-          pl.BlockSpec((pages_per_split * g,), lambda k, i, s: (s,)),  # slot mask
+          pl.BlockSpec((per_split,), lambda k, i, s: (s,)),  # page ids / slots' rows
+          mask_spec,  # slot mask (page gather)
       ],
       out_specs=[
           pl.BlockSpec((None, None, block_h, h), lambda k, i, s: (s, k, i, 0)),
@@ -195,34 +221,52 @@ def supports(pages: int, page_size: int, head_dim: int, *, interpret: bool = Fal
 
 
 PLAN_ENV = "MIPU_PALLAS_DECODE_PLAN"
+GATHERS = ("pages", "slots")
 
 
-def env_plan() -> Optional[tuple[int, int, int, int]]:
-  """`(pages_per_block, k_splits, num_warps, num_stages)` from the environment
-  variable `MIPU_PALLAS_DECODE_PLAN="2,2,4,2"` (bench/paged_kernel.py's
-  sweep), or None. Read when a step is traced; a shape it does not fit uses
-  the default plan."""
+def env_plan() -> Optional[tuple[str, tuple[int, int, int, int]]]:
+  """`(gather, (block, k_splits, num_warps, num_stages))` from the environment
+  variable `MIPU_PALLAS_DECODE_PLAN` (bench/paged_kernel.py's sweep), or None:
+  `"2,2,4,2"` gathers pages (blocks of 2 pages), `"slots:64,4,4,3"` gathers
+  slots (blocks of 64 slots). Read when a step is traced; a shape it does not
+  fit uses the default plan."""
   text = os.environ.get(PLAN_ENV, "").strip()
   if not text:
     return None
+  gather, _, numbers = text.rpartition(":")
+  gather = gather or "pages"
   try:
-    plan = tuple(int(x) for x in text.split(","))
+    plan = tuple(int(x) for x in numbers.split(","))
   except ValueError:
     plan = ()
-  if len(plan) != 4 or min(plan) < 1:
+  if gather not in GATHERS or len(plan) != 4 or min(plan) < 1:
     raise ValueError(f"{PLAN_ENV}={text!r}: want four positive integers "
-                     "'pages_per_block,k_splits,num_warps,num_stages'.")
-  return plan
+                     "'block,k_splits,num_warps,num_stages', optionally after 'pages:' or "
+                     "'slots:' (a block of pages or of slots).")
+  return gather, plan
+
+
+def _fits(gather: str, block: int, splits: int, pages: int, page_size: int,
+          interpret: bool) -> bool:
+  """Whether blocks of `block` units x `splits` tile a row, in Triton's tiles."""
+  units = pages if gather == "pages" else pages * page_size
+  keys = block * (page_size if gather == "pages" else 1)
+  pow2 = lambda x: x > 0 and not x & (x - 1)
+  return units % (block * splits) == 0 and (interpret or (keys >= _MIN_TILE and pow2(keys)))
 
 
 def decode(q_BTNH, k_pool, v_pool, k_scale, v_scale, page_ids_BJ, valid_BS, q_slot_BT,
-           dtype, *, interpret=None, plan=None):
+           dtype, *, interpret=None, plan=None, gather=None):
   """`attention.paged` for one query per row (T = 1), as a Pallas kernel.
 
   Args and returns: as `attention.paged`. `interpret`: run in Pallas'
   interpreter (default: when the platform is not a GPU). `plan`:
-  `(pages_per_block, k_splits, num_warps, num_stages)` (default: `env_plan()`,
-  else `split_plan`'s blocks and splits with 4 warps, 2 stages).
+  `(block, k_splits, num_warps, num_stages)`; `gather`: "pages" (a block is
+  `block` pages, fetched through the page table, with the slot mask) or
+  "slots" (the pools as `[K, P * G, H]` rows, a block is `block` slots, each
+  fetched through its own row index, -1 where not attended: one index load
+  per block instead of a page id and a mask). Default: `env_plan()`, else
+  "pages" with `split_plan`'s blocks and splits, 4 warps, 2 stages.
   """
   b, t, n, h = q_BTNH.shape
   if t != 1:
@@ -235,24 +279,40 @@ def decode(q_BTNH, k_pool, v_pool, k_scale, v_scale, page_ids_BJ, valid_BS, q_sl
     raise ValueError(f"the Pallas decode kernel needs a power-of-two page size and head "
                      f"dim and blocks of >= {_MIN_TILE} keys; got {j} pages of {g} slots, "
                      f"head dim {h} (decode_attention='paged' takes any shape).")
-  mask_BS, bounds_B2 = kv_cache.attended_pages(valid_BS, q_slot_BT, g)
   if plan is None:
-    plan = env_plan()
-    if plan is not None and (j % (plan[0] * plan[1]) or plan[0] * g < _MIN_TILE):
-      plan = None  # the environment's plan does not fit this shape: the default
+    env = env_plan()
+    if env is not None and (gather is None or env[0] == gather) and _fits(
+        env[0], env[1][0], env[1][1], j, g, interpret):
+      gather, plan = env  # else the environment's plan does not fit: the default
+  gather = gather or "pages"
+  if gather not in GATHERS:
+    raise ValueError(f"gather {gather!r}: one of {GATHERS}.")
   if plan is None:
-    ppb, splits = split_plan(b, k_pool.shape[0], j, g)
+    block, splits = split_plan(b, k_pool.shape[0], j if gather == "pages" else j * g,
+                               g if gather == "pages" else 1)
     num_warps, num_stages = 4, 2
   else:
-    ppb, splits, num_warps, num_stages = plan
-    if j % (ppb * splits) or ppb * g < _MIN_TILE:
-      raise ValueError(f"plan {plan}: {ppb} pages per block x {splits} splits does not "
-                       f"divide a row's {j} pages, or a block of {ppb} pages of {g} slots "
-                       f"is under {_MIN_TILE} keys.")
+    block, splits, num_warps, num_stages = plan
+    if not _fits(gather, block, splits, j, g, interpret):
+      raise ValueError(f"plan {plan}: blocks of {block} {gather} x {splits} splits do not "
+                       f"tile a row of {j} pages of {g} slots, or a block is under "
+                       f"{_MIN_TILE} keys or not a power of two.")
+  if gather == "pages":
+    mask_BS, bounds_B2 = kv_cache.attended_pages(valid_BS, q_slot_BT, g)
+    index_BX, mask_BS = page_ids_BJ, mask_BS.astype(jnp.int32)
+  else:
+    mask_BS, bounds_B2 = kv_cache.attended_pages(valid_BS, q_slot_BT, 1)  # in slots
+    rows_BS = (jnp.repeat(page_ids_BJ.astype(jnp.int32), g, axis=1) * g
+               + jnp.tile(jnp.arange(g, dtype=jnp.int32), j)[None])
+    index_BX, mask_BS = jnp.where(mask_BS, rows_BS, -1), None
+    kh = k_pool.shape[0]
+    k_pool, v_pool = k_pool.reshape(kh, -1, h), v_pool.reshape(kh, -1, h)
+    if k_scale is not None:
+      k_scale, v_scale = k_scale.reshape(kh, -1, 1), v_scale.reshape(kh, -1, 1)
   row = functools.partial(_row, k_pool=k_pool, v_pool=v_pool, k_scale=k_scale,
-                          v_scale=v_scale, pages_per_block=ppb, k_splits=splits,
+                          v_scale=v_scale, block=block, k_splits=splits,
                           dtype=dtype, interpret=interpret, num_warps=num_warps,
                           num_stages=num_stages)
   with jax.named_scope(NAME):  # in the program's op metadata, interpreted or compiled
-    out_BNH = jax.vmap(row)(q_BTNH[:, 0], bounds_B2, page_ids_BJ, mask_BS.astype(jnp.int32))
+    out_BNH = jax.vmap(row)(q_BTNH[:, 0], bounds_B2, index_BX, mask_BS)
   return out_BNH[:, None]
