@@ -210,14 +210,17 @@ def split_plan(batch: int, kv_heads: int, pages: int, page_size: int,
   return ppb, splits
 
 
+def _pow2(x: int) -> bool:
+  return x > 0 and not x & (x - 1)
+
+
 def supports(pages: int, page_size: int, head_dim: int, *, interpret: bool = False) -> bool:
   """Whether the kernel compiles for rows of `pages` pages: Triton's tiles are
   powers of two, at least 16 keys wide (the interpreter takes any shape)."""
   if interpret:
     return True
-  pow2 = lambda x: x > 0 and not x & (x - 1)
   ppb, _ = split_plan(1, 1, pages, page_size)
-  return pow2(page_size) and pow2(head_dim) and ppb * page_size >= _MIN_TILE
+  return _pow2(page_size) and _pow2(head_dim) and ppb * page_size >= _MIN_TILE
 
 
 PLAN_ENV = "MIPU_PALLAS_DECODE_PLAN"
@@ -246,13 +249,12 @@ def env_plan() -> Optional[tuple[str, tuple[int, int, int, int]]]:
   return gather, plan
 
 
-def _fits(gather: str, block: int, splits: int, pages: int, page_size: int,
-          interpret: bool) -> bool:
-  """Whether blocks of `block` units x `splits` tile a row, in Triton's tiles."""
-  units = pages if gather == "pages" else pages * page_size
-  keys = block * (page_size if gather == "pages" else 1)
-  pow2 = lambda x: x > 0 and not x & (x - 1)
-  return units % (block * splits) == 0 and (interpret or (keys >= _MIN_TILE and pow2(keys)))
+def _fits(block: int, splits: int, slots: int, unit: int, interpret: bool) -> bool:
+  """Whether blocks of `block` units of `unit` slots (a page, or one slot) x
+  `splits` tile a row of `slots` slots, in Triton's tiles."""
+  keys = block * unit
+  return (slots // unit) % (block * splits) == 0 and (
+      interpret or (keys >= _MIN_TILE and _pow2(keys)))
 
 
 def decode(q_BTNH, k_pool, v_pool, k_scale, v_scale, page_ids_BJ, valid_BS, q_slot_BT,
@@ -279,29 +281,30 @@ def decode(q_BTNH, k_pool, v_pool, k_scale, v_scale, page_ids_BJ, valid_BS, q_sl
     raise ValueError(f"the Pallas decode kernel needs a power-of-two page size and head "
                      f"dim and blocks of >= {_MIN_TILE} keys; got {j} pages of {g} slots, "
                      f"head dim {h} (decode_attention='paged' takes any shape).")
+  unit_of = lambda gather: g if gather == "pages" else 1  # slots per gathered unit
   if plan is None:
     env = env_plan()
     if env is not None and (gather is None or env[0] == gather) and _fits(
-        env[0], env[1][0], env[1][1], j, g, interpret):
+        env[1][0], env[1][1], j * g, unit_of(env[0]), interpret):
       gather, plan = env  # else the environment's plan does not fit: the default
   gather = gather or "pages"
   if gather not in GATHERS:
     raise ValueError(f"gather {gather!r}: one of {GATHERS}.")
+  unit = unit_of(gather)
   if plan is None:
-    block, splits = split_plan(b, k_pool.shape[0], j if gather == "pages" else j * g,
-                               g if gather == "pages" else 1)
+    block, splits = split_plan(b, k_pool.shape[0], j * g // unit, unit)
     num_warps, num_stages = 4, 2
   else:
     block, splits, num_warps, num_stages = plan
-    if not _fits(gather, block, splits, j, g, interpret):
+    if not _fits(block, splits, j * g, unit, interpret):
       raise ValueError(f"plan {plan}: blocks of {block} {gather} x {splits} splits do not "
                        f"tile a row of {j} pages of {g} slots, or a block is under "
                        f"{_MIN_TILE} keys or not a power of two.")
+  # The attended slots, and their range in units (pages, or slots).
+  mask_BS, bounds_B2 = kv_cache.attended_pages(valid_BS, q_slot_BT, unit)
   if gather == "pages":
-    mask_BS, bounds_B2 = kv_cache.attended_pages(valid_BS, q_slot_BT, g)
     index_BX, mask_BS = page_ids_BJ, mask_BS.astype(jnp.int32)
   else:
-    mask_BS, bounds_B2 = kv_cache.attended_pages(valid_BS, q_slot_BT, 1)  # in slots
     rows_BS = (jnp.repeat(page_ids_BJ.astype(jnp.int32), g, axis=1) * g
                + jnp.tile(jnp.arange(g, dtype=jnp.int32), j)[None])
     index_BX, mask_BS = jnp.where(mask_BS, rows_BS, -1), None

@@ -43,14 +43,16 @@ Qwen3-0.6B's head and page shape (`jax.export` with `platforms=["tpu"]` runs
 Pallas' lowering of every op, copy and block to Mosaic's dialect). Mosaic's
 own passes (vector layouts, then compilation) run only in a TPU's runtime and
 are untested, as is the kernel's speed, so `decode_attention='auto'` does not
-pick this kernel: ask for it with `decode_attention='pallas_tpu'`. What waits for a TPU: the block size and
-ring depth (`decode(..., block_pages=, depth=)`); the first block's copy
-latency at each row (nothing is prefetched across grid steps, which keeps
-the steps independent for megacore's "parallel" split); int8 scales, stored
-`[.., G, 1]` float32 and so padded to 128 lanes in HBM and VMEM (32 KiB
-copied per 8 KiB page: a lane-dense scale layout in `kv_cache` would fix it);
-the query heads of a kv head padded to the sublane tile; and float8 pools on
-TPU generations without float8 support.
+pick this kernel: ask for it with `decode_attention='pallas_tpu'`.
+
+What waits for a TPU: the block size and ring depth (`decode(...,
+block_pages=, depth=)`); the first block's copy latency at each row (nothing
+is prefetched across grid steps, which keeps the steps independent for
+megacore's "parallel" split); int8 scales, stored `[.., G, 1]` float32 and so
+padded to 128 lanes in HBM and VMEM (32 KiB copied per 8 KiB page: a
+lane-dense scale layout in `kv_cache` would fix it); the query heads of a kv
+head padded to the sublane tile; and float8 pools on TPU generations without
+float8 support.
 
 One device only, as the GPU kernel: jax cannot partition a Pallas kernel over
 a sharded cache ("pallas_call requires all mesh axes to be Manual"), so
