@@ -33,6 +33,9 @@ PRECISIONS = {
     # int4 weights, FP8 activations, FP8 KV cache and a quantized LM head.
     "int4_all": dict(weight_quant="int4", act_quant="fp8", kv_cache_dtype="fp8",
                      quant_lm_head=True),
+    # The same with e5m2 (2 mantissa bits) activations and KV cache: more mismatch.
+    "int4_e5m2_all": dict(weight_quant="int4", act_quant="fp8_e5m2",
+                          kv_cache_dtype="fp8_e5m2", quant_lm_head=True),
 }
 
 

@@ -117,3 +117,10 @@ def test_report_writes_table_and_figure(tmp_path):
   assert "| fp32 | 2 |" in text and f"| {horizon.STRONG} | 0 | not run yet |" in text
   assert os.path.exists(out["files"]["curves"])
   assert json.load(open(out["files"]["summary"]))["degraded_setting"] is None  # 2 seeds
+
+
+def test_candidates_are_samplers_of_the_study():
+  from configs import mismatch  # pylint: disable=g-import-not-at-top
+  assert set(horizon.SETTINGS) | set(horizon.STRONG_CANDIDATES) <= set(mismatch.PRECISIONS)
+  a, b = mismatch.PRECISIONS["int4_all"], mismatch.PRECISIONS[horizon.STRONG]
+  assert {k for k in a if a[k] != b[k]} == {"act_quant", "kv_cache_dtype"}
