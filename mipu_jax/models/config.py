@@ -6,9 +6,13 @@ small RL task.
 """
 
 import dataclasses
+import functools
+import logging
 from typing import Any
 
 import jax.numpy as jnp
+
+from mipu_jax.models import paged_pallas
 
 DTYPE_NAMES = {
     "float32": jnp.float32,
@@ -66,10 +70,10 @@ class Qwen3Config:
       "pallas_tpu" (the same as a Pallas TPU kernel, `paged_pallas_tpu.decode`;
       interpreted off TPU; never compiled on a TPU yet, so "auto" does not
       pick it), "dense" (gathers every slot: the reference) or "auto" ("pallas" on one
-      GPU, "paged" elsewhere). Either kernel, on a cache sharded over several
-      devices, runs "paged" (`decode_attention_for`,
-      resolved when the step is traced, so that making a config never starts a
-      JAX backend).
+      GPU, "paged" elsewhere, and on a jax without Pallas' Triton backend). Either
+      kernel, on a cache sharded over several devices, runs "paged"
+      (`decode_attention_for`, resolved when the step is traced, so that making a
+      config never starts a JAX backend).
   """
 
   vocab_size: int
@@ -118,12 +122,24 @@ class Qwen3Config:
     `devices` devices: "auto" is the Pallas kernel on one GPU, else "paged";
     a Pallas kernel ("pallas", "pallas_tpu") on several devices is "paged"
     (jax cannot partition a Pallas kernel's custom call over a sharded cache:
-    for Mosaic, "pallas_call requires all mesh axes to be Manual")."""
+    for Mosaic, "pallas_call requires all mesh axes to be Manual").
+
+    The GPU kernel needs Pallas' Triton backend, deprecated in jax 0.11.0: on a
+    jax without it, "auto" is "paged" (with one warning) and "pallas" is an
+    error (docs/method.md §7)."""
+    if self.decode_attention == "pallas" and (missing := paged_pallas.missing_backend()):
+      raise RuntimeError(f'decode_attention="pallas" cannot run: {missing}; the kernel '
+                         'is written for it. Use "auto" or "paged".')
     if self.decode_attention in ("pallas", "pallas_tpu") and devices > 1:
       return "paged"
     if self.decode_attention != "auto":
       return self.decode_attention
-    return "pallas" if platform == "gpu" and devices == 1 else "paged"
+    if platform != "gpu" or devices != 1:
+      return "paged"
+    if missing := paged_pallas.missing_backend():
+      _warn_auto_without_kernel(missing)
+      return "paged"
+    return "pallas"
 
   def replace(self, **kwargs) -> "Qwen3Config":
     return dataclasses.replace(self, **kwargs)
@@ -134,6 +150,14 @@ class Qwen3Config:
     per_layer = 2 * d + d * n * h + 2 * d * k * h + n * h * d + 2 * h + 3 * d * f
     head = 0 if self.tie_embeddings else d * self.vocab_size
     return self.vocab_size * d + self.num_layers * per_layer + d + head
+
+
+@functools.cache
+def _warn_auto_without_kernel(missing: str) -> None:
+  """Once per process: "auto" is resolved at every trace of every layer."""
+  logging.warning('decode_attention="auto" runs "paged" (the XLA path, slower) on this GPU '
+                  "instead of the Pallas kernel: %s. docs/method.md §7 lists the jax "
+                  "versions that run the kernel.", missing)
 
 
 _QWEN3 = dict(vocab_size=151936, rope_theta=1_000_000.0, rms_eps=1e-6, head_dim=128)

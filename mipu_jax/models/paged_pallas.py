@@ -50,6 +50,7 @@ whose cache is sharded over several devices uses `attention.paged`
 """
 
 import functools
+import importlib
 import os
 from typing import Optional
 
@@ -61,6 +62,20 @@ from mipu_jax.models import kv_cache
 
 _MIN_TILE = 16  # Triton's smallest dot dimension.
 NAME = "mipu_paged_decode"
+
+
+def missing_backend() -> Optional[str]:
+  """Why the installed jax cannot run this kernel, or None when it can.
+
+  The kernel is written for Pallas' Triton backend, which jax deprecated in
+  0.11.0 and will remove: without `jax.experimental.pallas.triton` it neither
+  lowers for a GPU nor runs in the interpreter (docs/method.md §7).
+  """
+  try:
+    importlib.import_module("jax.experimental.pallas.triton")
+  except ImportError as e:
+    return f"jax {jax.__version__} has no Pallas Triton backend ({e})"
+  return None
 
 
 def _kernel(bounds_ref, q_ref, k_ref, ks_ref, v_ref, vs_ref, pages_ref, mask_ref,

@@ -135,8 +135,8 @@ class SamplerConfig(SamplerPrecision):
       hold a filled slot of some row, pure XLA), 'pallas' (the same, one Pallas
       GPU kernel per layer and decode step), 'pallas_tpu' (the same as a Pallas
       TPU kernel; not yet compiled on a TPU), 'dense' (every slot: the reference)
-      or 'auto' ('pallas' for a cache on one GPU, else 'paged');
-      `Qwen3Config.decode_attention`.
+      or 'auto' ('pallas' for a cache on one GPU where jax has Pallas' Triton
+      backend, else 'paged'); `Qwen3Config.decode_attention`.
   """
 
   quant_storage: str = "fake"
