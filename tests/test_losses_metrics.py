@@ -8,10 +8,12 @@ Padding slots hold garbage (±inf, NaN) that must be ignored.
 import math
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from mipu_jax import losses
+from mipu_jax.losses import _masked as losses_masked
 
 LN2 = math.log(2.0)
 P = "rollout_corr/"
@@ -143,3 +145,24 @@ def test_probability_metrics_of_identical_policies_and_of_no_tokens():
   # verl reports NaN for an empty batch; here 0 everywhere, `_valid` = 0.
   empty = losses.probability_metrics(PROB_LP_OLD, PROB_LP_MU, np.zeros_like(PROB_MASK))
   assert all(float(v) == 0.0 for v in empty.values())
+
+
+@pytest.mark.parametrize("delta", [1e-7, -1e-7, 3e-5, -2e-4, 0.05, -0.2, 0.49, 0.5, -0.5, 0.51,
+                                   1.0, -3.0, 8.0])
+def test_k3_does_not_cancel(delta):
+  # float64 expm1(δ) - δ is exact to ~1e-9 relative for |δ| >= 1e-7; float32's
+  # exp(δ) - δ - 1 is exactly 0 at |δ| = 1e-7 (checked), ours is within 4 ulp.
+  ref = np.expm1(np.float64(delta)) - np.float64(delta)
+  got = float(losses_masked.k3(jnp.float32(delta)))
+  assert got == pytest.approx(ref, rel=5e-7)
+  if abs(delta) <= 1e-7:
+    naive = jnp.float32(delta)
+    assert float(jnp.exp(naive) - naive - 1.0) == 0.0
+
+
+def test_k3_kl_of_a_tiny_mismatch_is_not_zero():
+  lp_mu = jnp.full((2, 3), -1.0, jnp.float32)
+  lp_old = lp_mu + jnp.float32(1e-6)
+  m = losses.mismatch_metrics(lp_old, lp_mu, jnp.ones((2, 3)))
+  delta = float(lp_old[0, 0] - lp_mu[0, 0])  # the float32 difference, about 1e-6
+  assert float(m[P + "k3_kl"]) == pytest.approx(delta ** 2 / 2, rel=1e-5)

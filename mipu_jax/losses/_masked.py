@@ -17,6 +17,28 @@ def clamp_log_ratio(x: jax.Array) -> jax.Array:
   return jnp.clip(x, -LOG_RATIO_BOUND, LOG_RATIO_BOUND)
 
 
+# Below this |δ| the k3 estimator is its Taylor series (docs/method.md §4).
+K3_SERIES_BOUND = 0.5
+
+
+def k3(delta: jax.Array) -> jax.Array:
+  """`exp(δ) - 1 - δ` without cancellation (docs/method.md §4).
+
+  Written as it reads, float32 returns exactly 0 for |δ| up to about 3e-4,
+  where the true value is about δ²/2: a nonzero mismatch would read as none.
+  For |δ| < `K3_SERIES_BOUND` it is the series δ²/2 + δ³/6 + ... + δ⁹/9!
+  (truncation below 3e-9 relative), above it `expm1(δ) - δ`.
+  """
+  small = jnp.abs(delta) < K3_SERIES_BOUND
+  d = jnp.where(small, delta, 0.0)
+  c = (1 / 2, 1 / 6, 1 / 24, 1 / 120, 1 / 720, 1 / 5040, 1 / 40320, 1 / 362880)
+  series = c[-1]
+  for coef in c[-2::-1]:  # Horner
+    series = coef + d * series
+  series = d * d * series
+  return jnp.where(small, series, jnp.expm1(delta) - delta)
+
+
 def as_float_mask(mask: jax.Array) -> jax.Array:
   """A {0, 1} float32 mask from a bool or numeric mask (nonzero = counted)."""
   return (jnp.asarray(mask) != 0).astype(jnp.float32)

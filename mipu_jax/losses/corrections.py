@@ -123,7 +123,7 @@ def parse_criteria(criteria: Optional[str],
 def _criterion_keep(c: Criterion, delta_BT: jax.Array, m_BT: jax.Array):
   """(keep_BT, per-token statistic, per-response statistic or None) of one criterion."""
   k = {"k1": -delta_BT, "k2": 0.5 * jnp.square(delta_BT),
-       "k3": jnp.exp(delta_BT) - 1.0 - delta_BT}[c.name[-2:]]
+       "k3": _masked.k3(delta_BT)}[c.name[-2:]]
   if c.name.startswith("token"):
     stat_BT, seq_B = k, None
     value = stat_BT

@@ -124,7 +124,7 @@ def mismatch_metrics(lp_old: jax.Array, lp_mu: jax.Array,
   diff_B = mean_mu_B - mean_old_B
   metrics = {
       "kl": _mm(-raw_BT, m_BT),
-      "k3_kl": _mm(jnp.exp(delta_BT) - delta_BT - 1.0, m_BT),
+      "k3_kl": _mm(_masked.k3(delta_BT), m_BT),
       "chi2_token": _mm(jnp.exp(2.0 * delta_BT), m_BT) - 1.0,
       "training_log_ppl": _over(-mean_old_B, has_B, "mean"),
       "rollout_log_ppl": _over(-mean_mu_B, has_B, "mean"),
