@@ -36,6 +36,11 @@ PRECISIONS = {
     # The same with e5m2 (2 mantissa bits) activations and KV cache: more mismatch.
     "int4_e5m2_all": dict(weight_quant="int4", act_quant="fp8_e5m2",
                           kv_cache_dtype="fp8_e5m2", quant_lm_head=True),
+    # int4_all and int4_e5m2_all with 3-bit weights (-3..3 per channel, emulated).
+    "int3_all": dict(weight_quant="int3", act_quant="fp8", kv_cache_dtype="fp8",
+                     quant_lm_head=True),
+    "int3_e5m2_all": dict(weight_quant="int3", act_quant="fp8_e5m2",
+                          kv_cache_dtype="fp8_e5m2", quant_lm_head=True),
 }
 
 

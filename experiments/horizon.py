@@ -78,7 +78,8 @@ def _probe(workdir):
   for seed in (0, 1, 2):
     for p in horizon.STRONG_CANDIDATES:
       cfg = _config_dict(p, seed, lr, 3)
-      cfg.eval.every, cfg.eval.pi = 10**6, False  # the step-1 k3 is all the probe reads
+      # The step-1 k3 is what the probe reads; the final evaluation is kept small.
+      cfg.eval.every, cfg.eval.pi, cfg.eval.n_per_tier = 10**6, False, 4
       jobs.append(reproduce.Job(p, seed, config_lib.from_config_dict(cfg),
                                 os.path.join(workdir, "probe", f"{p}_s{seed}")))
   reproduce.train_in_workers(jobs, workers=_WORKERS.value,
@@ -89,7 +90,11 @@ def _probe(workdir):
     k3.setdefault(j.row, []).append(next(r["rollout_corr/k3_kl"] for r in rows
                                          if r.get("step") == 1))
   for p, v in k3.items():
-    print(f"{p}: step-1 k3_kl {', '.join(f'{x:.3e}' for x in v)}")
+    reward = [next(r["rollout/reward_mean"] for r in rl.read_jsonl(
+        os.path.join(j.workdir, "metrics.jsonl")) if r.get("step") == 1)
+              for j in jobs if j.row == p]
+    print(f"{p}: step-1 k3_kl {', '.join(f'{x:.3e}' for x in v)}; step-1 reward "
+          f"{', '.join(f'{x:.3f}' for x in reward)}")
   best, ratio = horizon.choose_strong(k3)
   print(f"chosen: {best}, {ratio:.2f}x int4_all's step-1 k3_kl "
         f"(target {horizon.STRONG_TARGET:g}x)")

@@ -173,3 +173,27 @@ def test_float8_codes_round_trip_exactly():
     wide = np.asarray(back).view(np.uint8)
     finite = np.isfinite(np.asarray(codes, np.float32))
     np.testing.assert_array_equal(wide[finite], np.arange(256, dtype=np.uint8)[finite])
+
+
+def test_int3_grid_by_hand():
+  # Channel axis 0: row 0's absmax 0.9 gives the step 0.3; 0.1 rounds to 0. A zero
+  # row stays zero (no 0 / 0).
+  w = jnp.array([[0.9, -0.3, 0.1, 0.61], [0.0, 0.0, 0.0, 0.0]], jnp.float32)
+  got = quant.fake_quantize(w, "int3", (0,))
+  np.testing.assert_allclose(np.asarray(got), [[0.9, -0.3, 0.0, 0.6], [0, 0, 0, 0]], atol=1e-7)
+  x = jax.random.normal(jax.random.key(0), (64, 48))
+  err = {q: float(jnp.abs(quant.fake_quantize(x, q, (1,)) - x).mean()) for q in ("int3", "int4")}
+  assert err["int3"] > 1.8 * err["int4"]  # 7 levels against 15: about twice the error
+
+
+def test_int3_runs_with_fake_storage_only():
+  params = {"layers": {"q": jnp.ones((1, 4, 2, 3))}, "final_norm": jnp.ones(4),
+            "embed": jnp.ones((8, 4))}
+  kw = dict(weight_quant="int3", compute_dtype=jnp.float32, quant_lm_head=False,
+            tie_embeddings=True)
+  assert quant.quantize_params(params, **kw)["layers"]["q"].dtype == jnp.float32
+  for bad in (dict(storage="real"), dict(compute="native")):
+    with pytest.raises(ValueError, match="no storage type"):
+      quant.quantize_params(params, **kw, **bad)
+  with pytest.raises(ValueError, match="int3"):
+    quant.check_weight_quant("int2")

@@ -75,6 +75,9 @@ WEIGHT_QTYPES = {
     "fp8_e5m2": jnp.float8_e5m2,
 }
 ACT_QTYPES = quantized.ACT_DTYPES
+# Weight grids qwix has no type for, emulated with fake storage only: name ->
+# the largest level of the symmetric per-channel grid (int3: -3..3).
+EMULATED_WEIGHT_LEVELS = {"int3": 3}
 STORAGES = ("fake", "real")
 COMPUTES = ("emulated", "native")
 
@@ -93,9 +96,9 @@ LM_HEAD_CHANNEL_AXES = (1,)
 
 
 def check_weight_quant(name: Optional[str]) -> None:
-  if name is not None and name not in WEIGHT_QTYPES:
+  if name is not None and name not in WEIGHT_QTYPES and name not in EMULATED_WEIGHT_LEVELS:
     raise ValueError(f"Unknown weight_quant {name!r}; expected None or one of "
-                     f"{sorted(WEIGHT_QTYPES)}.")
+                     f"{sorted(WEIGHT_QTYPES) + sorted(EMULATED_WEIGHT_LEVELS)}.")
 
 
 def check_compute(compute: str, weight_quant: Optional[str]) -> None:
@@ -134,7 +137,19 @@ def dequantize_stored(q: qwix.QArray) -> jax.Array:
 
 def fake_quantize(w: jax.Array, qtype: str, channel_axes: tuple[int, ...]) -> jax.Array:
   """`dequantize(quantize(w))` in float32: the values real PTQ would compute with."""
+  if qtype in EMULATED_WEIGHT_LEVELS:
+    return _fake_grid(w, EMULATED_WEIGHT_LEVELS[qtype], channel_axes)
   return dequantize(quantize(w, qtype, channel_axes))
+
+
+def _fake_grid(w: jax.Array, levels: int, channel_axes: tuple[int, ...]) -> jax.Array:
+  """Symmetric per-channel absmax rounding to the integer grid -levels..levels,
+  in float32 (written here because qwix has no type for such a grid)."""
+  w = w.astype(jnp.float32)
+  contract = tuple(a for a in range(w.ndim) if a not in channel_axes)
+  scale = jnp.max(jnp.abs(w), axis=contract, keepdims=True) / levels
+  q = jnp.clip(jnp.round(w / jnp.where(scale > 0, scale, 1.0)), -levels, levels)
+  return q * scale
 
 
 def is_quantized(x: Any) -> bool:
@@ -170,6 +185,9 @@ def quantize_params(params: dict, *, weight_quant: Optional[str], compute_dtype,
   if storage not in STORAGES:
     raise ValueError(f"Unknown quant storage {storage!r}; expected one of {STORAGES}.")
   check_compute(compute, weight_quant)
+  if weight_quant in EMULATED_WEIGHT_LEVELS and (storage, compute) != ("fake", "emulated"):
+    raise ValueError(f"weight_quant {weight_quant!r} has no storage type: it runs with "
+                     "weight storage 'fake' and quant_compute 'emulated' only.")
 
   def convert(w, axes, stacked=False):
     if weight_quant is None or axes is None:
