@@ -123,4 +123,4 @@ def test_candidates_are_samplers_of_the_study():
   from configs import mismatch  # pylint: disable=g-import-not-at-top
   assert set(horizon.SETTINGS) | set(horizon.STRONG_CANDIDATES) <= set(mismatch.PRECISIONS)
   a, b = mismatch.PRECISIONS["int4_all"], mismatch.PRECISIONS[horizon.STRONG]
-  assert {k for k in a if a[k] != b[k]} == {"act_quant", "kv_cache_dtype"}
+  assert {k for k in a if a[k] != b[k]} == {"weight_quant"}

@@ -48,7 +48,10 @@ from mipu_jax.reproduce.spec import COLLAPSE_DROP
 STEPS = 600
 LRS = (1e-4, 2e-4)  # the lr grid's lower edge and the tables' lr
 CONTROL, BASELINE = "fp32", "int4_all"
-STRONG = "int4_e5m2_all"  # int4 weights, e5m2 activations and KV cache, quantized head
+# The higher-mismatch sampler, by `choose_strong` over `STRONG_CANDIDATES`
+# (experiments/horizon.py --probe; results/horizon/probe.txt): 3-bit weights, FP8
+# activations and KV cache, quantized head.
+STRONG = "int3_all"
 STRONG_CANDIDATES = ("int4_all", "int4_e5m2_all", "int3_all", "int3_e5m2_all")
 STRONG_TARGET = 3.0  # wanted step-1 k3_kl ratio of the strong sampler to int4_all
 SETTINGS = (CONTROL, BASELINE, STRONG)
