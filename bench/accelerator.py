@@ -209,26 +209,12 @@ def bench_attention(args) -> list[dict]:
 
 
 def math_child(args) -> dict:
-  """configs/math.py for 2 RL steps with the FP8 sampler, every phase timed."""
-  import collections  # pylint: disable=g-import-not-at-top
-
+  """configs/math.py for 2 RL steps with the FP8 sampler, every phase timed by
+  the loop's own timers (`perf/*`, docs/method.md §4's training metrics)."""
   from configs import math as math_config  # pylint: disable=g-import-not-at-top
-  from mipu_jax import checkpoint as checkpoint_lib  # pylint: disable=g-import-not-at-top
   from mipu_jax import config as config_lib  # pylint: disable=g-import-not-at-top
   from mipu_jax import rl  # pylint: disable=g-import-not-at-top
-  from mipu_jax.rl import export, loop, setup  # pylint: disable=g-import-not-at-top
   from mipu_jax.testing import checkpoint  # pylint: disable=g-import-not-at-top
-
-  seconds = collections.Counter()
-
-  def timed(name, fn):
-    def wrapper(*a, **kw):
-      t0 = time.perf_counter()
-      try:
-        return fn(*a, **kw)
-      finally:
-        seconds[name] += time.perf_counter() - t0
-    return wrapper
 
   work = args.math_workdir or tempfile.mkdtemp()
   t0 = time.perf_counter()
@@ -250,37 +236,37 @@ def math_child(args) -> dict:
   cd.eval.every = 2
   cd.eval.max_problems = args.math_eval_problems
   cd.eval.num_samples = 2
-  cd.checkpoint.every = 2
+  cd.checkpoint.every = 1  # step 1's save is timed in step 2's row
   cd.export.final = True
   cd.logging.progress_bar = False
   if _platform() == "gpu":
     cd.model.attention = "cudnn"
   cfg = config_lib.from_config_dict(cd)
-  setup.build_run = timed("setup (load checkpoint, build learner + sampler)", setup.build_run)
-  loop._evaluate = timed("evaluation", loop._evaluate)  # pylint: disable=protected-access
-  export.export_policy = timed("HF export", export.export_policy)
-  checkpoint_lib.Checkpointer.save = timed("checkpoint save", checkpoint_lib.Checkpointer.save)
-  checkpoint_lib.Checkpointer.wait = timed("checkpoint save", checkpoint_lib.Checkpointer.wait)
   t0 = time.perf_counter()
   result = rl.train(cfg, os.path.join(work, "run"))
   total = time.perf_counter() - t0
-  with open(result.files["metrics"]) as f:
-    rows = [json.loads(line) for line in f if line.strip()]
+  rows = rl.read_jsonl(result.files["metrics"])
   steps = [r for r in rows if r.get("step", 0) >= 1]
-  phases = {"write random HF checkpoint": write_s, **seconds}
-  for key, name in (("perf/rollout_seconds", "rollout (sampling + rewards), per step"),
-                    ("perf/learner_seconds", "learner (update, sync, Step 2), per step"),
-                    ("perf/sync_seconds", "weight sync, per step"),
-                    ("perf/gate_seconds", "MIPU Step 2, per step")):
-    vals = [r[key] for r in steps if key in r]
-    if vals:
-      phases[name] = vals
+  per_step = lambda key: [r.get(key, 0.0) for r in steps]
+  phases = {"write random HF checkpoint": write_s}
+  for key, name in (("rollout", "rollout (sampling + rewards)"), ("rewards", "rewards"),
+                    ("recompute", "recompute lp_old"), ("update", "learner update"),
+                    ("sync", "weight sync"), ("gate", "MIPU Step 2"),
+                    ("eval", "evaluation (mu)"), ("eval_pi", "evaluation (pi)"),
+                    ("checkpoint", "checkpoint save (previous step's)")):
+    phases[f"{name}, per step"] = per_step(f"perf/{key}_seconds")
+  logged = sum(per_step("perf/step_seconds")) + sum(
+      sum(per_step(f"perf/{k}_seconds")) for k in ("eval", "eval_pi", "checkpoint"))
+  # Setup, step-0 evaluation, the last save's wait and the HF export: not in a step's row.
+  phases["outside the steps (setup, step-0 eval, final save, HF export)"] = total - logged
+  share = [r["perf/rollout_seconds"] / r["perf/step_seconds"] for r in steps]
   return {"steps": len(steps), "total_s": round(total, 1),
-          "phases": {k: ([round(x, 2) for x in v] if isinstance(v, list) else round(v, 2))
+          "phases": {k: ([round(x, 4) for x in v] if isinstance(v, list) else round(v, 4))
                      for k, v in phases.items()},
+          "rollout_share_of_step": [round(x, 3) for x in share],
           "reward_mean": [r.get("rollout/reward_mean") for r in steps],
           "eval_avg": [r.get("eval/avg") for r in rows if "eval/avg" in r],
-          "k3_kl": [r.get("rollout_corr/k3_kl", r.get("mismatch/k3_kl")) for r in steps],
+          "k3_kl": [r.get("rollout_corr/k3_kl") for r in steps],
           "export": os.path.isdir(os.path.join(work, "run", "export", "final")),
           "quant_compute": cfg.sampling.quant_compute}
 

@@ -33,8 +33,11 @@ def test_accelerator_bench_tiny(tmp_path):
   math = result["math"]
   assert "error" not in math, math
   assert math["steps"] == 2 and math["export"] and math["quant_compute"] == "native"
-  for phase in ("evaluation", "checkpoint save", "HF export",
-                "rollout (sampling + rewards), per step"):
-    assert phase in math["phases"]
+  phases = math["phases"]
+  assert 0 < phases["rewards, per step"][0] < phases["rollout (sampling + rewards), per step"][0]
+  assert phases["checkpoint save (previous step's), per step"][1] > 0
+  assert phases["evaluation (mu), per step"][1] > 0 and phases["MIPU Step 2, per step"][0] > 0
+  assert phases["outside the steps (setup, step-0 eval, final save, HF export)"] > 0
+  assert all(0 < x < 1 for x in math["rollout_share_of_step"])
   table = (out / "accelerator.md").read_text()
   assert "## Sampler" in table and "## configs/math.py" in table

@@ -161,3 +161,10 @@ def test_three_real_steps_log_everything(tmp_path):
   assert os.listdir(tmp_path / "tensorboard")
   assert sorted(os.listdir(tmp_path / "checkpoints")) == ["2", "3"]
   assert int(result.state.step) == 3
+  # The loop's own phase timers: rewards inside the rollout, recompute, update
+  # and sync inside the learner's time, the step-2 save logged with step 3.
+  for row in steps:
+    assert 0 < row["perf/rewards_seconds"] < row["perf/rollout_seconds"]
+    parts = [row[f"perf/{k}_seconds"] for k in ("recompute", "update", "sync")]
+    assert min(parts) > 0 and sum(parts) <= row["perf/learner_seconds"]
+  assert [("perf/checkpoint_seconds" in r) for r in steps] == [False, False, True]

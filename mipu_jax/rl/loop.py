@@ -22,6 +22,7 @@ import os
 import time
 from typing import Optional
 
+import jax
 import tqdm
 from flax import nnx
 
@@ -117,10 +118,13 @@ def update(run: setup.Run, state: LearnerState, batch, step: int,
   sampler = run.sampler
   previous, previous_sampler_params = state, sampler.params
   with guard_lib.phase("learner step", step):
+    t0 = time.perf_counter()
     candidate, device_metrics = run.learner.step(state, batch)
     # The next rollout needs the synced weights, so the loop waits for the
     # step here anyway; fetching its metrics now costs nothing extra.
     metrics = {k: float(v) for k, v in distributed.to_host(device_metrics).items()}
+    metrics["perf/update_seconds"] = time.perf_counter() - t0
+  with guard_lib.phase("weight sync", step):
     sampler.update_weights(candidate.params)
   if gate is None:
     return candidate, metrics
@@ -142,8 +146,10 @@ def rl_step(run: setup.Run, state: LearnerState, step: int,
   with guard_lib.phase("rollout", step):
     chosen, everything, data_stats = collect(run, step)
   t1 = time.perf_counter()
-  with guard_lib.phase("learner step", step):
+  with guard_lib.phase("recompute", step):
     batch = learner_batch(run, state, chosen, float(everything.lengths_R.mean()))
+    jax.block_until_ready(batch)
+  t_recompute = time.perf_counter() - t1
   state, metrics = update(run, state, batch, step, gate)
   t2 = time.perf_counter()
 
@@ -153,7 +159,9 @@ def rl_step(run: setup.Run, state: LearnerState, step: int,
                                         everything.truncated_R, chosen.rewards_R))
   metrics.update({
       "perf/step_seconds": t2 - t0,
-      "perf/rollout_seconds": t1 - t0,
+      "perf/rollout_seconds": t1 - t0,  # sampling and rewards
+      "perf/rewards_seconds": everything.score_seconds,
+      "perf/recompute_seconds": t_recompute,
       "perf/learner_seconds": t2 - t1,  # recompute, update, sync and gate
       "perf/sync_seconds": run.sampler.last_sync_seconds,
       "perf/tokens_per_second": tokens / (t2 - t0),
@@ -218,8 +226,12 @@ def _train_steps(cfg, workdir, run, state, start, rows, writer, ckpt, gate,
   bar = tqdm.trange(start + 1, cfg.num_steps + 1, desc="rl", unit="step",
                     initial=start, total=cfg.num_steps,
                     disable=not (cfg.logging.progress_bar and main))
+  saved_seconds = None  # the loop's time in the previous step's checkpoint save
   for step in bar:
     state, metrics = rl_step(run, state, step, gate)
+    if saved_seconds is not None:
+      metrics["perf/checkpoint_seconds"] = saved_seconds
+      saved_seconds = None
     if step == cfg.num_steps or (cfg.eval.every and step % cfg.eval.every == 0):
       metrics.update(_evaluate(run, eval_sets, step, state.params))
       last_eval = metrics.get("eval/avg", last_eval)
@@ -256,7 +268,9 @@ def _train_steps(cfg, workdir, run, state, start, rows, writer, ckpt, gate,
       # Syncs that stand: the sampler holds the weights of this many updates.
       meta["sampler_sync_version"] = step - rollbacks
       with guard_lib.phase("checkpoint save", step):
+        t0 = time.perf_counter()
         ckpt.save(step, state, meta)
+        saved_seconds = time.perf_counter() - t0
     if stop:
       _log.warning("Preemption notice: stopped after step %d, checkpointed.", step)
       return state, rows, step

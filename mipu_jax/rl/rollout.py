@@ -8,6 +8,7 @@ drops groups whose rewards are all equal and over-samples prompts, in rounds of
 """
 
 import dataclasses
+import time
 from typing import Callable, Sequence
 
 import numpy as np
@@ -35,6 +36,8 @@ class Rollout:
     keep_R: `[N*G]` bool, the response counts in the loss (False: filtered
       out by the task, e.g. a truncated response under `truncated=filter`).
     stats: the task's reward counters (`reward/*`), summed over the groups.
+    score_seconds: wall time spent scoring the responses (rewards), summed
+      over concatenated rollouts.
   """
   problems: tuple[base.ProblemLike, ...]
   prompt_ids: tuple[tuple[int, ...], ...]
@@ -47,6 +50,7 @@ class Rollout:
   group_size: int
   keep_R: np.ndarray | None = None
   stats: tuple[tuple[str, float], ...] = ()
+  score_seconds: float = 0.0
 
   def __post_init__(self):
     if self.keep_R is None:
@@ -89,7 +93,8 @@ def concat(rollouts: Sequence[Rollout]) -> Rollout:
       mask_RT=cat("mask_RT"), lengths_R=cat("lengths_R"),
       truncated_R=cat("truncated_R"), rewards_R=cat("rewards_R"),
       group_size=first.group_size, keep_R=cat("keep_R"),
-      stats=tuple(sorted(stats.items())))
+      stats=tuple(sorted(stats.items())),
+      score_seconds=sum(r.score_seconds for r in rollouts))
 
 
 def sample_groups(sampler, task: base.Task, problems: Sequence[base.ProblemLike], *,
@@ -117,11 +122,13 @@ def sample_groups(sampler, task: base.Task, problems: Sequence[base.ProblemLike]
   completions = [tokenizer_lib.completion_text(task.tokenizer, t) for t in out.tokens]
   repeated = [problems[part.start + i] for i in out.prompt_index]
   truncated_R = np.asarray([f == "length" for f in out.finish_reasons])
+  start = time.perf_counter()
   if score == "correct":
     rewards_R = np.asarray(task.correct(repeated, completions), np.float32)
     keep_R, stats = np.ones(len(rewards_R), bool), {}
   else:
     rewards_R, keep_R, stats = task.reward(repeated, completions, truncated_R)
+  score_seconds = time.perf_counter() - start
   rows = slice(part.start * group_size, part.stop * group_size)
   total = len(problems) * group_size
 
@@ -139,7 +146,7 @@ def sample_groups(sampler, task: base.Task, problems: Sequence[base.ProblemLike]
       lengths_R=gather(out.lengths, np.int32),
       truncated_R=gather(truncated_R, bool), rewards_R=gather(rewards_R, np.float32),
       group_size=group_size, keep_R=gather(keep_R, bool),
-      stats=tuple(zip(stat_names, map(float, stat_values))))
+      stats=tuple(zip(stat_names, map(float, stat_values))), score_seconds=score_seconds)
 
 
 def dynamic_sampling(draw: Callable[[int], Rollout], num_groups: int, *,
