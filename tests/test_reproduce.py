@@ -207,7 +207,8 @@ def test_tables_have_the_sources_layout():
 def test_main_job_quick_then_the_tables_reuse_its_runs(tmp_path):
   """The README's main command in quick mode (a real run per row), then the
   sources' tables on the same workdir: finished runs are read back (their
-  configs checked), twins reused, random rollback handed MIPU's measured p."""
+  configs checked), twins reused, random rollback handed MIPU's measured rate
+  (at a rate of 0, Step 1's run)."""
   workdir = tmp_path / "main"
   proc = subprocess.run(
       [sys.executable, os.path.join(ROOT, "experiments", "compare.py"),
@@ -240,6 +241,8 @@ def test_main_job_quick_then_the_tables_reuse_its_runs(tmp_path):
   rate = by_row["mipu"].rollback_rate
   if rate > 0:
     assert by_row["random_rollback"].note.startswith(f"p = {rate:.3f}")
+  else:  # MIPU rejected nothing: random rollback is Step 1, here the same run as TIS.
+    assert rate == 0 and by_row["random_rollback"].note == "same run as tis"
   assert {"curves_main", "curves_ablation", "curves_rollback",
           "gap_post"} <= set(result.files)
 
@@ -262,6 +265,36 @@ def test_main_job_quick_then_the_tables_reuse_its_runs(tmp_path):
                                 str(workdir), log=lambda _: None, train=False)
   assert not partial.runs
   assert "did not finish" in partial.pending["random_rollback"]
+
+
+@pytest.mark.parametrize("rate", [0.25, 0.0])
+def test_random_rollback_gets_mipus_measured_rate(tmp_path, monkeypatch, rate):
+  """Random rollback is configured with MIPU's rejection rate of the same seed
+  (a rate of 0 makes it Step 1); the runs are stand-ins, not trained."""
+  trained = {}
+
+  def run_one(cfg, row, seed, workdir, log, train):
+    del log, train
+    trained[row] = cfg
+    os.makedirs(workdir)
+    pathlib.Path(workdir, "metrics.jsonl").touch()
+    return reproduce.RunSummary(
+        row=row, seed=seed, workdir=workdir,
+        final={t: 0.5 for t in (*cfg.eval.tiers, "avg")}, final_se=0.02,
+        peak_avg=0.5, peak_step=1, peak_se=0.02, stable=True,
+        rollback_rate=rate if row == "mipu" else 0.0, k3_kl=1e-3, seconds=1.0)
+
+  monkeypatch.setattr(reproduce.runs, "run_one", run_one)
+  result = reproduce.run_table(
+      lambda row, seed, p: table.get_config(
+          f"{row},seed={seed},quick" + (f",p={p}" if p else "")),
+      ("tis", "step1", "mipu", "random_rollback"), [0], str(tmp_path), log=lambda _: None)
+  note = {r.row: r.note for r in result.runs}["random_rollback"]
+  if rate:
+    assert trained["random_rollback"].mipu.random_rollback_p == rate
+    assert note == "p = 0.250 (MIPU's rejection rate)"
+  else:  # Step 1's config, which is TIS's here: no run of its own.
+    assert "random_rollback" not in trained and note == "same run as tis"
 
 
 def test_read_back_ignores_settings_added_later_at_their_default(tmp_path):
