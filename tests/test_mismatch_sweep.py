@@ -86,10 +86,12 @@ def _by_step(path):
 
 @pytest.mark.parametrize("row, cell", [("control", "fp32"),
                                        ("baseline", "int4_all")])
-def test_table_runs_are_the_study_cells_they_were_chosen_from(row, cell):
-  """The tables' control and baseline runs, trained with today's code, retrace
-  the study's lr 7e-4 / 120-step cells bit for bit in every metric both logged
-  (timings aside): the chosen setting is the one the tables ran."""
+def test_committed_table_runs_match_the_study_cells_they_were_chosen_from(row, cell):
+  """A check of committed data, not of code: the tables' committed control and
+  baseline runs (results/small_cpu) and the study's committed lr 7e-4 / 120-step
+  cells (results/mismatch_sweep) hold the same value of every metric both
+  logged (timings aside), so the setting the study chose is the one the tables
+  ran. A code change cannot fail it; rerunning either directory apart can."""
   root = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir,
                       "results")
   for seed in range(3):
