@@ -12,8 +12,8 @@ of a real Qwen3 shape (`--preset`) with the project's test tokenizer
 
 - `math`: `configs/math.py` end to end for 2 RL steps with the FP8 sampler
   (sampling, math-verify rewards, learner, sync, MIPU Step 2, evaluation,
-  checkpoint, HF export), with the wall time of each phase (timers wrapped
-  around the library's own functions, in a child process);
+  checkpoint, HF export), with the wall time of each phase as the loop's own
+  timers log it (`perf/*`), in a child process;
 - `sampler` (`bench/sampler_table.py`): generated tokens/s of
   `Sampler.generate` at bf16, FP8 emulated, FP8 native, int8 native and those
   with an FP8 KV cache, 64 sequences × (1,024 prompt + 1,024 new) tokens (no

@@ -1,5 +1,5 @@
 #!/bin/bash
-# The GPU checks of issue 29 in one device call (run from the repository root;
+# The GPU checks in one device call (run from the repository root;
 # results under $OUT). Wheels the image lacks (qwix, ml_collections,
 # tensorboardX) travel in .whl/ (bench/README.md, "GPU figures").
 #   bash bench/gpu_checks.sh kernel   # the kernel's tests, bench/decode.py, int8 GEMM tests
@@ -10,17 +10,69 @@
 #                                     # 4-plan sweep), the tests on the GPU
 #   bash bench/gpu_checks.sh verify   # the kernel's comparison tests, the native-vs-emulated
 #                                     # gap (bench/native_gap.py), FP8 weights at a 1.7B shape
+#   bash bench/gpu_checks.sh window   # the accelerator window: everything below in order of
+#                                     # value within BUDGET seconds (default 420), each part
+#                                     # under its own timeout; TINY=1 smoke-runs it on a CPU
 set -u
 OUT=${OUT:-/tmp/gpu_checks}
 mkdir -p "$OUT"
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-  --target /tmp/site .whl/*.whl || exit 1
+if ls .whl/*.whl > /dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target /tmp/site .whl/*.whl || exit 1
+else
+  echo "no wheels in .whl/: using the installed packages"
+fi
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
 { nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
   python3 -c "import jax, jaxlib; print('jax', jax.__version__, 'jaxlib', jaxlib.__version__, jax.devices())"
-  uptime; } > "$OUT/env.txt" 2>&1
+  date -u; uptime; } > "$OUT/env.txt" 2>&1
 cat "$OUT/env.txt"
+
+START=$(date +%s)
+# part NAME MAX_SECONDS CMD...: runs CMD under min(MAX_SECONDS, what is left of BUDGET),
+# output in $OUT/NAME.log, its status and time in $OUT/window.txt; skipped under 30 s left.
+part() {
+  local name=$1 max=$2; shift 2
+  local left=$(( ${BUDGET:-420} - ($(date +%s) - START) ))
+  if [ "$left" -lt 30 ]; then
+    echo "$name: skipped, ${left} s of the budget left" | tee -a "$OUT/window.txt"; return
+  fi
+  local t=$(( max < left ? max : left )) t0=$(date +%s)
+  timeout "$t" "$@" > "$OUT/$name.log" 2>&1
+  local rc=$?
+  echo "$name: rc $rc in $(( $(date +%s) - t0 )) s (limit $t s)" | tee -a "$OUT/window.txt"
+  tail -4 "$OUT/$name.log"
+}
+
 case "${1:-kernel}" in
+  window)
+    if [ -n "${TINY:-}" ]; then
+      acc=(--tiny); export JAX_PLATFORMS=cpu; collect=(--co)   # the CPU smoke run
+    else
+      acc=(); export JAX_PLATFORMS=cuda; collect=()
+    fi
+    rm -f "$OUT/window.txt"
+    # The sampler against its bound, Qwen3-0.6B, 64 x (1,024 + 1,024): bf16, FP8 KV.
+    part sampler_0p6b 170 python3 bench/accelerator.py "${acc[@]}" --parts sampler \
+      --sampler_modes "bf16,bf16 + fp8 KV" --out "$OUT/sampler_0p6b"
+    # The weight-bound shape, Qwen3-1.7B, 16 x (256 + 256): bf16 against FP8 native weights.
+    part sampler_1p7b 130 python3 bench/accelerator.py "${acc[@]}" --preset qwen3_1p7b \
+      --parts sampler --sampler_modes "bf16,fp8 native" --sampler_seqs 16 \
+      --sampler_prompt 256 --sampler_new 256 --out "$OUT/sampler_1p7b"
+    # configs/math.py for 2 RL steps on a random Qwen3-0.6B checkpoint, phases by the loop's timers.
+    part math 130 python3 bench/accelerator.py "${acc[@]}" --parts math --out "$OUT/math"
+    # The GPU tests, file by file, stopping a file at its first failure.
+    for f in test_kv_cache test_gpu_decode_fallback test_native_quant test_sampler_scale; do
+      [ -f "tests/$f.py" ] && part "$f" 75 python3 -m pytest -q -x -p no:cacheprovider \
+        "${collect[@]}" "tests/$f.py"
+    done
+    # If time is left: the XLA paged path beside the kernel, then the launch-plan sweep.
+    part sampler_xla 70 python3 bench/accelerator.py "${acc[@]}" --parts sampler \
+      --sampler_modes "bf16 paged XLA" --out "$OUT/sampler_xla"
+    [ -z "${TINY:-}" ] && part plans 120 python3 bench/paged_kernel.py \
+      --json "$OUT/paged_kernel.json"
+    echo "window: $(( $(date +%s) - START )) s of ${BUDGET:-420}"
+    ;;
   kernel)
     JAX_PLATFORMS=cuda timeout 150 python3 -m pytest -q -x -p no:cacheprovider tests/test_kv_cache.py \
       -k "pallas or in_place or auto" 2>&1 | tail -25 > "$OUT/tests_kv_cache.txt"
