@@ -201,7 +201,7 @@ def _kill_and_resume(tmp_path, reference, seed, nproc=2):
 
 @pytest.mark.multiprocess
 def test_a_killed_process_ends_the_job_in_bounded_time(tmp_path):
-  """The default suite's multi-process test: one job (the resume is below)."""
+  """One job, one process killed, no rerun (the tests below rerun it)."""
   _kill_and_resume(tmp_path, None, seed=0)
 
 
