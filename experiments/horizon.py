@@ -127,6 +127,17 @@ def main(argv):
       runs.append(horizon.read_run(j.row, j.seed, j.workdir, steps=steps))
   out = horizon.report(runs, _SETTINGS.value, workdir)
   print(out["markdown"])
+  # Like with like with the 120-step studies: a long run's first 120 steps should
+  # repeat the lr study's run of the same sampler, seed and lr bitwise.
+  for r in runs:
+    short = os.path.join(_LR_STUDY.value, "runs", lr_study.run_name(
+        {horizon.CONTROL: "control", horizon.BASELINE: "baseline"}.get(r.name, ""), lr, r.seed))
+    if r.name in (horizon.CONTROL, horizon.BASELINE) and os.path.exists(
+        os.path.join(short, "summary.json")):
+      d = horizon.prefix_difference(rl.read_jsonl(os.path.join(r.workdir, "metrics.jsonl")),
+                                    rl.read_jsonl(os.path.join(short, "metrics.jsonl")))
+      print(f"{r.name} seed {r.seed}: first 120 steps against {short}: "
+            + ("identical" if d == 0 else f"differ by up to {d:.3g}"))
   print("\n".join(f"{k}: {v}" for k, v in out["files"].items()))
 
 

@@ -124,3 +124,14 @@ def test_candidates_are_samplers_of_the_study():
   assert set(horizon.SETTINGS) | set(horizon.STRONG_CANDIDATES) <= set(mismatch.PRECISIONS)
   a, b = mismatch.PRECISIONS["int4_all"], mismatch.PRECISIONS[horizon.STRONG]
   assert {k for k in a if a[k] != b[k]} == {"weight_quant"}
+
+
+def test_prefix_difference():
+  short = _rows([0.5, 0.6, 0.7])
+  long = _rows([0.5, 0.6, 0.7, 0.8, 0.8])
+  assert horizon.prefix_difference(long, short) == 0.0
+  long[5]["perf/step_seconds"] = 3.0  # timings differ between any two runs
+  short[5]["perf/step_seconds"] = 2.0
+  assert horizon.prefix_difference(long, short) == 0.0
+  long[5]["rollout_corr/k3_kl"] += 1e-9
+  assert horizon.prefix_difference(long, short) == pytest.approx(1e-9)

@@ -154,6 +154,26 @@ def read_run(name: str, seed: int, workdir: str, *, steps: int = STEPS) -> Optio
                   steps=steps)
 
 
+def prefix_difference(long_rows: Sequence[Mapping[str, float]],
+                      short_rows: Sequence[Mapping[str, float]]) -> float:
+  """The largest |difference| of any logged value (timings aside) over the
+  steps of `short_rows`: 0.0 when a long run repeats the shorter run of the
+  same config bitwise before going on (the same code, seed and constant lr)."""
+  short = {int(r["step"]): r for r in short_rows}
+  worst = 0.0
+  for r in long_rows:
+    other = short.get(int(r["step"]))
+    if other is None:
+      continue
+    for k, v in r.items():
+      if k.startswith("perf/") or k not in other:
+        continue
+      a, b = float(v), float(other[k])
+      if a != b and not (math.isnan(a) and math.isnan(b)):
+        worst = max(worst, abs(a - b) if math.isfinite(a - b) else math.inf)
+  return worst
+
+
 def choose_lr(fp32_final_by_lr: Mapping[float, Sequence[float]]) -> float:
   """The long runs' lr: the one of `LRS` where the fp32 control's mean final
   Avg. (120 steps, ten seeds) is highest."""
