@@ -1,7 +1,9 @@
-"""The repository's promises about itself: CI runs the README's test command."""
+"""The repository's promises about itself: CI runs the README's test commands."""
 
 import pathlib
 import re
+
+import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
@@ -17,8 +19,15 @@ def test_ci_runs_the_readme_test_command():
   assert ci_lines[-1] == test_command.strip()
 
 
-def test_ci_uses_a_fresh_venv_without_system_packages():
-  ci = (ROOT / ".ci" / "run").read_text()
+def test_ci_runs_the_readme_multiprocess_command():
+  command = next(c for c in _readme_commands() if "-m multiprocess" in c)
+  ci_lines = (ROOT / ".ci" / "run_multiprocess").read_text().strip().splitlines()
+  assert ci_lines[-1].endswith(f"&& {command.strip()}")
+
+
+@pytest.mark.parametrize("script", ["run", "run_multiprocess"])
+def test_ci_uses_a_fresh_venv_without_system_packages(script):
+  ci = (ROOT / ".ci" / script).read_text()
   assert "python3 -m venv" in ci and "system-site-packages" not in ci
 
 
