@@ -63,7 +63,7 @@ def bandwidth_times(nbytes: int, repeats: int) -> tuple[float, float]:
 
 
 def filled_state(engine: Engine, rows: int, slots: int, fill: int, prompt: int, seed: int):
-  """A decode state whose every row has `fill` valid slots (random K/V) and decodes."""
+  """A decode state whose every row holds `fill` slots (random K/V) and decodes."""
   state = engine.init_decode_state(num_slots=rows, prefill_length=prompt,
                                    decode_length=slots - prompt)
   cache = state.cache
@@ -76,10 +76,8 @@ def filled_state(engine: Engine, rows: int, slots: int, fill: int, prompt: int, 
       return jax.random.randint(next(keys), x.shape, -127, 128, jnp.int32).astype(x.dtype)
     return jax.random.normal(next(keys), x.shape, jnp.float32).astype(x.dtype)
 
-  valid = np.zeros(cache.valid.shape, bool)
-  valid[:, :fill] = True
   cache = cache._replace(k=rand(cache.k), v=rand(cache.v),
-                         valid=jnp.asarray(valid), index=jnp.full((rows,), fill, jnp.int32))
+                         index=jnp.full((rows,), fill, jnp.int32))
   n = state.tokens_BN.shape[1]
   return state._replace(cache=cache, active_B=jnp.ones((rows,), bool),
                         done_B=jnp.zeros((rows,), bool),

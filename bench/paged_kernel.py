@@ -104,29 +104,29 @@ def main():
 
   def kernel(plan):
     if plan not in kernels:
-      kernels[plan] = jax.jit(lambda q, kp, vp, ids, valid, q_slot: paged_pallas.decode(
-          q, kp, vp, None, None, ids, valid, q_slot, jnp.bfloat16, gather=plan[0],
+      kernels[plan] = jax.jit(lambda q, kp, vp, ids, lengths: paged_pallas.decode(
+          q, kp, vp, None, None, ids, lengths, jnp.bfloat16, gather=plan[0],
           plan=plan[1], interpret=interpret))
     return kernels[plan]
 
   def inputs(fill):
-    valid = jnp.broadcast_to(jnp.arange(s)[None, :] < fill, (b, s))
-    return valid, jnp.full((b, 1), fill - 1, jnp.int32)
+    """Rows of `fill` slots: the kernel's lengths, the XLA path's query slots."""
+    return jnp.full((b,), fill, jnp.int32), jnp.full((b, 1), fill - 1, jnp.int32)
 
-  xla = jax.jit(lambda q, kp, vp, ids, valid, q_slot: attention.paged(
-      q, kp, vp, None, None, ids, valid, q_slot, jnp.bfloat16))
-  want = xla(q, kp, vp, ids, *inputs(s)).astype(jnp.float32)
+  xla = jax.jit(lambda q, kp, vp, ids, q_slot: attention.paged(
+      q, kp, vp, None, None, ids, q_slot, jnp.bfloat16))
+  want = xla(q, kp, vp, ids, inputs(s)[1]).astype(jnp.float32)
   tol = 2e-2 * float(jnp.abs(want).max())  # bf16 outputs, other float orders
 
   def timed(plan, fill):
     """Seconds per call, or why the plan did not run or gave other numbers."""
-    valid, q_slot = inputs(fill)
+    lengths, _ = inputs(fill)
     try:
       if fill == s:  # a plan that reads the wrong pages (the zero layers) is not timed
-        err = float(jnp.abs(kernel(plan)(q, kp, vp, ids, valid, q_slot) - want).max())
+        err = float(jnp.abs(kernel(plan)(q, kp, vp, ids, lengths) - want).max())
         if not err <= tol:
           return f"wrong: max |kernel - XLA paged| {err:.3g} > {tol:.3g}"
-      return per_call(lambda: kernel(plan)(q, kp, vp, ids, valid, q_slot), a.calls, a.repeats)
+      return per_call(lambda: kernel(plan)(q, kp, vp, ids, lengths), a.calls, a.repeats)
     except Exception as e:  # pylint: disable=broad-except
       return f"{type(e).__name__}: {str(e)[:120]}"
 
@@ -152,9 +152,9 @@ def main():
 
   for fill in (s // 8, s // 2, s):
     nbytes = 2 * b * fill * k * h * 2
-    valid, q_slot = inputs(fill)
+    _, q_slot = inputs(fill)
     level = dict(fill=fill, bytes=nbytes, read_s=read_s(nbytes),
-                 xla_s=per_call(lambda: xla(q, kp, vp, ids, valid, q_slot), a.calls, a.repeats),
+                 xla_s=per_call(lambda: xla(q, kp, vp, ids, q_slot), a.calls, a.repeats),
                  # at full fill, the sweep's time (its output already checked)
                  plans={name(plan): out["sweep"][name(plan)] if fill == s and name(plan)
                         in out["sweep"] else timed(plan, fill) for plan in chosen})

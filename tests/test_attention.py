@@ -60,13 +60,14 @@ def test_blockwise_equals_dense_outputs_and_gradients(segments, blocks):
 
 
 def test_blockwise_cache_mask_equals_dense():
-  """Queries at cache slots `index ..` over a partly valid cache (a prefill)."""
-  q, k, v, valid, _ = _inputs(t=29)
-  mask = attention.cache_mask(jnp.int32(0), 29, valid)
-  want = attention.attend(q, k, v, mask, implementation="dense")
-  got = attention.attend(q, k, v, mask, implementation="blockwise", block_q=7, block_k=4)
-  np.testing.assert_allclose(got * valid[:, :, None, None],
-                             want * valid[:, :, None, None], atol=2e-6)
+  """Queries at cache slots `index ..` (a prefill into a cache whose rows hold
+  0 and 3 earlier tokens)."""
+  q, k, v, _, _ = _inputs(t=29)
+  mask = attention.cache_mask(jnp.array([0, 3]), 26, 29)
+  want = attention.attend(q[:, :26], k, v, mask, implementation="dense")
+  got = attention.attend(q[:, :26], k, v, mask, implementation="blockwise", block_q=7,
+                         block_k=4)
+  np.testing.assert_allclose(got, want, atol=2e-6)
 
 
 def test_splash_in_interpret_mode_equals_dense():
@@ -108,13 +109,12 @@ def test_model_blockwise_equals_dense_with_padding_and_cache():
   mask = jnp.asarray(np.arange(13)[None, :] < np.array([[13], [9]]))
   np.testing.assert_allclose(block(tokens, mask_BT=mask) * mask[..., None],
                              dense(tokens, mask_BT=mask) * mask[..., None], atol=2e-5)
-  # A prefill into a KV cache (left padding) goes through the same switch.
-  left = jnp.asarray(np.arange(13)[None, :] >= np.array([[0], [4]]))
+  # A prefill into a KV cache (right padding) goes through the same switch.
   outs = []
   for model in (dense, block):
     cache = models.init_cache(model.config, 2, 16, jnp.float32)
-    logits, _ = model(tokens, mask_BT=left, cache=cache)
-    outs.append(logits * left[..., None])
+    logits, _ = model(tokens, mask_BT=mask, cache=cache)
+    outs.append(logits * mask[..., None])
   np.testing.assert_allclose(outs[1], outs[0], atol=2e-5)
 
 

@@ -4,9 +4,11 @@ import importlib.util
 import inspect
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from mipu_jax.models import kv_cache
 from mipu_jax.sampler import Engine, ResultTokens, Sampler
 from mipu_jax.sampler import engine as engine_lib
 from test_sampler import PROMPTS, make_model
@@ -56,8 +58,8 @@ def test_engine_slot_by_slot_matches_sampler(sampler):
     np.testing.assert_allclose(got[slot][1], ref.logprobs[i], atol=1e-5)
 
   # Continuous batching: a new request in a freed slot restarts that slot's
-  # row (its own write index back at the prefill region's end, room for its
-  # whole budget); nothing of the slot's previous occupant may leak into it.
+  # row (its length back to its prompt's, room for its whole budget);
+  # nothing of the slot's previous occupant may leak into it.
   engine.free_resource(0)
   new_prompt = [9, 8, 7, 6]
   ref_new = sampler.generate([new_prompt], max_new_tokens=10, temperature=0.9, seed=9)
@@ -98,10 +100,50 @@ def test_generate_until_done_stops_when_every_slot_has_finished(sampler):
   ds = engine.generate_until_done(params, ds)
   lengths = np.asarray(ds.num_generated_B)[:3]
   assert lengths[1] <= 5 and np.asarray(ds.tokens_BN)[1, lengths[1] - 1] == stop
-  # One cache slot per decode step of each row, after the 16-slot prefill
-  # region: every row stopped writing when it finished (its own write index).
-  np.testing.assert_array_equal(np.asarray(ds.cache.index)[:3], 16 + lengths - 1)
+  # One cache slot per decode step of each row, after its prompt: every row
+  # stopped writing when it finished (its own length).
+  prompt_lengths = np.array([len(p) for p in PROMPTS])
+  np.testing.assert_array_equal(np.asarray(ds.cache.index)[:3], prompt_lengths + lengths - 1)
   assert not np.asarray(ds.active_B)[3:].any()
+
+
+def test_samples_share_full_prompt_pages_and_copy_the_partial_one():
+  """Four samples of an 11-token prompt in pages of 4 slots: their page
+  tables point at the prompt block's two full pages, each at its own copy of
+  the third (partly filled) page, and every row reads back the prefill's K/V
+  at slots [0, 11). The pool holds one block of prompt pages and each slot's
+  own pages (generation + one): 4 + 4 x 5 = 24 pages per layer, not 4 x 8.
+  Decoding from the shared block draws bitwise what a block per sample does."""
+  sampler = Sampler(make_model(), max_prefill_length=16, max_decode_length=16, page_size=4)
+  engine, params = sampler.engine, sampler.params
+  prompt = PROMPTS[2]
+  prefix = engine.prefill_prefix(params=params, padded_tokens=_right_padded(prompt)[None],
+                                 true_length=[len(prompt)], temperature=0.9,
+                                 rng=jax.random.key(1))
+  shared = engine.init_decode_state(num_slots=4, prefill_length=16, decode_length=16,
+                                    prompt_blocks=1)
+  layers = engine.model_config.num_layers
+  assert shared.cache.k.shape[1] == layers * (4 + 4 * 5)
+  shared = engine.bulk_insert(prefix, shared, [0, 1, 2, 3], rows=[0] * 4,
+                              sample_ids=[0, 1, 2, 3], prompt_blocks=[0] * 4,
+                              fill=[True, False, False, False])
+  pages = np.asarray(shared.cache.pages)
+  assert (pages[:, :2] == pages[:1, :2]).all() and len(set(pages[:, 2])) == 4
+  np.testing.assert_array_equal(np.asarray(shared.cache.index), len(prompt))
+  per = shared.cache.pages_per_layer(layers)
+  want = np.asarray(kv_cache.logical_view(prefix.cache.k, prefix.cache.k_scale,
+                                          prefix.cache.pages, 0, prefix.cache.pages_per_layer(
+                                              layers), jnp.float32))[0, :len(prompt)]
+  for row in range(4):
+    got = np.asarray(kv_cache.logical_view(shared.cache.k, shared.cache.k_scale,
+                                           shared.cache.pages[row:row + 1], 0, per, jnp.float32))
+    np.testing.assert_array_equal(got[0, :len(prompt)], want)
+  own = engine.init_decode_state(num_slots=4, prefill_length=16, decode_length=16)
+  own = engine.bulk_insert(prefix, own, [0, 1, 2, 3], rows=[0] * 4, sample_ids=[0, 1, 2, 3])
+  shared = engine.generate_until_done(params, shared)
+  own = engine.generate_until_done(params, own)
+  np.testing.assert_array_equal(np.asarray(shared.tokens_BN), np.asarray(own.tokens_BN))
+  np.testing.assert_array_equal(np.asarray(shared.logprobs_BN), np.asarray(own.logprobs_BN))
 
 
 def test_result_tokens_carry_log_prob_through_slot_access():

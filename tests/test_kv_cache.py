@@ -2,11 +2,13 @@
 
 - The compiled decode step writes the donated cache in place: its optimized
   HLO holds no copy, transpose or convert as large as one layer's share of
-  the cache, for float32 / bfloat16 / FP8 / int8 caches, in one step and in
-  the `while_loop` of `generate_until_done`.
+  the cache, for float32 / bfloat16 / FP8 / int8 caches, in one step, in
+  the `while_loop` of `generate_until_done` and in the insert that copies
+  prompt pages.
 - `attention.paged` equals the dense reference over the gathered cache on
-  ragged rows, right-aligned prompts, shuffled page tables and every cache
-  dtype, and a row's result does not depend on the other rows.
+  ragged rows (each row its slots `[0, length)`), shuffled page tables and
+  every cache dtype, and a row's result does not depend on the other rows;
+  the decode kernels equal `attention.paged`.
 """
 
 import re
@@ -79,6 +81,12 @@ def test_compiled_decode_step_writes_the_cache_in_place(model, kv, impl):
   if kv in ("bfloat16", "int8") and impl == "paged":  # the loop too, for the bytes-scattered and scaled pools
     programs.append(("generate_until_done", engine.programs["generate_until_done"],
                      (engine._spec, params, state)))
+    # The insert's copy of prompt pages into blocks and slots' own first pages.
+    prefix = jax.eval_shape(lambda: engine.prefill_prefix(
+        params=params, padded_tokens=np.ones((8, 32), np.int32), true_length=[5] * 8))
+    m = jnp.arange(8, dtype=jnp.int32)
+    programs.append(("insert", engine.programs["insert"],
+                     (engine._spec, prefix, state, m, m, m, m, jnp.ones((8,), bool))))
   for name, fn, args in programs:
     hlo = fn.lower(*args).compile().as_text()
     assert not _big_ops(hlo, limit), (name, _big_ops(hlo, limit)[:5])
@@ -119,67 +127,64 @@ def _random_cache(rng, b, s, k, h, g, dtype, layers=2, layer=1):
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float8_e4m3fn", "int8"])
-def test_paged_attention_equals_dense_on_ragged_rows(dtype):
+@pytest.mark.parametrize("t", [1, 3])
+def test_paged_attention_equals_dense_on_ragged_rows(dtype, t):
   # float32 dots in float32 on a GPU too (XLA's default there is TF32: paged and
   # dense then differ by up to 5e-4, measured on an H200).
   with jax.default_matmul_precision("highest"):
-    _paged_equals_dense(dtype)
+    _paged_equals_dense(dtype, t)
 
 
-def _paged_equals_dense(dtype):
+def _paged_equals_dense(dtype, t):
+  """Rows of lengths 41, 34, 96, 71 and 1 (a decode step's query at its
+  row's last slot; with t = 3, a prefill's three queries ending there)."""
   rng = np.random.default_rng(0)
-  b, s, k, n, h, g, t = 5, 96, 2, 4, 16, 16, 1
+  b, s, k, n, h, g = 5, 96, 2, 4, 16, 16
   kq, vq, ksc, vsc, pages, per, layer = _random_cache(rng, b, s, k, h, g, dtype)
-  # Ragged rows: right-aligned prompts of different lengths, generated slots
-  # after a prefill region of 32, one row empty but for its query slot.
-  valid = np.zeros((b, s), bool)
-  q_slot = np.array([[40], [33], [95], [70], [32]], np.int32)
-  for r, (start, end) in enumerate([(20, 41), (30, 34), (0, 96), (31, 71), (32, 33)]):
-    valid[r, start:end] = True
-  valid[1, 32] = False  # a hole (padding inside the window)
+  q_slot = np.array([40, 33, 95, 70, max(0, t - 1)], np.int32)[:, None] - (t - 1) + np.arange(t)
   q = jnp.asarray(rng.standard_normal((b, t, n, h)), jnp.float32)
   ids = pages + layer * per
-  got = attention.paged(q, kq, vq, ksc, vsc, ids, jnp.asarray(valid), jnp.asarray(q_slot),
-                        jnp.float32)
+  got = attention.paged(q, kq, vq, ksc, vsc, ids, jnp.asarray(q_slot), jnp.float32)
   keys = kv_cache.logical_view(kq, ksc, pages, layer, per, jnp.float32)
   values = kv_cache.logical_view(vq, vsc, pages, layer, per, jnp.float32)
-  mask = attention.cache_mask(jnp.asarray(q_slot[:, 0]), t, jnp.asarray(valid))
+  mask = attention.cache_mask(jnp.asarray(q_slot[:, 0]), t, s)
   want = attention.attend(q, keys, values, mask)
   np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=2e-5, atol=2e-6)
   # A row alone gives the same numbers: the other rows only widen the loop.
   for r in range(b):
     alone = attention.paged(q[r:r + 1], kq, vq, ksc, vsc, ids[r:r + 1],
-                            jnp.asarray(valid[r:r + 1]), jnp.asarray(q_slot[r:r + 1]),
-                            jnp.float32)
+                            jnp.asarray(q_slot[r:r + 1]), jnp.float32)
     np.testing.assert_allclose(np.asarray(alone[0]), np.asarray(got[r]), rtol=1e-6, atol=1e-7)
+
+
+def _ragged(rng, dtype, slots, lengths):
+  """A cache of rows of `lengths` slots, a decode query per row, and the
+  arguments of the decode kernels (`lengths`) and of `attention.paged`
+  (each query at its row's last slot)."""
+  b, k, n, h, g = len(lengths), 2, 4, 16, 16
+  kq, vq, ksc, vsc, pages, per, layer = _random_cache(rng, b, slots, k, h, g, dtype)
+  q = jnp.asarray(rng.standard_normal((b, 1, n, h)), jnp.float32)
+  lengths = jnp.asarray(lengths, jnp.int32)
+  return q, (kq, vq, ksc, vsc, pages + layer * per), lengths, lengths[:, None] - 1
 
 
 @pytest.mark.parametrize("dtype,slots", [("float32", 96), ("bfloat16", 128),
                                          ("float8_e4m3fn", 96), ("int8", 128)])
 def test_pallas_decode_equals_paged_on_ragged_rows(dtype, slots):
   """The Pallas kernel (interpreted off GPU, compiled on one) against the XLA
-  paged path: right-aligned prompts, a hole, a row with one slot, shuffled
-  pages, every cache dtype; 128 slots split each row's pages over programs.
+  paged path: ragged rows, a row of one slot, a full row, shuffled pages,
+  every cache dtype; 128 slots split each row's pages over programs.
   float32 dots in float32 (XLA's GPU default is TF32)."""
   with jax.default_matmul_precision("highest"):
     _pallas_equals_paged(dtype, slots)
 
 
-def _pallas_equals_paged(dtype, slots):
+def _pallas_equals_paged(dtype, s):
   rng = np.random.default_rng(2)
-  b, s, k, n, h, g = 5, slots, 2, 4, 16, 16
-  kq, vq, ksc, vsc, pages, per, layer = _random_cache(rng, b, s, k, h, g, dtype)
-  valid = np.zeros((b, s), bool)
-  q_slot = np.array([[40], [33], [s - 1], [70], [32]], np.int32)
-  for r, (start, end) in enumerate([(20, 41), (30, 34), (0, s), (31, 71), (32, 33)]):
-    valid[r, start:end] = True
-  valid[1, 32] = False
-  valid[3, 50] = False
-  q = jnp.asarray(rng.standard_normal((b, 1, n, h)), jnp.float32)
-  ids = pages + layer * per
-  args = (kq, vq, ksc, vsc, ids, jnp.asarray(valid), jnp.asarray(q_slot), jnp.float32)
-  want = attention.paged(q, *args)
-  got = paged_pallas.decode(q, *args)
+  b, k, g = 5, 2, 16
+  q, pools, lengths, q_slot = _ragged(rng, dtype, s, [41, 34, s, 71, 1])
+  want = attention.paged(q, *pools, q_slot, jnp.float32)
+  got = paged_pallas.decode(q, *pools, lengths, jnp.float32)
   np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=2e-5, atol=2e-6)
   ppb, splits = paged_pallas.split_plan(b, k, s // g, g)
   assert (ppb, splits) == ((2, 1) if s == 96 else (4, 2))
@@ -190,13 +195,12 @@ def _pallas_equals_paged(dtype, slots):
   for plan in (None, (16, 2, 4, 2), (32, 1, 4, 3)):
     if s % (plan[0] * plan[1]) if plan else False:
       continue
-    by_slot = paged_pallas.decode(q, *args, gather="slots", plan=plan)
+    by_slot = paged_pallas.decode(q, *pools, lengths, jnp.float32, gather="slots", plan=plan)
     np.testing.assert_allclose(np.asarray(by_slot), np.asarray(want), rtol=2e-5, atol=2e-6)
   # One row alone (more splits: another order of the same float32 sums).
   for r in (0, 3):
-    alone = paged_pallas.decode(q[r:r + 1], kq, vq, ksc, vsc, ids[r:r + 1],
-                                jnp.asarray(valid[r:r + 1]), jnp.asarray(q_slot[r:r + 1]),
-                                jnp.float32)
+    one = [x[r:r + 1] if i == 4 else x for i, x in enumerate(pools)]
+    alone = paged_pallas.decode(q[r:r + 1], *one, lengths[r:r + 1], jnp.float32)
     np.testing.assert_allclose(np.asarray(alone[0]), np.asarray(got[r]), rtol=2e-5, atol=2e-6)
 
 
@@ -205,11 +209,11 @@ def _pallas_equals_paged(dtype, slots):
                                            ("bfloat16", "bfloat16")])
 def test_pallas_tpu_decode_equals_paged_on_ragged_rows(dtype, compute):
   """The Pallas TPU kernel in the TPU interpreter against the XLA paged path:
-  right-aligned prompts, holes, a row with one slot, a fully masked page inside
-  a row, an empty row, shuffled pages, every cache dtype, float32 and bfloat16
-  compute. The interpreter simulates the kernel's copies between HBM and VMEM,
-  runs each when it is started (a copy into a block still being read would
-  change the numbers) and checks the copies and reads for races.
+  ragged rows, a row of one slot, a full row, an empty row, shuffled pages,
+  every cache dtype, float32 and bfloat16 compute. The interpreter simulates
+  the kernel's copies between HBM and VMEM, runs each when it is started (a
+  copy into a block still being read would change the numbers) and checks
+  the copies and reads for races.
 
   One page per block is attention.paged's float operations in its order:
   bitwise. The default blocks (2 pages here) sum two pages at once: float32
@@ -217,27 +221,19 @@ def test_pallas_tpu_decode_equals_paged_on_ragged_rows(dtype, compute):
   (9.8e-4 measured); a row alone, another ring depth and Pallas' plain
   interpreter give the same numbers bitwise."""
   rng = np.random.default_rng(3)
-  b, s, k, n, h, g = 6, 96, 2, 4, 16, 16
-  kq, vq, ksc, vsc, pages, per, layer = _random_cache(rng, b, s, k, h, g, dtype)
-  valid = np.zeros((b, s), bool)
-  q_slot = np.array([[40], [33], [s - 1], [70], [32], [10]], np.int32)
-  for r, (start, end) in enumerate([(20, 41), (30, 34), (0, s), (31, 71), (32, 33), (0, 0)]):
-    valid[r, start:end] = True
-  valid[1, 32] = False
-  valid[3, 50] = False
-  valid[3, 48:64] = False  # a whole page (48-63) of row 3 with nothing to attend
+  s, g = 96, 16
+  q, pools, lengths, q_slot = _ragged(rng, dtype, s, [41, 34, s, 71, 1, 0])
   compute = jnp.dtype(compute)
-  q = jnp.asarray(rng.standard_normal((b, 1, n, h)), compute)
-  ids = pages + layer * per
-  args = (kq, vq, ksc, vsc, ids, jnp.asarray(valid), jnp.asarray(q_slot), compute)
+  q = q.astype(compute)
+  args = (*pools, lengths, compute)
   assert paged_pallas_tpu.pages_per_block(s // g, g) == 2
   assert paged_pallas_tpu.pages_per_block(32, 64) == 4  # Qwen3-0.6B's rows: 256 keys a block
   simulated = pltpu.InterpretParams(dma_execution_mode="eager", detect_races=True)
-  decode = jax.jit(paged_pallas_tpu.decode, static_argnums=8,
+  decode = jax.jit(paged_pallas_tpu.decode, static_argnums=7,
                    static_argnames=("interpret", "block_pages", "depth"))
   f32 = lambda x: np.asarray(x, np.float32)
   with jax.default_matmul_precision("highest"):
-    want = f32(attention.paged(q, *args))
+    want = f32(attention.paged(q, *pools, q_slot, compute))
     by_page = f32(decode(q, *args, interpret=simulated, block_pages=1))
     np.testing.assert_array_equal(by_page[:5], want[:5])
     np.testing.assert_array_equal(by_page[5], 0.0)  # nothing to attend: 0, as the GPU kernel
@@ -247,9 +243,9 @@ def test_pallas_tpu_decode_equals_paged_on_ragged_rows(dtype, compute):
     np.testing.assert_allclose(f32(got[:5]), want[:5], **tol)
     np.testing.assert_array_equal(f32(got[5]), 0.0)
     for r in (0, 3):
-      alone = paged_pallas_tpu.decode(q[r:r + 1], kq, vq, ksc, vsc, ids[r:r + 1],
-                                      jnp.asarray(valid[r:r + 1]),
-                                      jnp.asarray(q_slot[r:r + 1]), compute, interpret=simulated)
+      one = [x[r:r + 1] if i == 4 else x for i, x in enumerate(pools)]
+      alone = paged_pallas_tpu.decode(q[r:r + 1], *one, lengths[r:r + 1], compute,
+                                      interpret=simulated)
       np.testing.assert_array_equal(f32(alone[0]), f32(got[r]))
     np.testing.assert_array_equal(f32(decode(q, *args, interpret=simulated, depth=2)), f32(got))
     # Pallas' plain interpreter (the sampler tests' default off TPU): the same numbers.
@@ -275,8 +271,8 @@ def test_pallas_tpu_ring_fits_the_default_vmem_limit():
   cfg = type("C", (), dict(num_kv_heads=8, head_dim=128, num_layers=1))
   kp, vp, ks, vs = kv_cache.init_pool(cfg, 64, 64, jnp.dtype("int8"))
   q = jnp.zeros((1, 1, 16, 128), jnp.float32)
-  args = (kp, vp, ks, vs, jnp.arange(64, dtype=jnp.int32)[None], jnp.zeros((1, 64 * 64), bool),
-          jnp.zeros((1, 1), jnp.int32), jnp.float32)
+  args = (kp, vp, ks, vs, jnp.arange(64, dtype=jnp.int32)[None], jnp.zeros((1,), jnp.int32),
+          jnp.float32)
   with pytest.raises(ValueError, match="MiB of VMEM"):
     paged_pallas_tpu.decode(q, *args, block_pages=8)
   for bad in (0, -1, 3):
@@ -297,11 +293,11 @@ def test_pallas_tpu_kernel_lowers_for_tpu(dtype):
   b, j, g, k, n, h = 4, 32, 64, 8, 16, 128  # Qwen3-0.6B's heads; 4 pages a block
   cfg = type("C", (), dict(num_kv_heads=k, head_dim=h, num_layers=2))
   kp, vp, ks, vs = kv_cache.init_pool(cfg, b * j, g, jnp.dtype(dtype))
-  fn = jax.jit(lambda q, kp, vp, ks, vs, ids, valid, slot: paged_pallas_tpu.decode(
-      q, kp, vp, ks, vs, ids, valid, slot, jnp.bfloat16, interpret=False))
+  fn = jax.jit(lambda q, kp, vp, ks, vs, ids, lengths: paged_pallas_tpu.decode(
+      q, kp, vp, ks, vs, ids, lengths, jnp.bfloat16, interpret=False))
   exported = jax.export.export(fn, platforms=["tpu"])(
       jnp.zeros((b, 1, n, h), jnp.bfloat16), kp, vp, ks, vs,
-      jnp.zeros((b, j), jnp.int32), jnp.ones((b, j * g), bool), jnp.zeros((b, 1), jnp.int32))
+      jnp.zeros((b, j), jnp.int32), jnp.full((b,), j * g, jnp.int32))
   text = exported.mlir_module()
   assert "tpu_custom_call" in text and "mipu_paged_decode_tpu" in text
 
@@ -316,11 +312,11 @@ def test_pallas_kernel_lowers_for_gpu(dtype, gather):
   b, j, g, k, n, h = 4, 32, 64, 8, 16, 128
   cfg = type("C", (), dict(num_kv_heads=k, head_dim=h, num_layers=2))
   kp, vp, ks, vs = kv_cache.init_pool(cfg, b * j, g, jnp.dtype(dtype))
-  fn = jax.jit(lambda q, kp, vp, ks, vs, ids, valid, slot: paged_pallas.decode(
-      q, kp, vp, ks, vs, ids, valid, slot, jnp.bfloat16, interpret=False, gather=gather))
+  fn = jax.jit(lambda q, kp, vp, ks, vs, ids, lengths: paged_pallas.decode(
+      q, kp, vp, ks, vs, ids, lengths, jnp.bfloat16, interpret=False, gather=gather))
   lowered = fn.trace(jnp.zeros((b, 1, n, h), jnp.bfloat16), kp, vp, ks, vs,
-                     jnp.zeros((b, j), jnp.int32), jnp.ones((b, j * g), bool),
-                     jnp.zeros((b, 1), jnp.int32)).lower(lowering_platforms=("cuda",))
+                     jnp.zeros((b, j), jnp.int32),
+                     jnp.full((b,), j * g, jnp.int32)).lower(lowering_platforms=("cuda",))
   text = lowered.as_text()
   assert "__gpu$xla.gpu.triton" in text and paged_pallas.NAME in text
 
@@ -333,8 +329,8 @@ def test_pallas_kernel_refuses_shapes_its_tiles_do_not_fit():
   z = jnp.zeros((1, 2, 4, 12))
   with pytest.raises(ValueError, match="power-of-two"):
     paged_pallas.decode(jnp.zeros((1, 1, 2, 12)), z, z, None, None,
-                        jnp.zeros((1, 2), jnp.int32), jnp.ones((1, 8), bool),
-                        jnp.zeros((1, 1), jnp.int32), jnp.float32, interpret=False)
+                        jnp.zeros((1, 2), jnp.int32), jnp.ones((1,), jnp.int32), jnp.float32,
+                        interpret=False)
 
 
 def test_pallas_launch_plan_from_the_environment(monkeypatch):
@@ -352,22 +348,22 @@ def test_pallas_launch_plan_from_the_environment(monkeypatch):
   z = jnp.zeros((2, 6, 16, 16))
   with pytest.raises(ValueError, match="do not tile a row"):
     paged_pallas.decode(jnp.zeros((1, 1, 4, 16)), z, z, None, None,
-                        jnp.zeros((1, 3), jnp.int32), jnp.ones((1, 48), bool),
-                        jnp.zeros((1, 1), jnp.int32), jnp.float32, plan=(2, 1, 4, 2))
+                        jnp.zeros((1, 3), jnp.int32), jnp.ones((1,), jnp.int32), jnp.float32,
+                        plan=(2, 1, 4, 2))
   with pytest.raises(ValueError, match="gather 'rows'"):
     paged_pallas.decode(jnp.zeros((1, 1, 4, 16)), z, z, None, None,
-                        jnp.zeros((1, 3), jnp.int32), jnp.ones((1, 48), bool),
-                        jnp.zeros((1, 1), jnp.int32), jnp.float32, gather="rows")
+                        jnp.zeros((1, 3), jnp.int32), jnp.ones((1,), jnp.int32), jnp.float32,
+                        gather="rows")
   # The environment's plan, where it does not fit a shape, leaves the default.
   monkeypatch.setenv(paged_pallas.PLAN_ENV, "2,1,4,2")
   out = paged_pallas.decode(jnp.ones((1, 1, 4, 16)), z + 1, z + 1, None, None,
-                            jnp.zeros((1, 3), jnp.int32), jnp.ones((1, 48), bool),
-                            jnp.full((1, 1), 47, jnp.int32), jnp.float32)
+                            jnp.zeros((1, 3), jnp.int32), jnp.full((1,), 48, jnp.int32),
+                            jnp.float32)
   np.testing.assert_allclose(np.asarray(out), 1.0, rtol=1e-6)
   monkeypatch.setenv(paged_pallas.PLAN_ENV, "slots:16,3,4,2")  # 16 x 3 slots tile 48
   out = paged_pallas.decode(jnp.ones((1, 1, 4, 16)), z + 1, z + 1, None, None,
-                            jnp.zeros((1, 3), jnp.int32), jnp.ones((1, 48), bool),
-                            jnp.full((1, 1), 47, jnp.int32), jnp.float32)
+                            jnp.zeros((1, 3), jnp.int32), jnp.full((1,), 48, jnp.int32),
+                            jnp.float32)
   np.testing.assert_allclose(np.asarray(out), 1.0, rtol=1e-6)
 
 
@@ -396,18 +392,20 @@ def test_paged_cache_write_lands_at_the_page_table_slots():
   kp, _, _, _ = kv_cache.init_pool(cfg, b * (s // g), g, jnp.float32)
   pages = jnp.asarray(rng.permutation(b * (s // g)).reshape(b, s // g), jnp.int32)
   index = jnp.array([0, 5, 14], jnp.int32)
+  mask = np.ones((b, 3), bool)
+  mask[1, 2] = False  # padding: not written
   new = jnp.asarray(rng.standard_normal((b, 3, 2, 4)), jnp.float32)
   per = b * (s // g)
-  page, off = kv_cache.write_targets(pages, index, 3, g, 2, per)
+  page, off = kv_cache.write_targets(pages, index, jnp.asarray(mask), g, 2, per)
   out = kv_cache.write(kp, new, page, off)
   view = np.asarray(kv_cache.logical_view(out, None, pages, 2, per, jnp.float32))
   for r in range(b):
     for t in range(3):
       slot = int(index[r]) + t
-      if slot < s:  # past the row's end: dropped
+      if slot < s and mask[r, t]:  # past the row's end: dropped
         np.testing.assert_array_equal(view[r, slot], np.asarray(new[r, t]))
-  # Row 2's third entry (slot 16) was dropped; nothing else was written.
-  assert np.count_nonzero(np.abs(view).sum(-1).sum(-1)) == 8
+  # Row 2's third entry (slot 16) and row 1's padding were dropped; nothing else was written.
+  assert np.count_nonzero(np.abs(view).sum(-1).sum(-1)) == 7
   # Other layers untouched.
   assert not np.asarray(kv_cache.logical_view(out, None, pages, 1, per, jnp.float32)).any()
 

@@ -97,23 +97,30 @@ def test_from_pretrained_roundtrip_sharded_files(tmp_path):
 
 @pytest.mark.parametrize("cache_dtype,atol", [(jnp.float32, 1e-5), (jnp.bfloat16, 3e-2)])
 def test_kv_cache_decode_equals_full_forward(cache_dtype, atol):
+  """Ragged rows through a cache: a right-padded prefill (row 1 has 4 of 6
+  tokens), then one token per step, each row at its own length; a row idle
+  in a step (mask 0) neither writes nor advances."""
   model = _random_model(CONFIGS["tied_gqa2"], seed=2)
   rng = np.random.default_rng(3)
   tokens = rng.integers(0, 97, (2, 11))
-  mask = np.ones((2, 11), bool)
-  mask[1, :3] = False  # left padding on row 1
-  full = np.asarray(model(jnp.asarray(tokens), mask_BT=jnp.asarray(mask)))
+  full = np.asarray(model(jnp.asarray(tokens)))
   cache = models.init_cache(model.config, 2, 16, cache_dtype)
   step = nnx.jit(lambda m, t, k, c: m(t, mask_BT=k, cache=c))
-  logits, cache = step(model, jnp.asarray(tokens[:, :6]), jnp.asarray(mask[:, :6]), cache)
-  outs = [np.asarray(logits)]
-  for t in range(6, 11):
-    logits, cache = step(model, jnp.asarray(tokens[:, t:t + 1]), jnp.asarray(mask[:, t:t + 1]),
-                         cache)
-    outs.append(np.asarray(logits))
-  got = np.concatenate(outs, axis=1)
-  assert np.all(np.asarray(cache.index) == 11)
-  np.testing.assert_allclose(got[mask], full[mask], atol=atol)
+  prompt = np.array([[1] * 6, [1] * 4 + [0] * 2], bool)
+  logits, cache = step(model, jnp.asarray(tokens[:, :6]), jnp.asarray(prompt), cache)
+  got = [[np.asarray(logits)[0, :6]], [np.asarray(logits)[1, :4]]]
+  np.testing.assert_array_equal(np.asarray(cache.index), [6, 4])
+  # The position each row feeds at each step; None: idle.
+  feeds = zip([None, None, 6, 7, 8, 9, 10], [4, 5, 6, None, 7, 8, 9])
+  for step_pos in feeds:
+    live = np.array([p is not None for p in step_pos])
+    new = np.array([[tokens[r, p or 0]] for r, p in enumerate(step_pos)])
+    logits, cache = step(model, jnp.asarray(new), jnp.asarray(live[:, None]), cache)
+    for r in np.flatnonzero(live):
+      got[r].append(np.asarray(logits)[r])
+  np.testing.assert_array_equal(np.asarray(cache.index), [11, 10])
+  np.testing.assert_allclose(np.concatenate(got[0]), full[0], atol=atol)
+  np.testing.assert_allclose(np.concatenate(got[1]), full[1, :10], atol=atol)
 
 
 def test_bf16_compute_close_to_fp32_and_logits_fp32():

@@ -85,14 +85,15 @@ def row_mask(mask_BT: jax.Array, segment_ids_BT: jax.Array | None = None) -> Att
   return AttentionMask(slot_BT, seg_BT, slot_BT, seg_BT, mask_BT.astype(bool))
 
 
-def cache_mask(index_B: jax.Array, t: int, valid_BS: jax.Array) -> AttentionMask:
-  """The mask of `t` new queries written at cache slots `index_B[b] ..` of row b."""
-  b, s = valid_BS.shape
-  index_B = jnp.broadcast_to(jnp.asarray(index_B, jnp.int32), (b,))
-  q_BT = index_B[:, None] + jnp.arange(t, dtype=jnp.int32)[None, :]
+def cache_mask(index_B: jax.Array, t: int, s: int) -> AttentionMask:
+  """The mask of `t` new queries written at cache slots `index_B[b] ..` of
+  row b, over a cache of `s` slots per row: a row's cache has no holes
+  (`kv_cache.KVCache`), so query t attends slots `[0, index_B[b] + t]`."""
+  b = index_B.shape[0]
+  q_BT = index_B.astype(jnp.int32)[:, None] + jnp.arange(t, dtype=jnp.int32)[None, :]
   k_BS = jnp.broadcast_to(jnp.arange(s, dtype=jnp.int32), (b, s))
   return AttentionMask(q_BT, jnp.zeros((b, t), jnp.int32), k_BS,
-                       jnp.zeros((b, s), jnp.int32), valid_BS.astype(bool))
+                       jnp.zeros((b, s), jnp.int32), jnp.ones((b, s), bool))
 
 
 def attend(q_BTNH: jax.Array, k_BSKH: jax.Array, v_BSKH: jax.Array,
@@ -317,28 +318,23 @@ def _splash(q_BTNH, k_BSKH, v_BSKH, mask: AttentionMask, block_q: int,
 
 
 def paged(q_BTNH: jax.Array, k_pool: jax.Array, v_pool: jax.Array, k_scale, v_scale,
-          page_ids_BJ: jax.Array, valid_BS: jax.Array, q_slot_BT: jax.Array,
-          dtype) -> jax.Array:
+          page_ids_BJ: jax.Array, q_slot_BT: jax.Array, dtype) -> jax.Array:
   """Attention of each row's T queries over its pages of a paged KV cache.
 
-  Query t of row b (at slot `q_slot_BT[b, t]`) attends the valid slots at or
-  before it, as `cache_mask` says. The loop runs over page columns j from the
-  batch's first page holding a valid slot to the page of its last query, and
-  gathers one page per row per step (`kv_cache.read_pages`): a decode step
-  reads the pages of filled slots, not the whole cache. Online softmax in
-  float32 (FlashAttention's forward; no backward: sampling only).
-
-  A row's result does not depend on the other rows (which widen the loop's
-  range): a fully masked page before the row's first valid one is discarded
-  exactly (its running max resets the sums by a factor of 0), one after its
-  last adds exact zeros.
+  Query t of row b (at slot `q_slot_BT[b, t]`) attends slots `[0, q_slot]`
+  (a row has no holes, `cache_mask`). The loop runs over page columns j up
+  to the page of the batch's last query and gathers one page per row per
+  step (`kv_cache.read_pages`): a decode step reads the pages of filled
+  slots, not the whole cache. Online softmax in float32 (FlashAttention's
+  forward; no backward: sampling only). A row's result does not depend on
+  the other rows: the pages past its query, which the others' queries add
+  to the loop, add exact zeros.
 
   Args:
     q_BTNH: queries (RoPE applied).
     k_pool, v_pool: `[K, L*P, G, H]` pools (`kv_cache.KVCache`).
     k_scale, v_scale: int8 pools' `[K, L*P, G, 1]` scales, else None.
     page_ids_BJ: row b's j-th page in the pool, this layer's offset included.
-    valid_BS: whether slot s of row b holds a real token.
     q_slot_BT: each query's slot.
     dtype: the compute dtype keys and values are dequantized to.
 
@@ -349,12 +345,10 @@ def paged(q_BTNH: jax.Array, k_pool: jax.Array, v_pool: jax.Array, k_scale, v_sc
 
   b, t, n, h = q_BTNH.shape
   kh, g = k_pool.shape[0], k_pool.shape[2]
-  s = valid_BS.shape[1]
+  j = page_ids_BJ.shape[1]
   per_kv = n // kh
   q_BTKQH = q_BTNH.reshape(b, t, kh, per_kv, h)
-  first_B = jnp.where(valid_BS.any(axis=1), jnp.argmax(valid_BS, axis=1), s)
-  j_lo = jnp.min(first_B).astype(jnp.int32) // g
-  j_hi = jnp.minimum(jnp.max(q_slot_BT) // g + 1, s // g).astype(jnp.int32)
+  j_hi = jnp.minimum(jnp.max(q_slot_BT) // g + 1, j).astype(jnp.int32)
 
   def step(j, carry):
     m_BKQT, l_BKQT, acc_BKQTH = carry
@@ -364,8 +358,7 @@ def paged(q_BTNH: jax.Array, k_pool: jax.Array, v_pool: jax.Array, k_scale, v_sc
     s_BKQTG = jnp.einsum("BTKQH,BKGH->BKQTG", q_BTKQH, k_BKGH,
                          preferred_element_type=jnp.float32) * (h ** -0.5)
     slots_G = j * g + jnp.arange(g, dtype=jnp.int32)
-    valid_BG = jax.lax.dynamic_slice_in_dim(valid_BS, j * g, g, axis=1)
-    mask_BTG = (slots_G[None, None, :] <= q_slot_BT[:, :, None]) & valid_BG[:, None, :]
+    mask_BTG = slots_G[None, None, :] <= q_slot_BT[:, :, None]
     s_BKQTG = jnp.where(mask_BTG[:, None, None], s_BKQTG, NEG_INF)
     m_new = jnp.maximum(m_BKQT, s_BKQTG.max(-1))
     p_BKQTG = jnp.exp(s_BKQTG - m_new[..., None])
@@ -379,6 +372,6 @@ def paged(q_BTNH: jax.Array, k_pool: jax.Array, v_pool: jax.Array, k_scale, v_sc
   init = (jnp.full((b, kh, per_kv, t), NEG_INF, jnp.float32),
           jnp.zeros((b, kh, per_kv, t), jnp.float32),
           jnp.zeros((b, kh, per_kv, t, h), jnp.float32))
-  _, l_BKQT, acc_BKQTH = jax.lax.fori_loop(j_lo, j_hi, step, init)
+  _, l_BKQT, acc_BKQTH = jax.lax.fori_loop(0, j_hi, step, init)
   out_BKQTH = acc_BKQTH / jnp.where(l_BKQT == 0, 1.0, l_BKQT)[..., None]
   return jnp.moveaxis(out_BKQTH, 3, 1).reshape(b, t, n, h).astype(dtype)

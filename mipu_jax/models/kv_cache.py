@@ -12,10 +12,13 @@ carry, when a dot or a kernel consumes it, is a copy of the layer's whole
 cache at every decode step).
 
 Row b's logical slot s lives at pool page `pages[b, s // G]`, offset
-`s % G`. A contiguous cache is the identity table (`pages[b, j] = b * J + j`);
-the sampler's decode state shares one prompt's pages among its G samples
-(`mipu_jax/sampler/_steps.py`). New entries are written with one scatter into
-the carried pool (in place: the decode state is donated end to end;
+`s % G`, and its cache is the run of slots `[0, index[b])`: no holes, so
+attention masks by length (the maintained paged-attention kernels' model).
+A contiguous cache is the identity table (`pages[b, j] = b * J + j`); the
+sampler's decode state shares one prompt's full pages among its G samples
+and gives each sample its own copy of the partly filled last prompt page
+(`mipu_jax/sampler/_steps.py`). New entries are written with one scatter
+into the carried pool (in place: the decode state is donated end to end;
 tests/test_kv_cache.py checks the compiled step for cache-sized copies), and
 decode attention reads page by page, only the pages that hold a filled slot
 of some row (`mipu_jax.models.attention.paged`).
@@ -47,10 +50,10 @@ class KVCache(NamedTuple):
     v_scale: as `k_scale`.
     pages: [B, J] int32, row b's j-th page (slots j*G .. j*G+G-1) in each
       layer's P pages.
-    valid: [B, S] bool, whether a slot holds a real (non-padding) token.
-    index: [B] int32, each row's next slot to write: rows advance on their own
-      (a sampler slot refilled with a new request restarts its row), and a
-      call writes row b's T entries at `index[b] ..` (past the end: dropped).
+    index: [B] int32, each row's length: its cache is slots `[0, index[b])`
+      and a call writes its T entries at `index[b] ..` (past the end:
+      dropped). Rows advance on their own (a sampler slot refilled with a new
+      request restarts its row).
   """
 
   k: jax.Array
@@ -58,12 +61,16 @@ class KVCache(NamedTuple):
   k_scale: Optional[jax.Array]
   v_scale: Optional[jax.Array]
   pages: jax.Array
-  valid: jax.Array
   index: jax.Array
 
   @property
   def page_size(self) -> int:
     return self.k.shape[2]
+
+  @property
+  def slots(self) -> int:
+    """S, the slots of a row's page table."""
+    return self.pages.shape[1] * self.page_size
 
   def pages_per_layer(self, num_layers: int) -> int:
     return self.k.shape[1] // num_layers
@@ -108,7 +115,6 @@ def init_cache(cfg, batch: int, max_len: int, dtype=jnp.bfloat16, *,
   k, v, ks, vs = init_pool(cfg, batch * j, g, dtype)
   pages = jnp.arange(batch * j, dtype=jnp.int32).reshape(batch, j)
   return KVCache(k=k, v=v, k_scale=ks, v_scale=vs, pages=pages,
-                 valid=jnp.zeros((batch, max_len), bool),
                  index=jnp.zeros((batch,), jnp.int32))
 
 
@@ -157,13 +163,15 @@ def scatter_set(pool, index, new):
   return jax.lax.bitcast_convert_type(out, pool.dtype)
 
 
-def write_targets(pages_BJ, index_B, t: int, page_size: int, layer, pages_per_layer: int):
-  """Pool pages and offsets of each row's T new entries; past the row's end:
-  page id `L * P` or more (out of range: the write is dropped)."""
+def write_targets(pages_BJ, index_B, mask_BT, page_size: int, layer, pages_per_layer: int):
+  """Pool pages and offsets of each row's T new entries; where `mask_BT` is
+  False (padding, an idle row) or past the row's end: an out-of-range page id
+  (the write is dropped)."""
   b, j = pages_BJ.shape
+  t = mask_BT.shape[1]
   slots_BT = index_B[:, None] + jnp.arange(t, dtype=jnp.int32)[None, :]
   page_BT = jnp.take_along_axis(pages_BJ, jnp.clip(slots_BT // page_size, 0, j - 1), axis=1)
-  inside = slots_BT < j * page_size
+  inside = (slots_BT < j * page_size) & mask_BT
   oob = jnp.iinfo(jnp.int32).max
   page_BT = jnp.where(inside, page_BT + layer * pages_per_layer, oob)
   return page_BT, slots_BT % page_size
@@ -207,17 +215,11 @@ def logical_view(pool, scale, pages_BJ, layer, pages_per_layer: int, dtype):
   return jnp.moveaxis(x_BKGH.reshape(b, j, k, g, h), 2, 3).reshape(b, j * g, k, h)
 
 
-def attended_pages(valid_BS, q_slot_BT, page_size: int):
+def attended_pages(lengths_B, slots: int, unit: int):
   """`(mask_BS, bounds_B2)` of the decode kernels (`paged_pallas`,
-  `paged_pallas_tpu`): the slots each row's query attends (valid, at or
-  before its slot) and the half-open range of page columns that hold them
-  (`[0, 0)` for a row with none). Both kernels loop over that range only."""
-  s = valid_BS.shape[1]
-  slots_S = jnp.arange(s, dtype=jnp.int32)
-  mask_BS = valid_BS & (slots_S[None, :] <= q_slot_BT[:, :1])
-  any_B = mask_BS.any(axis=1)
-  first_B = jnp.argmax(mask_BS, axis=1).astype(jnp.int32)
-  last_B = (s - 1 - jnp.argmax(mask_BS[:, ::-1], axis=1)).astype(jnp.int32)
-  bounds_B2 = jnp.where(any_B[:, None],
-                        jnp.stack([first_B // page_size, last_B // page_size + 1], axis=1), 0)
-  return mask_BS, bounds_B2
+  `paged_pallas_tpu`): the slots each row attends (`[0, length)`) and the
+  half-open range of units (pages, or single slots) that hold them. Both
+  kernels loop over that range only."""
+  mask_BS = jnp.arange(slots, dtype=jnp.int32)[None, :] < lengths_B[:, None]
+  hi_B = (jnp.minimum(lengths_B, slots) + unit - 1) // unit
+  return mask_BS, jnp.stack([jnp.zeros_like(hi_B), hi_B], axis=1).astype(jnp.int32)

@@ -8,29 +8,28 @@ This kernel does the same computation in one launch per layer: a program per
 (`kv_cache.KVCache`: `[K, L*P, G, H]`, the layout jax's Pallas paged-attention
 kernels read), and keeps FlashAttention's running max, sum and output in
 float32; the splits are merged outside (the log-sum-exp merge). A program
-loops only over the pages between its row's first and last attended slot, so
-a step reads the filled pages of each row and nothing else.
+loops only over the pages below its row's length (a row has no holes), so a
+step reads the filled pages of each row and nothing else.
 
 It follows the structure of jax's `pallas.ops.gpu.paged_attention` (grid,
-page gathers, split merge), with what the sampler needs on top: an arbitrary
-per-slot mask (left-padded prompts, refilled rows; jax's kernel masks only a
-length), the softmax scale applied to the float32 logits (as
-`attention.paged` does, so the two agree to float rounding), and int8 pools
-dequantized per slot before the dot (the same `(x * scale).astype(dtype)`
-as `kv_cache.read_pages`). FP8 pools are cast to the compute dtype in the
+page gathers, split merge, masking by length), with what the sampler needs
+on top: the softmax scale applied to the float32 logits (as `attention.paged`
+does, so the two agree to float rounding), and int8 pools dequantized per
+slot before the dot (the same `(x * scale).astype(dtype)` as
+`kv_cache.read_pages`). FP8 pools are cast to the compute dtype in the
 kernel. Query heads of one kv head are padded to 16 (the smallest dot tile);
 only the real rows of each split's float32 partial output are stored (a
 masked store) and merged.
 
 Two gathers (`decode(..., gather=)`, or `MIPU_PALLAS_DECODE_PLAN="slots:..."`):
 "pages", the default and the one timed on a GPU so far, loads a block's page
-ids, then each page's `[G, H]` keys through them, then the block's slot mask;
-"slots" views the pools as `[K, P * G, H]` rows and loads one index per slot
-(its pool row, -1 where not attended), so a block of any power-of-two size
-costs one index load, which then addresses its rows directly (SGLang's
-Triton decode kernel loads keys this way). The second exists to be compared
-with the first on a GPU (`bench/paged_kernel.py` sweeps both); it is tested
-against `attention.paged` in interpret mode like the first.
+ids, then each page's `[G, H]` keys through them; "slots" views the pools as
+`[K, P * G, H]` rows and loads one index per slot (its pool row), so a block
+of any power-of-two size costs one index load, which then addresses its rows
+directly (SGLang's Triton decode kernel loads keys this way). The second
+exists to be compared with the first on a GPU (`bench/paged_kernel.py` sweeps
+both); it is tested against `attention.paged` in interpret mode like the
+first.
 
 On a machine without a GPU it runs in Pallas' interpret mode (tests compare
 it with `attention.paged` and the dense reference on CPU), and its lowering
@@ -58,8 +57,6 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
-from mipu_jax.models import kv_cache
-
 _MIN_TILE = 16  # Triton's smallest dot dimension.
 NAME = "mipu_paged_decode"
 
@@ -78,25 +75,24 @@ def missing_backend() -> Optional[str]:
   return None
 
 
-def _kernel(bounds_ref, q_ref, k_ref, ks_ref, v_ref, vs_ref, pages_ref, mask_ref,
+def _kernel(length_ref, q_ref, k_ref, ks_ref, v_ref, vs_ref, pages_ref,
             o_ref, l_ref, m_ref, *, block: int, unit: int, scale: float, dtype, heads: int):
   """One (kv head, query-head block, split) program of one row.
 
   Page gather (`unit` = the page size G): `pages_ref` holds the split's page
-  ids, `mask_ref` its slots' mask, a block is `block` pages. Slot gather
-  (`unit` 1, `mask_ref` None): the pools are `[P * G, H]` rows, `pages_ref`
-  holds each of the split's slots' pool row (-1 where not attended), a block
-  is `block` slots. `bounds_ref`: the row's attended range in those units.
+  ids, a block is `block` pages. Slot gather (`unit` 1): the pools are
+  `[P * G, H]` rows, `pages_ref` holds each of the split's slots' pool row, a
+  block is `block` slots. `length_ref`: the row's length (it attends slots
+  `[0, length)`).
   """
   split = pl.program_id(2)
   block_h, h = q_ref.shape
   per_split = pages_ref.shape[0]
   block_k = block * unit
   first = split * per_split
-  lo = jnp.maximum(bounds_ref[0], first) - first
-  hi = jnp.minimum(bounds_ref[1], first + per_split) - first
-  b_lo = lo // block
-  n_blocks = jnp.maximum(pl.cdiv(hi, block) - b_lo, 0)
+  length = length_ref[0]
+  hi = jnp.minimum(pl.cdiv(length, unit), first + per_split) - first
+  n_blocks = jnp.maximum(pl.cdiv(hi, block), 0)
   q = q_ref[...]
 
   def load(ref, sref, ids):
@@ -108,13 +104,9 @@ def _kernel(bounds_ref, q_ref, k_ref, ks_ref, v_ref, vs_ref, pages_ref, mask_ref
 
   def body(i, carry):
     o, m, l = carry
-    blk = b_lo + i
-    ids = pages_ref[pl.ds(blk * block, block)]
-    if mask_ref is None:  # slot gather: -1 marks a slot not attended
-      valid = ids >= 0
-      ids = jnp.maximum(ids, 0)
-    else:
-      valid = mask_ref[pl.ds(blk * block_k, block_k)] != 0
+    ids = pages_ref[pl.ds(i * block, block)]
+    slots = (first + i * block) * unit + jax.lax.broadcasted_iota(jnp.int32, (block_k,), 0)
+    valid = slots < length
     k = load(k_ref, ks_ref, ids)
     v = load(v_ref, vs_ref, ids)
     s = jax.lax.dot_general(q, k, (((1,), (1,)), ((), ())),
@@ -143,12 +135,13 @@ def _kernel(bounds_ref, q_ref, k_ref, ks_ref, v_ref, vs_ref, pages_ref, mask_ref
   l_ref[...] = l
 
 
-def _row(q_NH, bounds_2, pages_J, mask_S, k_pool, v_pool, k_scale, v_scale, *,
+def _row(q_NH, length_1, pages_J, k_pool, v_pool, k_scale, v_scale, *, unit: int,
          block: int, k_splits: int, dtype, interpret: bool, num_warps: int,
          num_stages: int):
   """One row's attention: `[N, H]` (vmapped over rows by `decode`). Page
-  gather: pools `[K, P, G, H]`, `pages_J` and `mask_S`; slot gather: pools
-  `[K, P * G, H]`, `pages_J` the `[S]` slots' pool rows, `mask_S` None."""
+  gather (`unit` G): pools `[K, P, G, H]`, `pages_J` the page ids; slot
+  gather (`unit` 1): pools `[K, P * G, H]`, `pages_J` the `[S]` slots' pool
+  rows. `length_1`: the row's length."""
   n, h = q_NH.shape
   kh = k_pool.shape[0]
   per_kv = n // kh
@@ -164,21 +157,17 @@ def _row(q_NH, bounds_2, pages_J, mask_S, k_pool, v_pool, k_scale, v_scale, *,
     k_scale, v_scale = k_scale[..., 0], v_scale[..., 0]
     scale_spec = pl.BlockSpec((None, *rest[:-1]),
                               lambda k, i, s: (k,) + (0,) * (len(rest) - 1))
-  unit = 1 if mask_S is None else k_pool.shape[2]
   kernel = functools.partial(_kernel, block=block, unit=unit, scale=h ** -0.5, dtype=dtype,
                              heads=per_kv)
-  mask_spec = (None if mask_S is None
-               else pl.BlockSpec((per_split * unit,), lambda k, i, s: (s,)))
   from jax.experimental.pallas import triton as plgpu  # pylint: disable=g-import-not-at-top
   o, l, m = pl.pallas_call(
       kernel,
       grid=(kh, 1, k_splits),
       in_specs=[
-          pl.BlockSpec((2,), lambda k, i, s: (0,)),  # bounds
+          pl.BlockSpec((1,), lambda k, i, s: (0,)),  # length
           pl.BlockSpec((None, block_h, h), lambda k, i, s: (k, i, 0)),  # q
           pool_spec, scale_spec, pool_spec, scale_spec,
           pl.BlockSpec((per_split,), lambda k, i, s: (s,)),  # page ids / slots' rows
-          mask_spec,  # slot mask (page gather)
       ],
       out_specs=[
           pl.BlockSpec((None, None, block_h, h), lambda k, i, s: (s, k, i, 0)),
@@ -193,7 +182,7 @@ def _row(q_NH, bounds_2, pages_J, mask_S, k_pool, v_pool, k_scale, v_scale, *,
       interpret=interpret,
       compiler_params=plgpu.CompilerParams(num_warps=num_warps, num_stages=num_stages),
       name=NAME,
-  )(bounds_2, q_KQH, k_pool, k_scale, v_pool, v_scale, pages_J, mask_S)
+  )(length_1, q_KQH, k_pool, k_scale, v_pool, v_scale, pages_J)
   # Merge the splits (log-sum-exp). A row with no slot to attend gives 0
   # (attention.paged gives the mean of the values its loop visited; neither
   # is used: such a row is not sampling).
@@ -272,17 +261,18 @@ def _fits(block: int, splits: int, slots: int, unit: int, interpret: bool) -> bo
       interpret or (keys >= _MIN_TILE and _pow2(keys)))
 
 
-def decode(q_BTNH, k_pool, v_pool, k_scale, v_scale, page_ids_BJ, valid_BS, q_slot_BT,
-           dtype, *, interpret=None, plan=None, gather=None):
+def decode(q_BTNH, k_pool, v_pool, k_scale, v_scale, page_ids_BJ, lengths_B, dtype, *,
+           interpret=None, plan=None, gather=None):
   """`attention.paged` for one query per row (T = 1), as a Pallas kernel.
 
-  Args and returns: as `attention.paged`. `interpret`: run in Pallas'
-  interpreter (default: when the platform is not a GPU). `plan`:
-  `(block, k_splits, num_warps, num_stages)`; `gather`: "pages" (a block is
-  `block` pages, fetched through the page table, with the slot mask) or
-  "slots" (the pools as `[K, P * G, H]` rows, a block is `block` slots, each
-  fetched through its own row index, -1 where not attended: one index load
-  per block instead of a page id and a mask). Default: `env_plan()`, else
+  Args and returns: as `attention.paged`, with each row's length `lengths_B`
+  (it attends slots `[0, length)`) in place of the query slots. `interpret`:
+  run in Pallas' interpreter (default: when the platform is not a GPU).
+  `plan`: `(block, k_splits, num_warps, num_stages)`; `gather`: "pages" (a
+  block is `block` pages, fetched through the page table) or "slots" (the
+  pools as `[K, P * G, H]` rows, a block is `block` slots, each fetched
+  through its own row index: one index load per block instead of the page
+  ids' load and the pages' loads through them). Default: `env_plan()`, else
   "pages" with `split_plan`'s blocks and splits, 4 warps, 2 stages.
   """
   b, t, n, h = q_BTNH.shape
@@ -315,22 +305,19 @@ def decode(q_BTNH, k_pool, v_pool, k_scale, v_scale, page_ids_BJ, valid_BS, q_sl
       raise ValueError(f"plan {plan}: blocks of {block} {gather} x {splits} splits do not "
                        f"tile a row of {j} pages of {g} slots, or a block is under "
                        f"{_MIN_TILE} keys or not a power of two.")
-  # The attended slots, and their range in units (pages, or slots).
-  mask_BS, bounds_B2 = kv_cache.attended_pages(valid_BS, q_slot_BT, unit)
   if gather == "pages":
-    index_BX, mask_BS = page_ids_BJ, mask_BS.astype(jnp.int32)
+    index_BX = page_ids_BJ
   else:
-    rows_BS = (jnp.repeat(page_ids_BJ.astype(jnp.int32), g, axis=1) * g
-               + jnp.tile(jnp.arange(g, dtype=jnp.int32), j)[None])
-    index_BX, mask_BS = jnp.where(mask_BS, rows_BS, -1), None
+    index_BX = (jnp.repeat(page_ids_BJ.astype(jnp.int32), g, axis=1) * g
+                + jnp.tile(jnp.arange(g, dtype=jnp.int32), j)[None])
     kh = k_pool.shape[0]
     k_pool, v_pool = k_pool.reshape(kh, -1, h), v_pool.reshape(kh, -1, h)
     if k_scale is not None:
       k_scale, v_scale = k_scale.reshape(kh, -1, 1), v_scale.reshape(kh, -1, 1)
   row = functools.partial(_row, k_pool=k_pool, v_pool=v_pool, k_scale=k_scale,
-                          v_scale=v_scale, block=block, k_splits=splits,
+                          v_scale=v_scale, unit=unit, block=block, k_splits=splits,
                           dtype=dtype, interpret=interpret, num_warps=num_warps,
                           num_stages=num_stages)
   with jax.named_scope(NAME):  # in the program's op metadata, interpreted or compiled
-    out_BNH = jax.vmap(row)(q_BTNH[:, 0], bounds_B2, index_BX, mask_BS)
+    out_BNH = jax.vmap(row)(q_BTNH[:, 0], lengths_B.astype(jnp.int32)[:, None], index_BX)
   return out_BNH[:, None]

@@ -227,11 +227,12 @@ def _attend(q_BKQH, k_pool, v_pool, k_scale, v_scale, pages_BJ, bounds_B2, mask_
     v_scale, mask_BS.reshape(b, j // ppb, 1, ppb * g))
 
 
-def decode(q_BTNH, k_pool, v_pool, k_scale, v_scale, page_ids_BJ, valid_BS, q_slot_BT,
-           dtype, *, interpret=None, block_pages=None, depth: int = 3):
+def decode(q_BTNH, k_pool, v_pool, k_scale, v_scale, page_ids_BJ, lengths_B, dtype, *,
+           interpret=None, block_pages=None, depth: int = 3):
   """`attention.paged` for one query per row (T = 1), as a Pallas TPU kernel.
 
-  Args and returns: as `attention.paged`, except a row with no slot to attend
+  Args and returns: as `paged_pallas.decode` (each row's length in place of
+  the query slots), and a row with no slot to attend
   (a free sampler slot, whose result is never used): 0 here, as in
   `paged_pallas.decode`, where `attention.paged` gives the mean of the values
   its loop visited. `interpret`: False (compile for
@@ -248,8 +249,6 @@ def decode(q_BTNH, k_pool, v_pool, k_scale, v_scale, page_ids_BJ, valid_BS, q_sl
     raise ValueError(f"paged_pallas_tpu.decode takes one query per row, got T={t}.")
   g = k_pool.shape[2]
   j = page_ids_BJ.shape[1]
-  if valid_BS.shape[1] != j * g:
-    raise ValueError(f"{valid_BS.shape[1]} slots per row is not {j} pages of {g}.")
   kh = k_pool.shape[0]
   ring = lambda ppb: ring_bytes(kh, ppb, g, h, k_pool.dtype, k_scale is not None, depth)
   if depth < 2:
@@ -263,7 +262,7 @@ def decode(q_BTNH, k_pool, v_pool, k_scale, v_scale, page_ids_BJ, valid_BS, q_sl
                      "block or a shallower ring.")
   if interpret is None:
     interpret = jax.default_backend() != "tpu"
-  mask_BS, bounds_B2 = kv_cache.attended_pages(valid_BS, q_slot_BT, g)
+  mask_BS, bounds_B2 = kv_cache.attended_pages(lengths_B, j * g, g)
   q_BKQH = q_BTNH[:, 0].reshape(b, kh, n // kh, h).astype(dtype)
   if k_scale is not None:
     k_scale, v_scale = k_scale.astype(jnp.float32), v_scale.astype(jnp.float32)

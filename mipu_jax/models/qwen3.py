@@ -85,16 +85,16 @@ def _proj(eq: str, x, xq, w, n_in: int):
 
 
 def _layer(cfg: Qwen3Config, x_BTD, w, positions_BT, attn_mask, kv, index, act_quant,
-           prefix_rows=False, kv_round=None):
+           prefix_rows=False, kv_round=None, mask_BT=None):
   """One decoder layer. `w` holds this layer's weights (already in compute dtype).
 
   `kv` is `(k, k_scale, v, v_scale, layer, pages, P)`: the cache's pools of
   every layer (`kv_cache.KVCache`), this layer's index, the page table and the
   pages per layer. Without a cache (`kv is None`) the keys are the T positions
-  themselves; with one, the new keys are written at `index` and attention
-  runs over the row's valid earlier slots (`cfg.decode_attention`).
-  `attn_mask` is the `attention.AttentionMask` of the call. Returns the new
-  hidden state and the new pools.
+  themselves; with one, the new keys are written at `index` (where
+  `mask_BT`) and each query attends the row's slots up to its own
+  (`cfg.decode_attention`). `attn_mask` is the `attention.AttentionMask` of
+  the call. Returns the new hidden state and the new pools.
   """
   dt = cfg.dtype
   x_BTD = shard_rows(x_BTD)
@@ -118,7 +118,7 @@ def _layer(cfg: Qwen3Config, x_BTD, w, positions_BT, attn_mask, kv, index, act_q
     # pages through page ids offset by `layer * P`; no layer is sliced out.
     k_pool, ks_pool, v_pool, vs_pool, layer, pages_BJ, per_layer = kv
     page_BT, off_BT = kv_cache.write_targets(
-        pages_BJ, index, k_BTKH.shape[1], k_pool.shape[2], layer, per_layer)
+        pages_BJ, index, mask_BT, k_pool.shape[2], layer, per_layer)
     kq_new, ks_new = kv_cache.quantize(k_BTKH, k_pool.dtype, kv_round)
     vq_new, vs_new = kv_cache.quantize(v_BTKH, v_pool.dtype, kv_round)
     k_pool = kv_cache.write(k_pool, kq_new, page_BT, off_BT)
@@ -134,15 +134,19 @@ def _layer(cfg: Qwen3Config, x_BTD, w, positions_BT, attn_mask, kv, index, act_q
       values_BSKH = kv_cache.logical_view(v_pool, vs_pool, pages_BJ, layer, per_layer, dt)
       attn_BTNH = attention.attend(q_BTNH, keys_BSKH, values_BSKH, attn_mask)
     else:
-      paged = attention.paged
+      kernel = None
       if (impl == "pallas" and q_BTNH.shape[1] == 1
           and paged_pallas.supports(ids_BJ.shape[1], k_pool.shape[2], q_BTNH.shape[3],
                                     interpret=platform != "gpu")):
-        paged = paged_pallas.decode
+        kernel = paged_pallas.decode
       elif impl == "pallas_tpu" and q_BTNH.shape[1] == 1:
-        paged = paged_pallas_tpu.decode
-      attn_BTNH = paged(q_BTNH, k_pool, v_pool, ks_pool, vs_pool, ids_BJ,
-                        attn_mask.k_valid_BS, attn_mask.q_slot_BT, dt)
+        kernel = paged_pallas_tpu.decode
+      if kernel is None:
+        attn_BTNH = attention.paged(q_BTNH, k_pool, v_pool, ks_pool, vs_pool, ids_BJ,
+                                    attn_mask.q_slot_BT, dt)
+      else:  # one query per row: it attends the row's length, its own slot included
+        attn_BTNH = kernel(q_BTNH, k_pool, v_pool, ks_pool, vs_pool, ids_BJ,
+                           attn_mask.q_slot_BT[:, 0] + 1, dt)
     new_kv = (k_pool, ks_pool, v_pool, vs_pool)
 
   o_BTD = _proj("BTNH,NHD->BTD", attn_BTNH, _aq(attn_BTNH, act_quant), w["o"], 2)
@@ -271,8 +275,10 @@ class Qwen3(nnx.Module):
       segment_ids_BT: packed rows: the segment of each token; a token attends
         only to earlier tokens of its own segment (give per-segment
         `positions_BT` too). Not with a cache.
-      cache: if given, row b's T tokens are written at `cache.index[b]` and attend to
-        every valid earlier slot; the updated cache is returned too.
+      cache: if given, row b's real tokens (`mask_BT`; they come first: right
+        padding) are written at `cache.index[b] ..` and attend the row's
+        earlier slots, and the row's length advances by their count; the
+        updated cache is returned too.
       act_quant: optional fake-quantizer applied to the input of every
         projection (the sampler's activation quantization).
       quant_lm_head: whether `act_quant` also applies to the LM head input.
@@ -297,9 +303,8 @@ class Qwen3(nnx.Module):
       raise ValueError("segment_ids_BT (packed rows) cannot be used with a KV cache.")
     if positions_BT is None:
       positions_BT = jnp.maximum(jnp.cumsum(mask_BT, axis=1) - 1, 0)
-      if cache is not None:
-        start_B = jnp.sum(cache.valid, axis=1)
-        positions_BT = positions_BT + start_B[:, None]
+      if cache is not None:  # a row's cache is its first `index` tokens
+        positions_BT = positions_BT + cache.index[:, None]
 
     embed_VD = self.embed[...]
     if isinstance(embed_VD, quantized.QuantizedWeight):  # the quantized tied LM head
@@ -321,11 +326,8 @@ class Qwen3(nnx.Module):
       x_BTD, _ = jax.lax.scan(body, x_BTD, weights)
       new_cache = None
     else:
-      index_B = jnp.broadcast_to(cache.index, (b,)).astype(jnp.int32)
-      valid_BS = cache.valid.at[jnp.arange(b)[:, None],
-                                index_B[:, None] + jnp.arange(t)[None, :]].set(
-                                    mask_BT, mode="drop")
-      attn_mask = attention.cache_mask(index_B, t, valid_BS)
+      index_B = cache.index.astype(jnp.int32)
+      attn_mask = attention.cache_mask(index_B, t, cache.slots)
 
       per_layer = cache.pages_per_layer(cfg.num_layers)
 
@@ -334,14 +336,14 @@ class Qwen3(nnx.Module):
         w, layer = xs
         kv = (k, k_s, v, v_s, layer, cache.pages, per_layer)
         x, kv = _layer(cfg, x, w, positions_BT, attn_mask, kv, index_B, act_quant,
-                       kv_round=kv_round)
+                       kv_round=kv_round, mask_BT=mask_BT)
         return (x, *kv), None
 
       carry = (x_BTD, cache.k, cache.k_scale, cache.v, cache.v_scale)
       (x_BTD, k, k_s, v, v_s), _ = jax.lax.scan(
           body, carry, (weights, jnp.arange(cfg.num_layers)))
       new_cache = KVCache(k=k, v=v, k_scale=k_s, v_scale=v_s, pages=cache.pages,
-                          valid=valid_BS, index=index_B + t)
+                          index=index_B + jnp.sum(mask_BT, axis=1, dtype=jnp.int32))
 
     h_BTD = rms_norm(x_BTD, self.final_norm[...], cfg.rms_eps)
     if not compute_logits:

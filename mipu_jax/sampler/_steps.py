@@ -58,27 +58,28 @@ def prefill(spec: DecodeSpec, params, tokens_RP, true_length_R, keys_R, temperat
             top_p_R, max_new_R, first_request=0, sample_first: bool = True):
   """Prefills R right-padded prompts (JetStream's convention) into a `Prefix`.
 
-  Returns the prefix and sample 0's first token and log-prob per request (the
-  token `insert` will draw for sample 0, so JetStream's prefill result agrees;
-  None and None with `sample_first=False`).
+  Each prompt sits at slots `[0, length)` of its row, as in the decode state
+  (`state.py`). Returns the prefix and sample 0's first token and log-prob
+  per request (the token `insert` will draw for sample 0, so JetStream's
+  prefill result agrees; None and None with `sample_first=False`).
   """
   model = build_model(spec, params)
   r, p = tokens_RP.shape
   if keys_R.ndim == 0:  # one key for the batch: request r uses fold_in(key, first + r)
     keys_R = _fold(jnp.broadcast_to(keys_R, (r,)), first_request + jnp.arange(r))
-  # The model's cache needs left padding: rotate each row right by its padding.
-  shift_R = p - true_length_R
-  src_RP = (jnp.arange(p)[None, :] - shift_R[:, None]) % p
-  mask_RP = jnp.arange(p)[None, :] >= shift_R[:, None]
-  left_RP = jnp.where(mask_RP, jnp.take_along_axis(tokens_RP, src_RP, axis=1), spec.pad_id)
+  mask_RP = jnp.arange(p)[None, :] < true_length_R[:, None]
+  tokens_RP = jnp.where(mask_RP, tokens_RP, spec.pad_id)
   cache = init_cache(model.config, r, p, spec.kv_dtype, page_size=spec.page_size_for(p))
-  (_, h_RPD), cache = model(left_RP, mask_BT=mask_RP, cache=cache, act_quant=spec.act_quant,
+  (_, h_RPD), cache = model(tokens_RP, mask_BT=mask_RP, cache=cache, act_quant=spec.act_quant,
                             kv_round=spec.kv_round,
                             quant_lm_head=spec.quant_lm_head, return_hidden=True)
-  # Only the last position's logits are needed: the model's own [R, P, V] logits
-  # are dead code under jit and XLA drops them (P times fewer LM-head FLOPs).
+  # Only each prompt's last position's logits are needed: the model's own
+  # [R, P, V] logits are dead code under jit and XLA drops them (P times fewer
+  # LM-head FLOPs).
   head_quant = spec.act_quant if spec.quant_lm_head else None
-  logits_RV = model.logits(h_RPD[:, -1:], head_quant)[:, 0]
+  last_R11 = (true_length_R - 1)[:, None, None]
+  h_R1D = jnp.take_along_axis(h_RPD, last_R11, axis=1)
+  logits_RV = model.logits(h_R1D, head_quant)[:, 0]
   prefix = Prefix(cache=cache, logits_RV=logits_RV, keys_R=keys_R,
                   true_length_R=true_length_R, temperature_R=temperature_R, top_k_R=top_k_R,
                   top_p_R=top_p_R, max_new_R=max_new_R)
@@ -93,27 +94,30 @@ def prefill(spec: DecodeSpec, params, tokens_RP, true_length_R, keys_R, temperat
 def init_decode_state(spec: DecodeSpec, model_cfg, num_slots: int, prefill_length: int,
                       decode_length: int, stop_ids_E: jax.Array,
                       prompt_blocks: Optional[int] = None) -> DecodeState:
-  """Empty slots: a paged cache of `prefill_length + decode_length` slots per row,
-  index at the first generated slot.
+  """Empty slots: a paged cache of `prefill_length + decode_length` slots per row.
 
   The pool holds `prompt_blocks` prompt blocks (the pages of one prefill
   region, `prefill_length` slots each; default one per slot) and each slot's
-  own generation pages. A slot's page table points at one prompt block
-  (shared by the slots decoding samples of the same prompt, `insert`) and its
-  own generation pages, so the cache holds prompts + generated tokens, not
-  samples x (prompt + generated).
+  own pages, one more than its generation needs. A slot's page table points
+  at the full pages of its prompt in a block (shared by the slots decoding
+  samples of the same prompt, `insert`), then at its own pages, the first of
+  which holds its copy of the prompt's partly filled last page. So the cache
+  holds prompts + generated tokens (+ a page per slot), not samples x
+  (prompt + generated). Empty slots' tables are those of a prompt filling
+  the region, index at the first generated slot.
   """
   b, n, p = num_slots, decode_length, prefill_length
   c = b if prompt_blocks is None else prompt_blocks
   if not 1 <= c <= b:
     raise ValueError(f"prompt_blocks must be in [1, num_slots={b}], got {c}.")
   g = spec.page_size_for(p, n)
-  jp, jn = p // g, n // g
-  k, v, ks, vs = kv_cache.init_pool(model_cfg, c * jp + b * jn, g, spec.kv_dtype)
+  jp, own = p // g, n // g + 1
+  k, v, ks, vs = kv_cache.init_pool(model_cfg, c * jp + b * own, g, spec.kv_dtype)
   slots_B = jnp.arange(b, dtype=jnp.int32)
-  pages_BJ = jnp.concatenate([_block_pages(slots_B % c, jp), _gen_pages(slots_B, c, jp, jn)], 1)
+  pages_BJ = _row_pages(slots_B % c, slots_B, jnp.full((b,), jp, jnp.int32), jp, own, c,
+                        jp + n // g)
   cache = KVCache(k=k, v=v, k_scale=ks, v_scale=vs, pages=pages_BJ,
-                  valid=jnp.zeros((b, p + n), bool), index=jnp.full((b,), p, jnp.int32))
+                  index=jnp.full((b,), p, jnp.int32))
   return DecodeState(
       cache=cache, last_token_B=jnp.zeros((b,), jnp.int32),
       keys_B=jax.random.split(jax.random.key(0), b),
@@ -125,61 +129,57 @@ def init_decode_state(spec: DecodeSpec, model_cfg, num_slots: int, prefill_lengt
       logprobs_BN=jnp.zeros((b, n), jnp.float32))
 
 
-def _block_pages(blocks_M, jp: int):
-  """The pages (per layer) of prompt blocks: block c holds pages c*jp .. c*jp + jp - 1."""
-  return blocks_M[:, None] * jp + jnp.arange(jp, dtype=jnp.int32)[None, :]
-
-
-def _gen_pages(slots_M, c: int, jp: int, jn: int):
-  """Slot b's own generation pages, after the `c` prompt blocks."""
-  return c * jp + slots_M[:, None] * jn + jnp.arange(jn, dtype=jnp.int32)[None, :]
+def _row_pages(blocks_M, slots_M, shared_M, jp: int, own: int, c: int, j: int):
+  """Page tables `[M, j]`: column j < `shared_M[m]` is page j of prompt
+  block `blocks_M[m]` (block c holds pages c*jp .. c*jp + jp - 1); the
+  columns after it are slot `slots_M[m]`'s own `own` pages, after the `c`
+  blocks."""
+  j_J = jnp.arange(j, dtype=jnp.int32)[None, :]
+  block_MJ = blocks_M[:, None] * jp + j_J
+  own_MJ = c * jp + slots_M[:, None] * own + jnp.clip(j_J - shared_M[:, None], 0, own - 1)
+  return jnp.where(j_J < shared_M[:, None], block_MJ, own_MJ)
 
 
 def cache_geometry(ds: DecodeState, num_layers: int) -> tuple[int, int, int, int]:
-  """`(page size, prompt pages per block jp, generation pages per slot jn, blocks c)`."""
+  """`(page size, prompt pages per block jp, own pages per slot, blocks c)`."""
   cache = ds.cache
   g = cache.page_size
   b, n = ds.tokens_BN.shape
-  s = cache.valid.shape[1]
-  jp, jn = (s - n) // g, n // g
+  jp, own = (cache.slots - n) // g, n // g + 1
   per_layer = cache.pages_per_layer(num_layers)
-  return g, jp, jn, (per_layer - b * jn) // jp
+  return g, jp, own, (per_layer - b * own) // jp
 
 
 def insert(spec: DecodeSpec, prefix: Prefix, ds: DecodeState, slots_M, rows_M,
            samples_M, blocks_M=None, fill_M=None) -> DecodeState:
   """Inserts sample `samples_M[m]` of prefilled request `rows_M[m]` into slot `slots_M[m]`.
 
-  The slot's page table points at prompt block `blocks_M[m]` (default: the
-  slot's own index) and its own generation pages; where `fill_M[m]` (default:
-  everywhere) the request's prompt K/V are copied into that block, right-
-  aligned to end at the prefill region's end `P` (`S - N`). The G samples of
-  one prompt thus share one copy of its K/V: the first insert fills the block,
-  the others only point at it. The slot's validity row is rebuilt (the prompt
-  window valid, the rest not) and its write index reset to `P`, so nothing of
-  a slot's previous occupant is attended. Draws each slot's first token from
-  the prefix logits with the slot's own key. Slot ids ≥ B are padding and
-  ignored.
+  The prompt's full pages live in prompt block `blocks_M[m]` (default: the
+  slot's own index): where `fill_M[m]` (default: everywhere) they are copied
+  there, so the G samples of one prompt share one copy (the first insert
+  fills the block, the others only point at it). The partly filled last
+  page is copied into the slot's own first page, where the sample's tokens
+  follow it (vLLM's copy of a shared partial block, done at insert: at most
+  one page per sample). The slot's page table is rebuilt and its length set
+  to the prompt's, so nothing of a slot's previous occupant is attended.
+  Draws each slot's first token from the prefix logits with the slot's own
+  key. Slot ids ≥ B are padding and ignored.
   """
   b = ds.last_token_B.shape[0]
-  s = ds.cache.valid.shape[1]
-  region = s - ds.tokens_BN.shape[1]
-  p = prefix.cache.valid.shape[1]
-  start = region - p  # ≥ 0: checked on the host (prefill region ≥ prompt bucket)
   c, pc = ds.cache, prefix.cache
   blocks_M = slots_M if blocks_M is None else blocks_M
   fill_M = jnp.ones(slots_M.shape, bool) if fill_M is None else fill_M
-  fill_M = fill_M & (slots_M < b)
-  num_layers = _prefix_layers(pc)
-  g, jp, jn, nblocks = cache_geometry(ds, num_layers)
-  cache = _fill_blocks(c, pc, rows_M, blocks_M, fill_M, start, num_layers, jp)
-  pages_MJ = jnp.concatenate([_block_pages(blocks_M, jp), _gen_pages(slots_M, nblocks, jp, jn)],
-                             axis=1)
-  valid_MS = jnp.zeros((slots_M.shape[0], s), bool)
-  valid_MS = jax.lax.dynamic_update_slice(valid_MS, pc.valid[rows_M], (0, start))
+  real_M = slots_M < b
+  num_layers = pc.k.shape[1] // pc.pages.size  # contiguous: L x R x (p / G') pages
+  g, jp, own, nblocks = cache_geometry(ds, num_layers)
+  length_M = prefix.true_length_R[rows_M]
+  shared_M = length_M // g
+  prompt_pages_MJ = _row_pages(blocks_M, slots_M, shared_M, jp, own, nblocks, jp)
+  cache = _copy_prompts(c, pc, rows_M, length_M, prompt_pages_MJ, fill_M & real_M, real_M,
+                        num_layers)
+  pages_MJ = _row_pages(blocks_M, slots_M, shared_M, jp, own, nblocks, c.pages.shape[1])
   cache = cache._replace(pages=c.pages.at[slots_M].set(pages_MJ, mode="drop"),
-                         valid=c.valid.at[slots_M].set(valid_MS, mode="drop"),
-                         index=c.index.at[slots_M].set(region, mode="drop"))
+                         index=c.index.at[slots_M].set(length_M, mode="drop"))
 
   keys_M = _fold(prefix.keys_R[rows_M], samples_M)
   temperature_M = prefix.temperature_R[rows_M]
@@ -188,9 +188,9 @@ def insert(spec: DecodeSpec, prefix: Prefix, ds: DecodeState, slots_M, rows_M,
   tokens_M, lp_M = sample_logits(prefix.logits_RV[rows_M], _fold(keys_M, jnp.zeros_like(samples_M)),
                                  temperature_M, top_k_M, top_p_M, spec.truncation)
   stop_M = _is_stop(tokens_M, ds.stop_ids_E)
-  done_M = stop_M | (max_new_M <= 1)
-  finish_M = jnp.where(done_M, jnp.where(stop_M, STOP, LENGTH), RUNNING)
   n = ds.tokens_BN.shape[1]
+  done_M = stop_M | (jnp.minimum(max_new_M, n) <= 1)
+  finish_M = jnp.where(done_M, jnp.where(stop_M, STOP, LENGTH), RUNNING)
   first_N = jnp.arange(n) == 0
 
   def put(x_B, v_M):
@@ -207,24 +207,23 @@ def insert(spec: DecodeSpec, prefix: Prefix, ds: DecodeState, slots_M, rows_M,
       logprobs_BN=put(ds.logprobs_BN, jnp.where(first_N[None, :], lp_M[:, None], 0.0)))
 
 
-def _prefix_layers(pc: KVCache) -> int:
-  """L of a prefill's contiguous cache: its pool holds L x R x (P / G) pages."""
-  r, p = pc.valid.shape
-  return pc.k.shape[1] // (r * (p // pc.page_size))
-
-
-def _fill_blocks(c: KVCache, pc: KVCache, rows_M, blocks_M, fill_M, start: int,
-                 num_layers: int, jp: int) -> KVCache:
-  """Copies prefill rows `rows_M` into prompt blocks `blocks_M` where `fill_M`:
-  every layer's P prompt slots, at slots `start ..` of the block (one scatter
-  per pool; the rest of the block is never valid for this prompt)."""
-  r, p = pc.valid.shape
+def _copy_prompts(c: KVCache, pc: KVCache, rows_M, length_M, pages_MJ, fill_M, real_M,
+                  num_layers: int) -> KVCache:
+  """Copies prefill rows `rows_M` into the decode pool, every layer, one
+  scatter per pool: the prompt's slots on full pages into its block where
+  `fill_M`, those of its partly filled last page into the slot's own first
+  page where `real_M` (`pages_MJ`: the first `jp` columns of each slot's
+  page table); the prefill's padding slots nowhere."""
+  r, p = pc.pages.shape[0], pc.slots
   g = c.page_size
   per_layer = c.pages_per_layer(num_layers)
-  slots_P = start + jnp.arange(p, dtype=jnp.int32)
-  page_LMP = (jnp.arange(num_layers, dtype=jnp.int32)[:, None, None] * per_layer
-              + (blocks_M * jp)[None, :, None] + (slots_P // g)[None, None, :])
-  page_LMP = jnp.where(fill_M[None, :, None], page_LMP, jnp.iinfo(jnp.int32).max)
+  slots_P = jnp.arange(p, dtype=jnp.int32)
+  page_MP = jnp.take(pages_MJ, slots_P // g, axis=1)
+  on_full_MP = slots_P[None, :] < (length_M // g * g)[:, None]
+  keep_MP = jnp.where(on_full_MP, fill_M[:, None], real_M[:, None]) & (
+      slots_P[None, :] < length_M[:, None])
+  page_LMP = jnp.arange(num_layers, dtype=jnp.int32)[:, None, None] * per_layer + page_MP[None]
+  page_LMP = jnp.where(keep_MP[None], page_LMP, jnp.iinfo(jnp.int32).max)
   off_LMP = jnp.broadcast_to(slots_P % g, page_LMP.shape)
 
   def copy(pool, part):
@@ -240,31 +239,30 @@ def _fill_blocks(c: KVCache, pc: KVCache, rows_M, blocks_M, fill_M, start: int,
 
 
 def live_slots(ds: DecodeState) -> jax.Array:
-  """Slots that still decode: occupied, not finished, and their cache row has room."""
-  return ds.active_B & ~ds.done_B & (ds.cache.index < ds.cache.valid.shape[1])
+  """Slots that still decode: occupied and not finished."""
+  return ds.active_B & ~ds.done_B
 
 
 def advance(spec: DecodeSpec, params, ds: DecodeState):
   """One decode step for all slots: feed each live slot's last token, draw the next.
 
   Returns the new state and `(tokens_B, logprobs_B, live_B)` of this step.
-  Finished and empty slots write an invalid cache entry, keep their outputs
-  and their write index.
+  Finished and empty slots write nothing and keep their outputs and length.
+  A row ends at a stop id, its budget or the token buffer's N tokens (its
+  cache then holds its prompt and N - 1 of them).
   """
   model = build_model(spec, params)
   live_B = live_slots(ds)
   logits_B1V, cache = model(ds.last_token_B[:, None], mask_BT=live_B[:, None], cache=ds.cache,
                             act_quant=spec.act_quant, quant_lm_head=spec.quant_lm_head,
                             kv_round=spec.kv_round)
-  cache = cache._replace(index=ds.cache.index + live_B.astype(jnp.int32))
   tokens_B, lp_B = sample_logits(logits_B1V[:, 0], _fold(ds.keys_B, ds.num_generated_B),
                                  ds.temperature_B, ds.top_k_B, ds.top_p_B, spec.truncation)
   b, n = ds.tokens_BN.shape
   at_B = jnp.where(live_B, ds.num_generated_B, n)  # n: out of range, dropped
   num_generated_B = ds.num_generated_B + live_B.astype(jnp.int32)
   stop_B = _is_stop(tokens_B, ds.stop_ids_E)
-  full_B = cache.index >= cache.valid.shape[1]
-  ended_B = live_B & (stop_B | (num_generated_B >= ds.max_new_B) | full_B)
+  ended_B = live_B & (stop_B | (num_generated_B >= jnp.minimum(ds.max_new_B, n)))
   ds = ds._replace(
       cache=cache, last_token_B=jnp.where(live_B, tokens_B, ds.last_token_B),
       num_generated_B=num_generated_B, done_B=ds.done_B | ended_B,
@@ -275,7 +273,7 @@ def advance(spec: DecodeSpec, params, ds: DecodeState):
 
 
 def generate_step(spec: DecodeSpec, params, ds: DecodeState):
-  """`advance` when some slot is live, else nothing (the cache index must not pass S)."""
+  """`advance` when some slot is live, else nothing (no model call)."""
   b = ds.last_token_B.shape[0]
   idle = (jnp.zeros((b,), jnp.int32), jnp.zeros((b,), jnp.float32), jnp.zeros((b,), bool))
   return jax.lax.cond(jnp.any(live_slots(ds)), lambda d: advance(spec, params, d),

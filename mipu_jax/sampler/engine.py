@@ -343,9 +343,9 @@ class Engine:
     sample_ids = np.concatenate([sample_ids, np.zeros((pad,), np.int32)])
     blocks = np.concatenate([np.where(real, blocks, 0), np.zeros((pad,), np.int32)])
     fill = np.concatenate([fill & real, np.zeros((pad,), bool)])
-    region = decode_state.cache.valid.shape[1] - decode_state.tokens_BN.shape[1]
-    if prefix.cache.valid.shape[1] > region:
-      raise ValueError(f"Prefix of length {prefix.cache.valid.shape[1]} does not fit the decode "
+    region = decode_state.cache.slots - decode_state.tokens_BN.shape[1]
+    if prefix.cache.slots > region:
+      raise ValueError(f"Prefix of length {prefix.cache.slots} does not fit the decode "
                        f"state's prefill region of {region} slots.")
     if not truncation:
       top_k_R, top_p_R = jax.device_get((prefix.top_k_R, prefix.top_p_R))

@@ -3,15 +3,15 @@
 Both are fixed-shape buffers (gemma style), so the jitted prefill / insert /
 decode functions see the same shapes for a whole RL run within a bucket.
 
-Cache layout. The model's `KVCache` has one write index shared by all rows, so
-every row must end its context at the same slot. A decode state of `S = P + N`
-slots starts with `index = P` (its prefill region); `insert` places a prompt of
-bucket length `p ≤ index` right-aligned in slots `[index - p, index)` (left
-padding marked invalid) and clears the rest of that row, then every decode step
-writes one token for all rows at `index`. A request inserted later (continuous
-batching) simply starts at the current index; a slot is finished with reason
-"length" when the shared index reaches `S`. RoPE positions come from the count
-of valid slots (see `Qwen3.__call__`), so where a row starts does not matter.
+Cache layout (`models/kv_cache.py`). A row's cache is its slots `[0, length)`:
+its prompt from slot 0, then its generated tokens, one per decode step at
+its own write index (`cache.index`, the row's length). No row has holes, so
+attention masks by length. The decode state's S = P + N slots per row leave
+room for a prompt of up to P (its prefill region) and N generated tokens.
+The G samples of a prompt share its full pages (a prompt block); each holds
+its own copy of the prompt's partly filled last page (`_steps.insert`). A
+request inserted later (continuous batching) restarts its slot's row.
+RoPE positions are slots, so a row's positions are 0, 1, 2, ...
 
 Shape letters: R prefilled requests, B decode slots, P prompt bucket,
 S cache slots, N token-buffer length, V vocab, E stop ids.
@@ -32,8 +32,8 @@ class Prefix(NamedTuple):
   """Result of prefilling R requests, ready to be inserted into decode slots.
 
   Attributes:
-    cache: KV cache of the R prompts, `[L, R, P, K, H]`, prompts left-aligned to
-      the end (left padding invalid), `index == P`.
+    cache: contiguous KV cache of the R prompts, each at slots `[0, length)`
+      of its row of P (the rest padding, never attended), `index` the lengths.
     logits_RV: float32 logits predicting the first new token.
     keys_R: typed PRNG key of each request; sample `j` of request `r` draws with
       `fold_in(keys_R[r], j)`, then `fold_in(·, t)` for its t-th token.
@@ -56,7 +56,7 @@ class DecodeState(NamedTuple):
   """Everything one decode step transforms, for B slots.
 
   Attributes:
-    cache: KV cache `[L, B, S, K, H]`.
+    cache: the paged KV cache of the B slots, S slots per row (`kv_cache.KVCache`).
     last_token_B: the token each slot feeds next (its latest sample).
     keys_B: typed PRNG key of each slot's sample.
     num_generated_B: tokens generated so far (the first comes from `insert`).
