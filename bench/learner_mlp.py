@@ -108,7 +108,7 @@ def main(argv):
   from mipu_jax import config as config_lib  # pylint: disable=g-import-not-at-top
   from mipu_jax.learner import Learner  # pylint: disable=g-import-not-at-top
   from mipu_jax.models import qwen3  # pylint: disable=g-import-not-at-top
-  from mipu_jax.rl import loop  # pylint: disable=g-import-not-at-top
+  from mipu_jax.rl import step as step_lib  # pylint: disable=g-import-not-at-top
   from mipu_jax.rl import setup  # pylint: disable=g-import-not-at-top
   logging.set_verbosity(logging.WARNING)
   load0 = " ".join(f"{x:.2f}" for x in os.getloadavg())
@@ -120,8 +120,8 @@ def main(argv):
   params = nnx.to_pure_dict(nnx.state(run.model, nnx.Param))
   state = run.learner.init_state(params, cfg.seed)
   run.sampler.update_weights(state.params)
-  chosen, everything, _ = loop.collect(run, 1)
-  batch = loop.learner_batch(run, state, chosen, float(everything.lengths_R.mean()))
+  chosen, everything, _ = step_lib.collect(run, 1)
+  batch = step_lib.learner_batch(run, state, chosen, float(everything.lengths_R.mean()))
 
   learners = {"kept": Learner.from_config(cfg, run.model, run.mesh, donate=False),
               "recomputed": run.learner}

@@ -28,7 +28,7 @@ from flax import nnx
 
 from mipu_jax import config as config_lib
 from mipu_jax.rl import gates
-from mipu_jax.rl import loop
+from mipu_jax.rl import step as step_lib
 from mipu_jax.rl import setup
 
 
@@ -65,7 +65,7 @@ def main():
       run.sampler.update_weights(state.params)
       sampler0 = run.sampler.params
       t0 = time.perf_counter()
-      new, metrics = loop.rl_step(run, state, 1, gate)
+      new, metrics = step_lib.rl_step(run, state, 1, gate)
       jax.block_until_ready(new)
       dt = time.perf_counter() - t0
       if rep:

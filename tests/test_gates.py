@@ -11,7 +11,7 @@ from mipu_jax import schedules
 from mipu_jax import testing
 from mipu_jax.learner import LearnerState
 from mipu_jax.rl import gates
-from mipu_jax.rl import loop
+from mipu_jax.rl import step as step_lib
 from mipu_jax.rl import setup
 
 
@@ -48,7 +48,7 @@ def _gated_step(run, state, c):
                                               num_probe_prompts=4))
   run.sampler.update_weights(state.params)
   sampler_before = _bytes(run.sampler.params)
-  new, metrics = loop.rl_step(run, state, 1, gate)
+  new, metrics = step_lib.rl_step(run, state, 1, gate)
   return new, metrics, sampler_before, gate
 
 
@@ -84,7 +84,7 @@ def test_forced_accept_keeps_the_candidate_bitwise(run_and_state):
   assert gated_sampler != sampler_before
   # The ungated step from the same state is the candidate itself.
   run.sampler.update_weights(state.params)
-  candidate, _ = loop.rl_step(run, state, 1, None)
+  candidate, _ = step_lib.rl_step(run, state, 1, None)
   assert _bytes(new) == _bytes(candidate)
   assert _bytes(run.sampler.params) == gated_sampler
   assert _bytes((new.params, new.opt_state)) != _bytes(
@@ -104,7 +104,7 @@ def test_noise_scaled_margin_is_k_standard_errors(run_and_state):
   gate = gates.MipuGate(config_lib.MipuConfig(
       step2=True, c_noise_multiple=2.0, num_probe_prompts=4))
   run.sampler.update_weights(state.params)
-  _, metrics = loop.rl_step(run, state, 1, gate)
+  _, metrics = step_lib.rl_step(run, state, 1, gate)
   assert metrics["mipu/gap_post_se"] >= 0.0
   assert metrics["mipu/c"] == pytest.approx(2.0 * metrics["mipu/gap_post_se"])
   assert metrics["mipu/accepted"] == float(
@@ -117,7 +117,7 @@ def test_next_batch_probe_uses_the_next_steps_prompts(run_and_state):
                         seed=run.cfg.seed)
   run.sampler.update_weights(state.params)
   probe = gate.probe(run, 1)
-  chosen, everything, _ = loop.collect(run, 2)
+  chosen, everything, _ = step_lib.collect(run, 2)
   assert probe.problems == everything.problems
   np.testing.assert_array_equal(probe.tokens_RT, everything.tokens_RT)
 

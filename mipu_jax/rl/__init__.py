@@ -3,7 +3,7 @@
   run = build_run(cfg)                       # task, policy, learner, sampler
   result = train(cfg, workdir)               # the whole job
   state, metrics = rl_step(run, state, k)    # one step, for custom loops
-  # = collect(run, k) → learner_batch(...) → loop.update(...) (learner step,
+  # = collect(run, k) → learner_batch(...) → step.update(...) (learner step,
   #   weight sync, optional update gate with sampler rollback)
 
 Hooks: an `UpdateGate` (MIPU Step 2, docs/method.md §5); checkpoints through
@@ -15,9 +15,9 @@ from mipu_jax.rl.batching import pack
 from mipu_jax.rl.evaluation import evaluate
 from mipu_jax.rl.hooks import GateDecision
 from mipu_jax.rl.hooks import UpdateGate
-from mipu_jax.rl.loop import collect
-from mipu_jax.rl.loop import learner_batch
-from mipu_jax.rl.loop import rl_step
+from mipu_jax.rl.step import collect
+from mipu_jax.rl.step import learner_batch
+from mipu_jax.rl.step import rl_step
 from mipu_jax.rl.loop import RunResult
 from mipu_jax.rl.loop import train
 from mipu_jax.rl.report import plot_run

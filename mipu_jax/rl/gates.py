@@ -20,7 +20,7 @@ Probes:
 - `fresh` (default, docs/method.md §5): `G = data.group_size` responses for each of
   `num_probe_prompts` prompts of the task's held-out "probe" split.
 - `next_batch`: the prompts and sampling seed of the first dynamic-sampling
-  round of the next training step (`loop.collect(run, step + 1)` draws exactly
+  round of the next training step (`step.collect(run, step + 1)` draws exactly
   these from μ_{k+1} when the update is accepted). Differences from the
   source's variant: the loop does not reuse the probe's responses for that
   training step (they are sampled again, identically when accepted), so this
