@@ -19,13 +19,11 @@ import numpy as np
 import pytest
 
 from flax import nnx
-from jax.experimental.pallas import tpu as pltpu
 
 from mipu_jax.models import attention
 from mipu_jax.models import get_config
 from mipu_jax.models import kv_cache
 from mipu_jax.models import paged_pallas
-from mipu_jax.models import paged_pallas_tpu
 from mipu_jax.models import Qwen3
 from mipu_jax.sampler import Engine
 from mipu_jax.sampler import engine as engine_lib
@@ -58,7 +56,7 @@ def model():
 @pytest.mark.parametrize("kv,impl", [(None, "paged"), ("bfloat16", "paged"), ("fp8", "paged"),
                                      ("int8", "paged"), ("bfloat16", "pallas"),
                                      ("int8", "pallas"), ("bfloat16", "pallas_tpu"),
-                                     ("int8", "pallas_tpu")])
+                                     ("fp8", "pallas_tpu")])
 def test_compiled_decode_step_writes_the_cache_in_place(model, kv, impl):
   kernel_platform = {"pallas": "gpu", "pallas_tpu": "tpu"}.get(impl)
   if kernel_platform and jax.default_backend() != kernel_platform:
@@ -204,104 +202,6 @@ def _pallas_equals_paged(dtype, s):
     np.testing.assert_allclose(np.asarray(alone[0]), np.asarray(got[r]), rtol=2e-5, atol=2e-6)
 
 
-@pytest.mark.parametrize("dtype,compute", [("float32", "float32"), ("bfloat16", "float32"),
-                                           ("float8_e4m3fn", "float32"), ("int8", "float32"),
-                                           ("bfloat16", "bfloat16")])
-def test_pallas_tpu_decode_equals_paged_on_ragged_rows(dtype, compute):
-  """The Pallas TPU kernel in the TPU interpreter against the XLA paged path:
-  ragged rows, a row of one slot, a full row, an empty row, shuffled pages,
-  every cache dtype, float32 and bfloat16 compute. The interpreter simulates
-  the kernel's copies between HBM and VMEM, runs each when it is started (a
-  copy into a block still being read would change the numbers) and checks
-  the copies and reads for races.
-
-  One page per block is attention.paged's float operations in its order:
-  bitwise. The default blocks (2 pages here) sum two pages at once: float32
-  within 2.5e-7 of it (measured), bfloat16 outputs within one bfloat16 ulp
-  (9.8e-4 measured); a row alone, another ring depth and Pallas' plain
-  interpreter give the same numbers bitwise."""
-  rng = np.random.default_rng(3)
-  s, g = 96, 16
-  q, pools, lengths, q_slot = _ragged(rng, dtype, s, [41, 34, s, 71, 1, 0])
-  compute = jnp.dtype(compute)
-  q = q.astype(compute)
-  args = (*pools, lengths, compute)
-  assert paged_pallas_tpu.pages_per_block(s // g, g) == 2
-  assert paged_pallas_tpu.pages_per_block(32, 64) == 4  # Qwen3-0.6B's rows: 256 keys a block
-  simulated = pltpu.InterpretParams(dma_execution_mode="eager", detect_races=True)
-  decode = jax.jit(paged_pallas_tpu.decode, static_argnums=7,
-                   static_argnames=("interpret", "block_pages", "depth"))
-  f32 = lambda x: np.asarray(x, np.float32)
-  with jax.default_matmul_precision("highest"):
-    want = f32(attention.paged(q, *pools, q_slot, compute))
-    by_page = f32(decode(q, *args, interpret=simulated, block_pages=1))
-    np.testing.assert_array_equal(by_page[:5], want[:5])
-    np.testing.assert_array_equal(by_page[5], 0.0)  # nothing to attend: 0, as the GPU kernel
-    got = decode(q, *args, interpret=simulated)
-    tol = dict(rtol=0, atol=2 ** -8 * np.abs(want).max()) if compute == jnp.bfloat16 else dict(
-        rtol=2e-6, atol=5e-7)
-    np.testing.assert_allclose(f32(got[:5]), want[:5], **tol)
-    np.testing.assert_array_equal(f32(got[5]), 0.0)
-    for r in (0, 3):
-      one = [x[r:r + 1] if i == 4 else x for i, x in enumerate(pools)]
-      alone = paged_pallas_tpu.decode(q[r:r + 1], *one, lengths[r:r + 1], compute,
-                                      interpret=simulated)
-      np.testing.assert_array_equal(f32(alone[0]), f32(got[r]))
-    np.testing.assert_array_equal(f32(decode(q, *args, interpret=simulated, depth=2)), f32(got))
-    # Pallas' plain interpreter (the sampler tests' default off TPU): the same numbers.
-    np.testing.assert_array_equal(f32(paged_pallas_tpu.decode(q, *args)), f32(got))
-
-
-def test_pallas_tpu_ring_fits_the_default_vmem_limit():
-  """The TPU kernel's ring of VMEM blocks at Qwen3-0.6B's 8 kv heads, pages of
-  64 x 128 and 3 blocks of 4 pages: keys and values 2 x 3 x 8 x 4 x 64 x 128
-  elements (3 MiB in bf16, 1.5 MiB in int8), int8 scales padded to 128 lanes
-  of float32 (2 x 3 x 8 x 4 x 64 x 128 x 4 bytes = 6 MiB). Blocks of 8 int8
-  pages (15 MiB) exceed the budget: an explicit request is refused, and the
-  default block shrinks where 256 slots would not fit (32 kv heads: 30 MiB at
-  4 pages, 15 at 2, 7.5 at 1)."""
-  ring = paged_pallas_tpu.ring_bytes
-  assert ring(8, 4, 64, 128, jnp.bfloat16, False, 3) == 3 * 2**20
-  assert ring(8, 4, 64, 128, jnp.int8, True, 3) == (1.5 + 6) * 2**20
-  assert ring(8, 8, 64, 128, jnp.int8, True, 3) == 15 * 2**20 > paged_pallas_tpu.VMEM_BUDGET
-  ppb = paged_pallas_tpu.pages_per_block
-  assert ppb(32, 64, ring=lambda p: ring(8, p, 64, 128, jnp.int8, True, 3)) == 4
-  assert ppb(32, 64, ring=lambda p: ring(32, p, 64, 128, jnp.int8, True, 3)) == 1
-  assert ppb(32, 64, ring=lambda p: ring(32, p, 64, 128, jnp.bfloat16, False, 3)) == 4  # 12 MiB
-  cfg = type("C", (), dict(num_kv_heads=8, head_dim=128, num_layers=1))
-  kp, vp, ks, vs = kv_cache.init_pool(cfg, 64, 64, jnp.dtype("int8"))
-  q = jnp.zeros((1, 1, 16, 128), jnp.float32)
-  args = (kp, vp, ks, vs, jnp.arange(64, dtype=jnp.int32)[None], jnp.zeros((1,), jnp.int32),
-          jnp.float32)
-  with pytest.raises(ValueError, match="MiB of VMEM"):
-    paged_pallas_tpu.decode(q, *args, block_pages=8)
-  for bad in (0, -1, 3):
-    with pytest.raises(ValueError, match=f"block_pages {bad} does not divide"):
-      paged_pallas_tpu.decode(q, *args, block_pages=bad)
-  with pytest.raises(ValueError, match="at least 2 blocks"):
-    paged_pallas_tpu.decode(q, *args, depth=1)
-  np.testing.assert_array_equal(np.asarray(paged_pallas_tpu.decode(q, *args)), 0.0)
-
-
-@pytest.mark.parametrize("dtype", ["bfloat16", "float8_e4m3fn", "int8"])
-def test_pallas_tpu_kernel_lowers_for_tpu(dtype):
-  """Pallas' Mosaic lowering of the TPU kernel at Qwen3-0.6B's page and head
-  shape (64 slots x 128, 8 kv heads, 16 query heads), run on CPU through
-  jax.export for platform 'tpu': block shapes, scalar prefetch, the copies from
-  HBM and every op's lowering are checked there. (Mosaic's compilation itself
-  needs a TPU.)"""
-  b, j, g, k, n, h = 4, 32, 64, 8, 16, 128  # Qwen3-0.6B's heads; 4 pages a block
-  cfg = type("C", (), dict(num_kv_heads=k, head_dim=h, num_layers=2))
-  kp, vp, ks, vs = kv_cache.init_pool(cfg, b * j, g, jnp.dtype(dtype))
-  fn = jax.jit(lambda q, kp, vp, ks, vs, ids, lengths: paged_pallas_tpu.decode(
-      q, kp, vp, ks, vs, ids, lengths, jnp.bfloat16, interpret=False))
-  exported = jax.export.export(fn, platforms=["tpu"])(
-      jnp.zeros((b, 1, n, h), jnp.bfloat16), kp, vp, ks, vs,
-      jnp.zeros((b, j), jnp.int32), jnp.full((b,), j * g, jnp.int32))
-  text = exported.mlir_module()
-  assert "tpu_custom_call" in text and "mipu_paged_decode_tpu" in text
-
-
 @pytest.mark.parametrize("gather", ["pages", "slots"])
 @pytest.mark.parametrize("dtype", ["bfloat16", "float8_e4m3fn", "int8"])
 def test_pallas_kernel_lowers_for_gpu(dtype, gather):
@@ -367,16 +267,16 @@ def test_pallas_launch_plan_from_the_environment(monkeypatch):
   np.testing.assert_allclose(np.asarray(out), 1.0, rtol=1e-6)
 
 
-def test_decode_attention_auto_is_the_kernel_on_a_gpu_only():
+def test_decode_attention_auto_is_a_kernel_on_a_gpu_or_a_tpu():
   cfg = get_config("tiny")
   assert cfg.decode_attention == "auto"  # resolved at trace time: no backend started here
   assert cfg.decode_attention_for("gpu") == "pallas"
-  assert cfg.decode_attention_for("cpu") == cfg.decode_attention_for("tpu") == "paged"
+  assert cfg.decode_attention_for("tpu") == cfg.decode_attention_for("tpu", 8) == "pallas_tpu"
+  assert cfg.decode_attention_for("cpu") == "paged"
   assert cfg.replace(decode_attention="dense").decode_attention_for("gpu") == "dense"
   assert cfg.decode_attention_for("gpu", devices=8) == "paged"  # a sharded cache
-  for kernel in ("pallas", "pallas_tpu"):  # jax cannot partition a kernel over devices
-    assert cfg.replace(decode_attention=kernel).decode_attention_for("tpu", devices=4) == "paged"
-  # The TPU kernel is asked for by name only (never compiled on a TPU yet).
+  # jax cannot partition the GPU kernel over devices; the TPU one runs per shard.
+  assert cfg.replace(decode_attention="pallas").decode_attention_for("gpu", devices=4) == "paged"
   assert cfg.replace(decode_attention="pallas_tpu").decode_attention_for("cpu") == "pallas_tpu"
   engine = Engine(Qwen3(cfg, rngs=nnx.Rngs(0)), SamplerConfig())
   assert engine.model_config.decode_attention == (

@@ -6,7 +6,6 @@ import pytest
 
 from mipu_jax.models import make_mesh
 from mipu_jax.models import paged_pallas
-from mipu_jax.models import paged_pallas_tpu
 from mipu_jax.sampler import Sampler
 from test_sampler import make_model
 
@@ -74,14 +73,14 @@ def test_native_sampler_refilled_and_sharded_equal_one_wave(model, quant):
   assert sharded.engine.trace_counts["generate_until_free"] >= 1  # it did refill
 
 
-@pytest.mark.parametrize("kernel", ["pallas", "pallas_tpu"])
+@pytest.mark.parametrize("kernel", ["pallas"])
 def test_pallas_decode_refilled_and_sharded_equal_one_wave(model, kernel):
-  """The Pallas decode kernels, GPU and TPU (Pallas' interpreters on CPU),
-  through refilled slots and an int8 KV cache: the rollout of the XLA paged
-  path in one wave on one device. On a sharded mesh the engine runs the XLA
-  paged path instead (jax cannot partition a kernel): the same rollout.
-  Log-probs within 5e-6 (measured: 1.4e-6 GPU kernel, 1.7e-6 TPU kernel,
-  1.4e-6 sharded)."""
+  """The Pallas GPU decode kernel (Pallas' interpreter on CPU; the TPU
+  kernel: tests/test_paged_tpu.py) through refilled slots and an int8 KV
+  cache: the rollout of the XLA paged path in one wave on one device. On a
+  sharded mesh the engine runs the XLA paged path instead (jax cannot
+  partition the kernel): the same rollout. Log-probs within 5e-6 (measured:
+  1.4e-6 kernel, 1.4e-6 sharded)."""
   kw = dict(eos_ids=[7], kv_cache_dtype="int8")
   one_wave = _generate(Sampler(model, decode_attention="paged", **kw))
   refill = Sampler(model, max_concurrent_decodes=4, min_slot_bucket=4,
@@ -93,8 +92,7 @@ def test_pallas_decode_refilled_and_sharded_equal_one_wave(model, kernel):
   eng = refill.engine
   state = eng.init_decode_state()
   lowered = eng.programs["generate_until_done"].lower(eng._spec, refill.params, state)  # pylint: disable=protected-access
-  name = (paged_pallas_tpu if kernel == "pallas_tpu" else paged_pallas).NAME
-  assert f'"{name}/' in lowered.as_text(debug_info=True)
+  assert f'"{paged_pallas.NAME}/' in lowered.as_text(debug_info=True)
   sharded = Sampler(model, mesh=make_mesh(2, 2, 2), max_concurrent_decodes=8,
                     decode_attention=kernel, **kw)
   assert sharded.engine.model_config.decode_attention == "paged"
@@ -106,12 +104,12 @@ def float32_one_wave(model):
   return _generate(Sampler(model, eos_ids=[7], decode_attention="paged"), max_new_tokens=48)
 
 
-@pytest.mark.parametrize("kernel", ["pallas", "pallas_tpu"])
+@pytest.mark.parametrize("kernel", ["pallas"])
 def test_pallas_decode_refilled_equals_one_wave_in_float32(model, float32_one_wave, kernel):
-  """The Pallas decode kernels with a float32 cache through refilled slots and
-  48 tokens (several pages): the XLA paged path's one-wave rollout, float32
-  sums in another order. Log-probs within 3e-6 (measured: 9.5e-7, GPU and TPU
-  kernels; refilling alone moves the paged path by as much)."""
+  """The Pallas GPU decode kernel with a float32 cache through refilled
+  slots and 48 tokens (several pages): the XLA paged path's one-wave
+  rollout, float32 sums in another order. Log-probs within 3e-6 (measured:
+  9.5e-7; refilling alone moves the paged path by as much)."""
   refill = Sampler(model, eos_ids=[7], max_concurrent_decodes=4, min_slot_bucket=4,
                    decode_attention=kernel)
   assert refill.engine.model_config.decode_attention == kernel

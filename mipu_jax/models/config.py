@@ -67,13 +67,14 @@ class Qwen3Config:
       "pallas" (the same as one Pallas kernel per layer for a decode step,
       `paged_pallas.decode`; interpreted off GPU; a prefill, or a shape its
       tiles do not fit (`paged_pallas.supports`), uses "paged"),
-      "pallas_tpu" (the same as a Pallas TPU kernel, `paged_pallas_tpu.decode`;
-      interpreted off TPU; never compiled on a TPU yet, so "auto" does not
-      pick it), "dense" (gathers every slot: the reference) or "auto" ("pallas" on one
-      GPU, "paged" elsewhere, and on a jax without Pallas' Triton backend). Either
-      kernel, on a cache sharded over several devices, runs "paged"
-      (`decode_attention_for`, resolved when the step is traced, so that making a
-      config never starts a JAX backend).
+      "pallas_tpu" (jax's maintained TPU paged-attention kernel, `paged_tpu.decode`,
+      per shard on a mesh; interpreted off TPU; a cache it does not take,
+      `paged_tpu.unsupported`, uses "paged"), "dense" (gathers every slot: the
+      reference) or "auto" ("pallas" on one GPU, "pallas_tpu" on a TPU, "paged"
+      elsewhere and on a jax without Pallas' Triton backend). The GPU kernel, on
+      a cache sharded over several devices, runs "paged" (`decode_attention_for`,
+      resolved when the step is traced, so that making a config never starts a
+      JAX backend).
   """
 
   vocab_size: int
@@ -119,10 +120,10 @@ class Qwen3Config:
 
   def decode_attention_for(self, platform: str, devices: int = 1) -> str:
     """The decode attention this config runs on `platform` with the cache on
-    `devices` devices: "auto" is the Pallas kernel on one GPU, else "paged";
-    a Pallas kernel ("pallas", "pallas_tpu") on several devices is "paged"
-    (jax cannot partition a Pallas kernel's custom call over a sharded cache:
-    for Mosaic, "pallas_call requires all mesh axes to be Manual").
+    `devices` devices: "auto" is the Pallas kernel on one GPU, jax's TPU kernel
+    on a TPU, else "paged"; the GPU kernel on several devices is "paged" (jax
+    cannot partition a Pallas kernel's custom call over a sharded cache; the
+    TPU kernel runs per shard under `shard_map`, `paged_tpu`).
 
     The GPU kernel needs Pallas' Triton backend, deprecated in jax 0.11.0: on a
     jax without it, "auto" is "paged" (with one warning) and "pallas" is an
@@ -130,10 +131,12 @@ class Qwen3Config:
     if self.decode_attention == "pallas" and (missing := paged_pallas.missing_backend()):
       raise RuntimeError(f'decode_attention="pallas" cannot run: {missing}; the kernel '
                          'is written for it. Use "auto" or "paged".')
-    if self.decode_attention in ("pallas", "pallas_tpu") and devices > 1:
+    if self.decode_attention == "pallas" and devices > 1:
       return "paged"
     if self.decode_attention != "auto":
       return self.decode_attention
+    if platform == "tpu":
+      return "pallas_tpu"
     if platform != "gpu" or devices != 1:
       return "paged"
     if missing := paged_pallas.missing_backend():

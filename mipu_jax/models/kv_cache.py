@@ -214,12 +214,3 @@ def logical_view(pool, scale, pages_BJ, layer, pages_per_layer: int, dtype):
   k, g, h = x_BKGH.shape[1:]
   return jnp.moveaxis(x_BKGH.reshape(b, j, k, g, h), 2, 3).reshape(b, j * g, k, h)
 
-
-def attended_pages(lengths_B, slots: int, unit: int):
-  """`(mask_BS, bounds_B2)` of the decode kernels (`paged_pallas`,
-  `paged_pallas_tpu`): the slots each row attends (`[0, length)`) and the
-  half-open range of units (pages, or single slots) that hold them. Both
-  kernels loop over that range only."""
-  mask_BS = jnp.arange(slots, dtype=jnp.int32)[None, :] < lengths_B[:, None]
-  hi_B = (jnp.minimum(lengths_B, slots) + unit - 1) // unit
-  return mask_BS, jnp.stack([jnp.zeros_like(hi_B), hi_B], axis=1).astype(jnp.int32)

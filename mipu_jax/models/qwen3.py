@@ -22,7 +22,7 @@ from flax import nnx
 from mipu_jax.models import attention
 from mipu_jax.models import kv_cache
 from mipu_jax.models import paged_pallas
-from mipu_jax.models import paged_pallas_tpu
+from mipu_jax.models import paged_tpu
 from mipu_jax.models import quantized
 from mipu_jax.models.config import Qwen3Config
 from mipu_jax.models.kv_cache import KVCache, init_cache  # pylint: disable=unused-import
@@ -139,8 +139,9 @@ def _layer(cfg: Qwen3Config, x_BTD, w, positions_BT, attn_mask, kv, index, act_q
           and paged_pallas.supports(ids_BJ.shape[1], k_pool.shape[2], q_BTNH.shape[3],
                                     interpret=platform != "gpu")):
         kernel = paged_pallas.decode
-      elif impl == "pallas_tpu" and q_BTNH.shape[1] == 1:
-        kernel = paged_pallas_tpu.decode
+      elif impl == "pallas_tpu" and q_BTNH.shape[1] == 1 and paged_tpu.takes(
+          k_pool.dtype, q_BTNH.shape[3], k_pool.shape[2], on_tpu=platform == "tpu"):
+        kernel = paged_tpu.decode
       if kernel is None:
         attn_BTNH = attention.paged(q_BTNH, k_pool, v_pool, ks_pool, vs_pool, ids_BJ,
                                     attn_mask.q_slot_BT, dt)

@@ -133,10 +133,12 @@ class SamplerConfig(SamplerPrecision):
       per row per loop step: bench/decode.py measures the trade-off.
     decode_attention: attention over the cache: 'paged' (only the pages that
       hold a filled slot of some row, pure XLA), 'pallas' (the same, one Pallas
-      GPU kernel per layer and decode step), 'pallas_tpu' (the same as a Pallas
-      TPU kernel; not yet compiled on a TPU), 'dense' (every slot: the reference)
-      or 'auto' ('pallas' for a cache on one GPU where jax has Pallas' Triton
-      backend, else 'paged'); `Qwen3Config.decode_attention`.
+      GPU kernel per layer and decode step), 'pallas_tpu' (the same through
+      jax's maintained TPU paged-attention kernel, per shard on a mesh; bf16
+      and FP8 caches: an int8 or float32 cache is refused), 'dense' (every
+      slot: the reference) or 'auto' ('pallas' for a cache on one GPU where jax
+      has Pallas' Triton backend, 'pallas_tpu' on a TPU where it serves the
+      cache, else 'paged'); `Qwen3Config.decode_attention`.
   """
 
   quant_storage: str = "fake"

@@ -23,6 +23,7 @@ a compiled function or leaves stale weights in one.
 import collections
 import contextlib
 import dataclasses
+import math
 import types
 from typing import Any, Optional, Sequence
 
@@ -32,6 +33,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from mipu_jax.models import paged_tpu
 from mipu_jax.models.qwen3 import Qwen3
 from mipu_jax.sampler import _steps, jetstream, quant, weights
 from mipu_jax.sampler.config import SamplerConfig
@@ -164,26 +166,31 @@ class Engine:
     self.config = config
     self._mesh = mesh
     self._source = model
-    # "auto" is resolved here, where the mesh is known: the Pallas kernel runs
-    # on one GPU only (XLA cannot partition its custom call).
+    kv_round = config.kv_round(_platform(model, mesh))
+    kv_dtype = config.kv_cache_dtype if kv_round is None else config.dtype
+    # "auto" is resolved here, where the mesh and the cache dtype are known: the
+    # GPU kernel runs on one GPU only (XLA cannot partition its custom call).
     decode_attention = model.config.replace(
         decode_attention=config.decode_attention).decode_attention_for(
             _platform(model, mesh), 1 if mesh is None else mesh.size)
     if config.decode_attention not in ("auto", decode_attention):
-      logging.warning("decode_attention=%r runs as %r: the Pallas kernels take a cache on "
-                      "one device, and this one is sharded over %d.", config.decode_attention,
+      logging.warning("decode_attention=%r runs as %r: the GPU kernel takes a cache on one "
+                      "device, and this one is sharded over %d.", config.decode_attention,
                       decode_attention, mesh.size)
+    if decode_attention == "pallas_tpu":
+      rows = 1 if mesh is None else math.prod(mesh.shape.get(a, 1) for a in ("data", "fsdp"))
+      decode_attention = paged_tpu.resolve(config.decode_attention, kv_dtype,
+                                           model.config.head_dim, _platform(model, mesh), rows)
     self.model_config = model.config.replace(dtype=config.dtype, remat=False,
                                              decode_attention=decode_attention)
     abstract = nnx.eval_shape(lambda: Qwen3(self.model_config, rngs=nnx.Rngs(0)))
     self._reference = jax.eval_shape(lambda: weights.learner_params(model))
     native = config.quant_compute == "native"  # the weights quantize their own inputs
-    kv_round = config.kv_round(_platform(model, mesh))
     # The jitted programs this engine calls (a Sampler's: prefill, insert, decode).
     self.programs = _CPU_PROGRAMS if _platform(model, mesh) == "cpu" else _PROGRAMS
     self._spec = _steps.DecodeSpec(
         graphdef=nnx.graphdef(abstract),
-        kv_dtype=config.kv_cache_dtype if kv_round is None else config.dtype,
+        kv_dtype=kv_dtype,
         act_quant=None if native else quant.make_act_quant(config.act_quant),
         quant_lm_head=config.quant_lm_head, pad_id=config.pad_id, kv_round=kv_round,
         page_size=config.page_size)
@@ -413,7 +420,9 @@ class Engine:
     The KV cache of 16 x 9,216 slots of Qwen3-4B is then split over the chips
     instead of held whole on each (`docs/pods.md`). A row's pages need not sit
     on the row's device (XLA's partitioner moves the gathered pages); a pool
-    per device, with each row's pages on its own, is not built yet.
+    per device, with each row's pages on its own, is not built yet. So for
+    jax's TPU kernel, which reads each shard's rows through global page ids
+    (`paged_tpu`), the pool's pages stay whole on every device of a row shard.
     """
     if self._mesh is None:
       return None
@@ -421,6 +430,7 @@ class Engine:
     rows = tuple(a for a in ("data", "fsdp") if a in mesh.shape)
     n_rows = int(np.prod([mesh.shape[a] for a in rows]))
     tensor = mesh.shape.get("tensor", 1)
+    tpu_kernel = self.model_config.decode_attention == "pallas_tpu"
 
     def spec(x, cache_leaf: bool):
       shape = jnp.shape(x)
@@ -429,7 +439,7 @@ class Engine:
       axes = [None] * len(shape)
       pool = cache_leaf and len(shape) == 4  # [K, L * P, G, H]: pages over the rows' axes
       b_axis = 1 if pool else 0
-      if shape[b_axis] % n_rows == 0:
+      if shape[b_axis] % n_rows == 0 and not (pool and tpu_kernel):
         axes[b_axis] = rows
       if pool and shape[0] % tensor == 0:
         axes[0] = "tensor"
