@@ -7,6 +7,7 @@ refuses and why; its lowering for 'tpu'; a sampler running it through
 shared prompts, refilled slots and a sharded mesh; and `auto`'s choice.
 """
 
+import contextlib
 import logging
 
 import jax
@@ -87,19 +88,23 @@ def test_caches_it_does_not_take_are_refused_with_the_reason():
   assert paged_tpu.pages_per_block(6, 16) == 2
 
 
-@pytest.mark.parametrize("dtype", ["bfloat16", "float8_e4m3fn"])
-def test_kernel_lowers_for_tpu(dtype):
+@pytest.mark.parametrize("dtype,mesh", [("bfloat16", None), ("float8_e4m3fn", None),
+                                        ("bfloat16", (2, 2, 2))])
+def test_kernel_lowers_for_tpu(dtype, mesh):
   """Pallas' Mosaic lowering at Qwen3-0.6B's shape (8 kv heads of 128, 16
-  query heads, 32 pages of 64), through jax.export for 'tpu' on CPU."""
-  b, j, g, k, n, h = 4, 32, 64, 8, 16, 128
+  query heads, 32 pages of 64), through jax.export for 'tpu' on CPU: on one
+  device, and per shard on an 8-device mesh."""
+  b, j, g, k, n, h = 8, 32, 64, 8, 16, 128
   cfg = type("C", (), dict(num_kv_heads=k, head_dim=h, num_layers=2))
   kp, vp, _, _ = kv_cache.init_pool(cfg, b * j, g, jnp.dtype(dtype))
   fn = jax.jit(lambda q, kp, vp, ids, lengths: paged_tpu.decode(
       q, kp, vp, None, None, ids, lengths, jnp.bfloat16, interpret=False))
-  exported = jax.export.export(fn, platforms=["tpu"])(
-      jnp.zeros((b, 1, n, h), jnp.bfloat16), kp, vp, jnp.zeros((b, j), jnp.int32),
-      jnp.full((b,), j * g, jnp.int32))
+  args = (jnp.zeros((b, 1, n, h), jnp.bfloat16), kp, vp, jnp.zeros((b, j), jnp.int32),
+          jnp.full((b,), j * g, jnp.int32))
+  with jax.set_mesh(make_mesh(*mesh)) if mesh else contextlib.nullcontext():
+    exported = jax.export.export(fn, platforms=["tpu"])(*args)
   assert "tpu_custom_call" in exported.mlir_module()
+  assert exported.nr_devices == (8 if mesh else 1)
 
 
 PROMPTS = [[5, 9, 2], [7, 1, 8, 2, 8, 1, 3], [4, 4, 6, 10, 12], [3], [9, 9, 9, 1, 2, 3]]
