@@ -12,6 +12,7 @@ import concurrent.futures
 import dataclasses
 import gzip
 import logging
+import logging.handlers
 import multiprocessing
 import os
 import signal
@@ -23,6 +24,7 @@ import tqdm
 
 from mipu_jax import config as config_lib
 from mipu_jax.reproduce import runs
+from mipu_jax.rl import console
 
 ONE_THREAD = "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"
 
@@ -39,11 +41,14 @@ class Job:
 _STOP = None  # the job's stop event, in a worker (`_init_worker`)
 
 
-def _init_worker(stop=None):
+def _init_worker(stop=None, records=None):
   """A worker's XLA on one CPU thread (read when its backend starts); `stop`:
-  the job's event, set when it is stopped (no new run starts after it)."""
+  the job's event, set when it is stopped (no new run starts after it);
+  `records`: the queue its warnings go to (printed above the parent's bar)."""
   global _STOP
   _STOP = stop
+  if records is not None:
+    console.queue_records(records)
   os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + ONE_THREAD).strip()
   logging.getLogger("absl").setLevel(logging.WARNING)
   from absl import logging as absl_logging  # pylint: disable=g-import-not-at-top
@@ -95,9 +100,20 @@ def train_in_workers(jobs: Sequence[Job], *, workers: int, cache: Optional[str] 
   Raises:
     RuntimeError: a run's error, naming it (after the other runs finished).
   """
+  with console.through_bar() as printer:
+    context = multiprocessing.get_context("spawn")
+    records = context.Queue()
+    listener = logging.handlers.QueueListener(records, printer)
+    listener.start()
+    try:
+      _train_in_workers(jobs, workers, cache, desc, context, records)
+    finally:
+      listener.stop()
+
+
+def _train_in_workers(jobs, workers, cache, desc, context, records) -> None:
   total = sum(j.cfg.num_steps for j in jobs)
   bar = tqdm.tqdm(total=total, desc=desc or f"{len(jobs)} runs", unit="step")
-  context = multiprocessing.get_context("spawn")
   # A SIGTERM to this process (a scheduler's preemption notice, `kill`) is
   # passed on to the workers, whose runs stop at their next step boundary
   # with a checkpoint (rl.guard); no new run starts. Without this the workers
@@ -112,7 +128,7 @@ def train_in_workers(jobs: Sequence[Job], *, workers: int, cache: Optional[str] 
   try:
     with concurrent.futures.ProcessPoolExecutor(workers, mp_context=context,
                                                 initializer=_init_worker,
-                                                initargs=(stop_event,)) as pool:
+                                                initargs=(stop_event, records)) as pool:
       futures = [pool.submit(_train, j, cache) for j in jobs]
       while True:
         done = sum(min(steps_done(j.workdir), j.cfg.num_steps) for j in jobs)

@@ -5,6 +5,7 @@ Side effects (logging, progress bar, evaluation, checkpoints, plots) live here
 only; what a resume checks and repairs is docs/reliability.md.
 """
 
+import contextlib
 import dataclasses
 import logging
 import math
@@ -20,6 +21,7 @@ from mipu_jax import config as config_lib
 from mipu_jax import distributed
 from mipu_jax.config import TrainConfig
 from mipu_jax.learner import LearnerState
+from mipu_jax.rl import console
 from mipu_jax.rl import evaluation
 from mipu_jax.rl import export
 from mipu_jax.rl import gates as gates_lib
@@ -116,9 +118,14 @@ class _Loop:
     # so the best score so far travels in the checkpoint, not in the log.
     if self.best_eval is None:
       self.best_eval = max(evals, default=float("-inf"))
+    show = cfg.logging.progress_bar and main
     bar = tqdm.trange(start + 1, cfg.num_steps + 1, desc="rl", unit="step",
-                      initial=start, total=cfg.num_steps,
-                      disable=not (cfg.logging.progress_bar and main))
+                      initial=start, total=cfg.num_steps, disable=not show)
+    with console.through_bar() if show else contextlib.nullcontext():
+      return self._steps(state, bar, monitor, eval_sets, last_eval, main)
+
+  def _steps(self, state, bar, monitor, eval_sets, last_eval, main):
+    cfg, run = self.cfg, self.run
     for step in bar:
       state, metrics = step_lib.rl_step(run, state, step, self.gate)
       if self.saved_seconds is not None:
