@@ -78,7 +78,7 @@ def matmul_peak_gflops(n=2048, repeats=5) -> float:
 
 def bench_jax(model, tokens, repeats):
   def loss(m, t):
-    lp = models.token_logprobs(m(t)[:, :-1], t[:, 1:])
+    lp = models.token_logprobs(m(t).logits[:, :-1], t[:, 1:])
     return -jnp.mean(lp)
 
   step = nnx.jit(nnx.value_and_grad(loss))

@@ -122,7 +122,7 @@ def bench_sampler(args, rows: list, mcfg, platform: str) -> list[dict]:
                  tokens_per_s=round(tokens / second, 1),
                  compile_s_approx=round(first - second, 2))
       row.update(decode_bound(sampler, mcfg, n, p, new, args.repeats_bound))
-      impl = sampler.engine.model_config.decode_attention
+      impl = sampler.engine.decode_attention
       row["decode_attention"] = impl
       if impl == "pallas":  # the kernel's launch plan (bench/paged_kernel.py)
         row["pallas_plan"] = os.environ.get("MIPU_PALLAS_DECODE_PLAN", "") or "default"

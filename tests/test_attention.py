@@ -107,13 +107,13 @@ def test_model_blockwise_equals_dense_with_padding_and_cache():
   rng = np.random.default_rng(1)
   tokens = jnp.asarray(rng.integers(3, 67, (2, 13)))
   mask = jnp.asarray(np.arange(13)[None, :] < np.array([[13], [9]]))
-  np.testing.assert_allclose(block(tokens, mask_BT=mask) * mask[..., None],
-                             dense(tokens, mask_BT=mask) * mask[..., None], atol=2e-5)
+  np.testing.assert_allclose(block(tokens, mask_BT=mask).logits * mask[..., None],
+                             dense(tokens, mask_BT=mask).logits * mask[..., None], atol=2e-5)
   # A prefill into a KV cache (right padding) goes through the same switch.
   outs = []
   for model in (dense, block):
     cache = models.init_cache(model.config, 2, 16, jnp.float32)
-    logits, _ = model(tokens, mask_BT=mask, cache=cache)
+    logits = model(tokens, mask_BT=mask, cache=cache).logits
     outs.append(logits * mask[..., None])
   np.testing.assert_allclose(outs[1], outs[0], atol=2e-5)
 
@@ -127,9 +127,9 @@ def test_a_packed_row_equals_its_segments_run_separately(impl):
   seg = jnp.asarray(np.array([0] * 7 + [1] * 5 + [2, 2])[None])
   pos = jnp.asarray(np.array(list(range(7)) + list(range(5)) + [0, 0])[None])
   mask = jnp.asarray(np.array([1] * 12 + [0, 0])[None])
-  got = model(packed, mask_BT=mask, segment_ids_BT=seg, positions_BT=pos)[0]
-  np.testing.assert_allclose(got[:7], model(jnp.asarray(a[None]))[0], atol=2e-5)
-  np.testing.assert_allclose(got[7:12], model(jnp.asarray(b[None]))[0], atol=2e-5)
+  got = model(packed, mask_BT=mask, segment_ids_BT=seg, positions_BT=pos).logits[0]
+  np.testing.assert_allclose(got[:7], model(jnp.asarray(a[None])).logits[0], atol=2e-5)
+  np.testing.assert_allclose(got[7:12], model(jnp.asarray(b[None])).logits[0], atol=2e-5)
   with pytest.raises(ValueError, match="KV cache"):
     model(packed, segment_ids_BT=seg, cache=models.init_cache(model.config, 1, 16))
 
@@ -165,7 +165,7 @@ def test_remat_policies_give_the_same_gradients():
 
   def grads(policy):
     graphdef, params = nnx.split(_model(remat=policy))
-    return jax.grad(lambda p: jnp.sum(nnx.merge(graphdef, p)(tokens) ** 2))(params)
+    return jax.grad(lambda p: jnp.sum(nnx.merge(graphdef, p)(tokens).logits ** 2))(params)
 
   ref = grads("none")
   for policy in ("layer", "dots"):

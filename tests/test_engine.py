@@ -130,13 +130,11 @@ def test_samples_share_full_prompt_pages_and_copy_the_partial_one():
   pages = np.asarray(shared.cache.pages)
   assert (pages[:, :2] == pages[:1, :2]).all() and len(set(pages[:, 2])) == 4
   np.testing.assert_array_equal(np.asarray(shared.cache.index), len(prompt))
-  per = shared.cache.pages_per_layer(layers)
   want = np.asarray(kv_cache.logical_view(prefix.cache.k, prefix.cache.k_scale,
-                                          prefix.cache.pages, 0, prefix.cache.pages_per_layer(
-                                              layers), jnp.float32))[0, :len(prompt)]
-  for row in range(4):
+                                          prefix.cache.pages, jnp.float32))[0, :len(prompt)]
+  for row in range(4):  # layer 0: page ids without an offset
     got = np.asarray(kv_cache.logical_view(shared.cache.k, shared.cache.k_scale,
-                                           shared.cache.pages[row:row + 1], 0, per, jnp.float32))
+                                           shared.cache.pages[row:row + 1], jnp.float32))
     np.testing.assert_array_equal(got[0, :len(prompt)], want)
   own = engine.init_decode_state(num_slots=4, prefill_length=16, decode_length=16)
   own = engine.bulk_insert(prefix, own, [0, 1, 2, 3], rows=[0] * 4, sample_ids=[0, 1, 2, 3])

@@ -3,7 +3,7 @@
 jax deprecated Pallas Triton in 0.11.0 and will remove it. The backend is hidden
 here as its removal would hide it (the module cannot be imported): "auto" then
 runs the XLA paged path with one warning, and "pallas" asked for by name is an
-error that says why, from the config and from the engine.
+error that says why, from the sampler config and from the engine.
 """
 
 import logging
@@ -14,11 +14,11 @@ import pytest
 
 from flax import nnx
 
-from mipu_jax.models import config as model_config
 from mipu_jax.models import get_config
 from mipu_jax.models import paged_pallas
 from mipu_jax.models import Qwen3
 from mipu_jax.sampler import Engine
+from mipu_jax.sampler import config as sampler_config
 from mipu_jax.sampler.config import SamplerConfig
 
 _TRITON = "jax.experimental.pallas.triton"
@@ -32,14 +32,14 @@ def no_triton(monkeypatch):
       monkeypatch.setitem(sys.modules, name, None)
   monkeypatch.setitem(sys.modules, _TRITON, None)
   monkeypatch.delattr(jax.experimental.pallas, "triton", raising=False)
-  model_config._warn_auto_without_kernel.cache_clear()  # pylint: disable=protected-access
+  sampler_config._warn_auto_without_kernel.cache_clear()  # pylint: disable=protected-access
   yield
-  model_config._warn_auto_without_kernel.cache_clear()  # pylint: disable=protected-access
+  sampler_config._warn_auto_without_kernel.cache_clear()  # pylint: disable=protected-access
 
 
 def test_this_jax_ships_the_backend():
   assert paged_pallas.missing_backend() is None
-  assert get_config("tiny").decode_attention_for("gpu") == "pallas"
+  assert SamplerConfig().decode_attention_for("gpu") == "pallas"
 
 
 def test_hidden_backend_is_missing_to_the_kernel_too(no_triton):
@@ -50,9 +50,9 @@ def test_hidden_backend_is_missing_to_the_kernel_too(no_triton):
 
 
 def test_auto_falls_back_to_paged_with_one_warning(no_triton, caplog):
-  cfg = get_config("tiny")
+  cfg = SamplerConfig()
   with caplog.at_level(logging.WARNING):
-    for _ in range(3):  # resolved at every trace of every layer: warned once
+    for _ in range(3):  # resolved by every engine: warned once
       assert cfg.decode_attention_for("gpu") == "paged"
     assert cfg.decode_attention_for("cpu") == "paged"
     assert cfg.replace(decode_attention="paged").decode_attention_for("gpu") == "paged"
@@ -62,7 +62,7 @@ def test_auto_falls_back_to_paged_with_one_warning(no_triton, caplog):
 
 
 def test_pallas_by_name_is_an_error_that_says_why(no_triton):
-  cfg = get_config("tiny", decode_attention="pallas")
+  cfg = SamplerConfig(decode_attention="pallas")
   for platform, devices in (("gpu", 1), ("cpu", 1), ("gpu", 8)):
     with pytest.raises(RuntimeError, match="no Pallas Triton backend"):
       cfg.decode_attention_for(platform, devices)
@@ -70,4 +70,4 @@ def test_pallas_by_name_is_an_error_that_says_why(no_triton):
     Engine(Qwen3(get_config("tiny"), rngs=nnx.Rngs(0)), SamplerConfig(decode_attention="pallas"))
   # The other choices do not need the backend.
   for impl in ("paged", "dense", "pallas_tpu"):
-    assert get_config("tiny", decode_attention=impl).decode_attention_for("gpu") == impl
+    assert SamplerConfig(decode_attention=impl).decode_attention_for("gpu") == impl

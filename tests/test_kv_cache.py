@@ -143,8 +143,8 @@ def _paged_equals_dense(dtype, t):
   q = jnp.asarray(rng.standard_normal((b, t, n, h)), jnp.float32)
   ids = pages + layer * per
   got = attention.paged(q, kq, vq, ksc, vsc, ids, jnp.asarray(q_slot), jnp.float32)
-  keys = kv_cache.logical_view(kq, ksc, pages, layer, per, jnp.float32)
-  values = kv_cache.logical_view(vq, vsc, pages, layer, per, jnp.float32)
+  keys = kv_cache.logical_view(kq, ksc, ids, jnp.float32)
+  values = kv_cache.logical_view(vq, vsc, ids, jnp.float32)
   mask = attention.cache_mask(jnp.asarray(q_slot[:, 0]), t, s)
   want = attention.attend(q, keys, values, mask)
   np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=2e-5, atol=2e-6)
@@ -268,8 +268,8 @@ def test_pallas_launch_plan_from_the_environment(monkeypatch):
 
 
 def test_decode_attention_auto_is_a_kernel_on_a_gpu_or_a_tpu():
-  cfg = get_config("tiny")
-  assert cfg.decode_attention == "auto"  # resolved at trace time: no backend started here
+  cfg = SamplerConfig()
+  assert cfg.decode_attention == "auto"  # resolved by the engine: no backend started here
   assert cfg.decode_attention_for("gpu") == "pallas"
   assert cfg.decode_attention_for("tpu") == cfg.decode_attention_for("tpu", 8) == "pallas_tpu"
   assert cfg.decode_attention_for("cpu") == "paged"
@@ -278,11 +278,10 @@ def test_decode_attention_auto_is_a_kernel_on_a_gpu_or_a_tpu():
   # jax cannot partition the GPU kernel over devices; the TPU one runs per shard.
   assert cfg.replace(decode_attention="pallas").decode_attention_for("gpu", devices=4) == "paged"
   assert cfg.replace(decode_attention="pallas_tpu").decode_attention_for("cpu") == "pallas_tpu"
-  engine = Engine(Qwen3(cfg, rngs=nnx.Rngs(0)), SamplerConfig())
-  assert engine.model_config.decode_attention == (
-      "pallas" if jax.default_backend() == "gpu" else "paged")
+  engine = Engine(Qwen3(get_config("tiny"), rngs=nnx.Rngs(0)), cfg)
+  assert engine.decode_attention == ("pallas" if jax.default_backend() == "gpu" else "paged")
   with pytest.raises(ValueError, match="decode_attention"):
-    get_config("tiny", decode_attention="flash")
+    SamplerConfig(decode_attention="flash")
 
 
 def test_paged_cache_write_lands_at_the_page_table_slots():
@@ -296,9 +295,10 @@ def test_paged_cache_write_lands_at_the_page_table_slots():
   mask[1, 2] = False  # padding: not written
   new = jnp.asarray(rng.standard_normal((b, 3, 2, 4)), jnp.float32)
   per = b * (s // g)
-  page, off = kv_cache.write_targets(pages, index, jnp.asarray(mask), g, 2, per)
+  slots = index[:, None] + jnp.arange(3, dtype=jnp.int32)[None, :]
+  page, off = kv_cache.write_targets(pages + 2 * per, slots, jnp.asarray(mask), g)
   out = kv_cache.write(kp, new, page, off)
-  view = np.asarray(kv_cache.logical_view(out, None, pages, 2, per, jnp.float32))
+  view = np.asarray(kv_cache.logical_view(out, None, pages + 2 * per, jnp.float32))
   for r in range(b):
     for t in range(3):
       slot = int(index[r]) + t
@@ -307,7 +307,7 @@ def test_paged_cache_write_lands_at_the_page_table_slots():
   # Row 2's third entry (slot 16) and row 1's padding were dropped; nothing else was written.
   assert np.count_nonzero(np.abs(view).sum(-1).sum(-1)) == 7
   # Other layers untouched.
-  assert not np.asarray(kv_cache.logical_view(out, None, pages, 1, per, jnp.float32)).any()
+  assert not np.asarray(kv_cache.logical_view(out, None, pages + per, jnp.float32)).any()
 
 
 def test_paged_and_dense_decode_sample_the_same_in_float32():

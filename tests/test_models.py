@@ -58,7 +58,7 @@ def test_logits_match_transformers(name, tmp_path):
   v = model.config.vocab_size
   rng = np.random.default_rng(1)
   tokens = rng.integers(0, v, (3, 13))
-  fwd = nnx.jit(lambda m, t, k: m(t, mask_BT=k))
+  fwd = nnx.jit(lambda m, t, k: m(t, mask_BT=k).logits)
   ours = np.asarray(fwd(model, jnp.asarray(tokens), jnp.ones((3, 13), bool)))
   ref = _hf_logits(str(tmp_path), tokens)
   assert ours.dtype == np.float32
@@ -80,7 +80,7 @@ def test_logits_match_transformers(name, tmp_path):
     diff = np.abs(ours - ref)[mask]
     assert diff.max() <= 1e-4, (side, diff.max())
     # The real tokens' logits do not depend on padding at all.
-    alone = np.asarray(model(jnp.asarray(padded[2][mask[2]][None])))[0]
+    alone = np.asarray(model(jnp.asarray(padded[2][mask[2]][None])).logits)[0]
     np.testing.assert_allclose(ours[2][mask[2]], alone, atol=1e-4)
 
 
@@ -90,7 +90,8 @@ def test_from_pretrained_roundtrip_sharded_files(tmp_path):
   assert (tmp_path / "model.safetensors.index.json").exists()
   loaded = models.from_pretrained(str(tmp_path))
   tokens = jnp.asarray(np.random.default_rng(0).integers(0, 89, (2, 7)))
-  np.testing.assert_array_equal(np.asarray(loaded(tokens)), np.asarray(model(tokens)))
+  np.testing.assert_array_equal(np.asarray(loaded(tokens).logits),
+                                np.asarray(model(tokens).logits))
   bf16 = models.from_pretrained(str(tmp_path), dtype="bfloat16")
   assert bf16.layers.q[...].dtype == jnp.bfloat16
 
@@ -103,9 +104,9 @@ def test_kv_cache_decode_equals_full_forward(cache_dtype, atol):
   model = _random_model(CONFIGS["tied_gqa2"], seed=2)
   rng = np.random.default_rng(3)
   tokens = rng.integers(0, 97, (2, 11))
-  full = np.asarray(model(jnp.asarray(tokens)))
+  full = np.asarray(model(jnp.asarray(tokens)).logits)
   cache = models.init_cache(model.config, 2, 16, cache_dtype)
-  step = nnx.jit(lambda m, t, k, c: m(t, mask_BT=k, cache=c))
+  step = nnx.jit(lambda m, t, k, c: m(t, mask_BT=k, cache=c)[:2])
   prompt = np.array([[1] * 6, [1] * 4 + [0] * 2], bool)
   logits, cache = step(model, jnp.asarray(tokens[:, :6]), jnp.asarray(prompt), cache)
   got = [[np.asarray(logits)[0, :6]], [np.asarray(logits)[1, :4]]]
@@ -128,7 +129,7 @@ def test_bf16_compute_close_to_fp32_and_logits_fp32():
   m32 = _random_model(kw, seed=5)
   m16 = _random_model(dict(kw, dtype="bfloat16"), seed=5)
   tokens = jnp.asarray(np.random.default_rng(0).integers(0, 97, (2, 9)))
-  a, b = np.asarray(m32(tokens)), np.asarray(m16(tokens))
+  a, b = np.asarray(m32(tokens).logits), np.asarray(m16(tokens).logits)
   assert b.dtype == np.float32 and m16.layers.q[...].dtype == jnp.float32
   assert 0 < np.abs(a - b).max() < 0.1
 
@@ -172,7 +173,7 @@ def test_recomputed_gated_mlp_is_bitwise_the_plain_one(monkeypatch):
 
   def loss_and_grads():
     def loss(p):
-      logits = nnx.merge(graphdef, p)(tokens, mask_BT=mask)
+      logits = nnx.merge(graphdef, p)(tokens, mask_BT=mask).logits
       return jnp.sum(jnp.sin(logits) * mask[..., None]), logits
     f = jax.value_and_grad(loss, has_aux=True)
     return jax.jit(f)(params), str(jax.make_jaxpr(f)(params)).count(remat_name + "[")

@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 from jax.experimental.pallas import tpu as pltpu
 
-from mipu_jax.models import attention, get_config, kv_cache, make_mesh, paged_tpu
-from mipu_jax.sampler import Sampler
+from mipu_jax.models import attention, kv_cache, make_mesh, paged_tpu
+from mipu_jax.sampler import Sampler, SamplerConfig
 from test_sampler import make_model
 
 LENGTHS = [41, 34, 96, 71, 1, 0, 16, 17]  # a full row, one slot, none, page edges
@@ -124,7 +124,7 @@ def test_sampler_with_the_kernel_equals_the_paged_path():
   run = lambda s: s.generate(PROMPTS, max_new_tokens=11, num_samples=3, temperature=0.9, seed=5)
   want = run(Sampler(model, decode_attention="paged", **kw))
   sampler = Sampler(model, decode_attention="pallas_tpu", **kw)
-  assert sampler.engine.model_config.decode_attention == "pallas_tpu"
+  assert sampler.engine.decode_attention == "pallas_tpu"
   got = run(sampler)
   assert got.tokens == want.tokens and got.finish_reasons == want.finish_reasons
   for a, b in zip(got.logprobs, want.logprobs):
@@ -140,7 +140,7 @@ def test_sampler_with_the_kernel_equals_the_paged_path():
 def test_auto_runs_the_kernel_on_a_tpu_where_it_serves_the_cache(caplog):
   pick = lambda asked, kv, rows=1, head_dim=128: paged_tpu.resolve(
       asked, jnp.dtype(kv), head_dim, "tpu", rows)
-  assert get_config("tiny").decode_attention_for("tpu", devices=8) == "pallas_tpu"
+  assert SamplerConfig().decode_attention_for("tpu", devices=8) == "pallas_tpu"
   assert pick("auto", "bfloat16") == pick("auto", "float8_e4m3fn") == "pallas_tpu"
   with caplog.at_level(logging.WARNING):
     assert pick("auto", "int8") == pick("auto", "float32") == "paged"

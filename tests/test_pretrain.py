@@ -90,7 +90,7 @@ def test_shipped_base_policy_loads():
   assert (meta["pad_id"], meta["eos_id"], meta["bos_id"]) == (
       tok.pad_id, tok.eos_id, tok.bos_id)
   prompt = [tok.bos_id] + tok.encode("Q:12+34=")
-  logits_BTV = model(jnp.asarray([prompt], jnp.int32))
+  logits_BTV = model(jnp.asarray([prompt], jnp.int32)).logits
   assert logits_BTV.shape == (1, len(prompt), 20)
   assert bool(jnp.isfinite(logits_BTV).all())
   # The base policy continues a prompt with an answer or with work, not specials.

@@ -130,7 +130,7 @@ def test_fake_kv_storage_samples_bitwise_as_real(model, kwargs):
     sampler = Sampler(model, kv_cache_storage=storage, **common)
     out[storage] = sampler.generate(PROMPTS, max_new_tokens=20, num_samples=3, seed=5)
   spec = Sampler(model, kv_cache_storage="fake", **common).engine._spec
-  assert spec.kv_round == jnp.dtype(Sampler(model, **common).config.kv_cache_dtype)
+  assert spec.inference.kv_round == jnp.dtype(Sampler(model, **common).config.kv_cache_dtype)
   assert spec.kv_dtype == jnp.dtype(kwargs.get("dtype", "float32"))
   np.testing.assert_array_equal(out["real"].tokens_array, out["fake"].tokens_array)
   np.testing.assert_array_equal(out["real"].logprobs_array, out["fake"].logprobs_array)

@@ -46,7 +46,7 @@ def padded(prompts, generated, rows=8, width=48):
 
 @functools.partial(jax.jit, static_argnums=0)
 def _forward(graphdef, state, tok, mask):
-  return nnx.merge(graphdef, state)(tok, mask_BT=mask)
+  return nnx.merge(graphdef, state)(tok, mask_BT=mask).logits
 
 
 def full_logits(model, prompts, generated):

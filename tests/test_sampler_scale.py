@@ -85,7 +85,7 @@ def test_pallas_decode_refilled_and_sharded_equal_one_wave(model, kernel):
   one_wave = _generate(Sampler(model, decode_attention="paged", **kw))
   refill = Sampler(model, max_concurrent_decodes=4, min_slot_bucket=4,
                    decode_attention=kernel, **kw)
-  assert refill.engine.model_config.decode_attention == kernel
+  assert refill.engine.decode_attention == kernel
   _same(_generate(refill), one_wave, atol=5e-6)
   assert refill.engine.trace_counts["generate_until_free"] >= 1  # it did refill
   # The kernel is in the decode program (not a silent fallback to the XLA path).
@@ -95,7 +95,7 @@ def test_pallas_decode_refilled_and_sharded_equal_one_wave(model, kernel):
   assert f'"{paged_pallas.NAME}/' in lowered.as_text(debug_info=True)
   sharded = Sampler(model, mesh=make_mesh(2, 2, 2), max_concurrent_decodes=8,
                     decode_attention=kernel, **kw)
-  assert sharded.engine.model_config.decode_attention == "paged"
+  assert sharded.engine.decode_attention == "paged"
   _same(_generate(sharded), one_wave, atol=5e-6)
 
 
@@ -112,6 +112,6 @@ def test_pallas_decode_refilled_equals_one_wave_in_float32(model, float32_one_wa
   9.5e-7; refilling alone moves the paged path by as much)."""
   refill = Sampler(model, eos_ids=[7], max_concurrent_decodes=4, min_slot_bucket=4,
                    decode_attention=kernel)
-  assert refill.engine.model_config.decode_attention == kernel
+  assert refill.engine.decode_attention == kernel
   _same(_generate(refill, max_new_tokens=48), float32_one_wave, atol=3e-6)
   assert refill.engine.trace_counts["generate_until_free"] >= 1  # it did refill

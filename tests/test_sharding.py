@@ -11,7 +11,7 @@ from mipu_jax.models import sharding
 
 
 def _loss(model, tokens_BT):
-  logits = model(tokens_BT)
+  logits = model(tokens_BT).logits
   lp = models.token_logprobs(logits[:, :-1], tokens_BT[:, 1:])
   return -jnp.mean(lp)
 

@@ -69,13 +69,13 @@ def policy_logprobs(model, tokens_BT: jax.Array, mask_BT: jax.Array,
   kwargs = dict(mask_BT=mask_BT, segment_ids_BT=segment_ids_BT,
                 positions_BT=positions_BT)
   if logits_chunk and not scoring.truncates:
-    h_BUD = model(tokens_BT, compute_logits=False, **kwargs)[:, :-1]
+    h_BUD = model(tokens_BT, logits=False, **kwargs).hidden[:, :-1]
     out = models.chunked_token_logprobs(
         model, h_BUD, targets_BU, scoring.temperature, chunk=logits_chunk,
         with_entropy=with_entropy, entropy_grad=entropy_grad)
     lp_BU, ent_BU = out if with_entropy else (out, None)
   else:
-    logits_BUV = model(tokens_BT, **kwargs)[:, :-1]
+    logits_BUV = model(tokens_BT, **kwargs).logits[:, :-1]
     if scoring.truncates:
       lp_BU = sampling.truncated_logprobs(logits_BUV, targets_BU,
                                           scoring.temperature, scoring.top_k,

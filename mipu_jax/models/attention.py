@@ -1,4 +1,5 @@
-"""Attention behind one switch: dense (the reference), blockwise, cuDNN, TPU splash.
+"""Attention behind one switch: dense (the reference), blockwise, cuDNN, TPU splash;
+and over a paged KV cache, `decode` (docs/method.md §7).
 
 Every implementation computes the same function of the same inputs
 (`attend`), with one mask model for all uses (learner rows, packed rows,
@@ -17,15 +18,16 @@ every implementation; callers ignore its output.
   others are tested against.
 - `blockwise`: flash-style tiles of `block_q x block_k`, an online softmax over
   key tiles, and a custom VJP whose backward recomputes each tile from the
-  saved log-sum-exp (FlashAttention-2's backward), so neither pass holds more
-  than one tile of scores; pure JAX, runs everywhere.
+  saved log-sum-exp (FlashAttention-2's backward); pure JAX, runs everywhere.
 - `cudnn`: `jax.nn.dot_product_attention(implementation="cudnn")` on GPU, for
   causal rows whose valid tokens are a prefix (the learner's right-padded
-  rows); packed rows and caches use `blockwise`.
-- `splash`: TPU splash attention (`jax.experimental.pallas.ops.tpu.
-  splash_attention`), causal with segment ids (padding keys get a segment of
-  their own), per example; `interpret=True` runs it on CPU for tests. Caches
-  use `blockwise`.
+  rows); packed rows use `blockwise`.
+- `splash`: TPU splash attention, causal with segment ids (padding keys get a
+  segment of their own), per example; `interpret=True` runs it on CPU.
+
+Over a cache, `decode` runs the `DecodeImpl` the engine resolved: `paged`
+(pure XLA), jax's TPU kernel (`paged_tpu`), our GPU kernel (`paged_pallas`) or
+`dense` over the gathered cache (the reference).
 
 Shape letters: B batch, T query slots, S key slots, N query heads, K kv heads,
 Q = N // K query heads per kv head, H head dim; in the flash kernel I query
@@ -40,20 +42,17 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
+from mipu_jax.models import kv_cache
+from mipu_jax.models import paged_pallas
+from mipu_jax.models import paged_tpu
+
 IMPLEMENTATIONS = ("dense", "blockwise", "cudnn", "splash")
 NEG_INF = float(jnp.finfo(jnp.float32).min)
 
 
 class AttentionMask(NamedTuple):
-  """The mask model of the module docstring (int32 slots and segments, bool validity).
-
-  Attributes:
-    q_slot_BT: each query's slot.
-    q_seg_BT: each query's segment.
-    k_slot_BS: each key's slot.
-    k_seg_BS: each key's segment.
-    k_valid_BS: the key holds a real token.
-  """
+  """The mask model of the module docstring: each query's and key's slot and
+  segment (int32), and whether the key holds a real token."""
   q_slot_BT: jax.Array
   q_seg_BT: jax.Array
   k_slot_BS: jax.Array
@@ -100,22 +99,13 @@ def attend(q_BTNH: jax.Array, k_BSKH: jax.Array, v_BSKH: jax.Array,
            mask: AttentionMask, *, implementation: str = "dense",
            block_q: int = 512, block_k: int = 512,
            prefix_rows: bool = False) -> jax.Array:
-  """Softmax attention of `q` over `k`, `v` under `mask`; `[B, T, N, H]`.
+  """Softmax attention of `q` over `k`, `v` (RoPE applied) under `mask`;
+  `[B, T, N, H]` in the dtype of `v`.
 
-  Args:
-    q_BTNH: queries (RoPE applied), in the compute dtype.
-    k_BSKH: keys (RoPE applied).
-    v_BSKH: values.
-    mask: see `AttentionMask`.
-    implementation: one of `IMPLEMENTATIONS`.
-    block_q: query tile of `blockwise` (and splash's blocks).
-    block_k: key tile of `blockwise` (and splash's blocks).
-    prefix_rows: the mask is `row_mask` of rows whose valid tokens are a
-      prefix and no segments (what `cudnn` supports); otherwise `cudnn` falls
-      back to `blockwise`.
-
-  Returns:
-    The attention output in the dtype of `v`.
+  `implementation`: one of `IMPLEMENTATIONS`; `block_q`, `block_k`: the tiles
+  of `blockwise` (and splash's blocks); `prefix_rows`: the mask is `row_mask`
+  of rows whose valid tokens are a prefix and no segments (what `cudnn`
+  supports; otherwise it falls back to `blockwise`).
   """
   if implementation not in IMPLEMENTATIONS:
     raise ValueError(f"unknown attention {implementation!r}; choose one of "
@@ -127,8 +117,7 @@ def attend(q_BTNH: jax.Array, k_BSKH: jax.Array, v_BSKH: jax.Array,
     # One query row (decode) holds [B, K, Q, 1, S] scores: nothing to tile.
     out = _dense(q_BTKQH, k_BSKH, v_BSKH, mask.dense_BTS())
   elif implementation == "cudnn" and prefix_rows:
-    out = _cudnn(q_BTNH, k_BSKH, v_BSKH, mask)
-    return out
+    return _cudnn(q_BTNH, k_BSKH, v_BSKH, mask)
   elif implementation == "splash" and mask.q_slot_BT.shape == mask.k_slot_BS.shape:
     return _splash(q_BTNH, k_BSKH, v_BSKH, mask, block_q, block_k)
   else:
@@ -317,32 +306,56 @@ def _splash(q_BTNH, k_BSKH, v_BSKH, mask: AttentionMask, block_q: int,
 # --- paged KV cache ----------------------------------------------------------
 
 
+class DecodeImpl(NamedTuple):
+  """Attention over a KV cache as the engine resolved it: `name` "paged"
+  (`paged`), "pallas" (`paged_pallas.decode`), "pallas_tpu" (`paged_tpu.decode`)
+  or "dense" (the reference); `interpret`: the kernel runs in Pallas'
+  interpreter (off the device it is written for)."""
+  name: str = "paged"
+  interpret: bool = False
+
+
+def decode(q_BTNH: jax.Array, cache: kv_cache.LayerCache, impl: DecodeImpl,
+           dtype) -> jax.Array:
+  """Attention of T new queries over one layer's paged cache, which holds them
+  already: query t of row b attends slots `[0, cache.q_slot_BT[b, t]]`.
+
+  The kernels take one query per row (a decode step) and the shapes their
+  tiles fit (`paged_pallas.supports`, `paged_tpu.takes`); otherwise `paged`.
+  Returns `[B, T, N, H]` in `dtype`, the compute dtype K/V are dequantized to.
+  """
+  pools = (cache.k, cache.v, cache.k_scale, cache.v_scale, cache.page_ids_BJ)
+  _, t, _, h = q_BTNH.shape
+  j, g = cache.page_ids_BJ.shape[1], cache.k.shape[2]
+  if impl.name == "dense":  # every slot, gathered
+    keys_BSKH = kv_cache.logical_view(cache.k, cache.k_scale, cache.page_ids_BJ, dtype)
+    values_BSKH = kv_cache.logical_view(cache.v, cache.v_scale, cache.page_ids_BJ, dtype)
+    return attend(q_BTNH, keys_BSKH, values_BSKH, cache_mask(cache.q_slot_BT[:, 0], t, j * g))
+  lengths_B = cache.q_slot_BT[:, 0] + 1  # one query: the row's length, its own slot included
+  if t == 1 and impl.name == "pallas" and paged_pallas.supports(
+      j, g, h, interpret=impl.interpret):
+    return paged_pallas.decode(q_BTNH, *pools, lengths_B, dtype, interpret=impl.interpret)
+  if t == 1 and impl.name == "pallas_tpu" and paged_tpu.takes(
+      cache.k.dtype, h, g, on_tpu=not impl.interpret):
+    return paged_tpu.decode(q_BTNH, *pools, lengths_B, dtype, interpret=impl.interpret)
+  return paged(q_BTNH, *pools, cache.q_slot_BT, dtype)
+
+
 def paged(q_BTNH: jax.Array, k_pool: jax.Array, v_pool: jax.Array, k_scale, v_scale,
           page_ids_BJ: jax.Array, q_slot_BT: jax.Array, dtype) -> jax.Array:
   """Attention of each row's T queries over its pages of a paged KV cache.
 
   Query t of row b (at slot `q_slot_BT[b, t]`) attends slots `[0, q_slot]`
-  (a row has no holes, `cache_mask`). The loop runs over page columns j up
-  to the page of the batch's last query and gathers one page per row per
-  step (`kv_cache.read_pages`): a decode step reads the pages of filled
-  slots, not the whole cache. Online softmax in float32 (FlashAttention's
-  forward; no backward: sampling only). A row's result does not depend on
-  the other rows: the pages past its query, which the others' queries add
-  to the loop, add exact zeros.
-
-  Args:
-    q_BTNH: queries (RoPE applied).
-    k_pool, v_pool: `[K, L*P, G, H]` pools (`kv_cache.KVCache`).
-    k_scale, v_scale: int8 pools' `[K, L*P, G, 1]` scales, else None.
-    page_ids_BJ: row b's j-th page in the pool, this layer's offset included.
-    q_slot_BT: each query's slot.
-    dtype: the compute dtype keys and values are dequantized to.
-
-  Returns:
-    `[B, T, N, H]` in `dtype`.
+  (a row has no holes). `k_pool`, `v_pool`: `[K, L*P, G, H]` pools
+  (`kv_cache.KVCache`), `k_scale`, `v_scale` their int8 scales or None;
+  `page_ids_BJ`: row b's j-th page, this layer's offset included. The loop
+  runs over page columns up to the page of the batch's last query and
+  gathers one page per row per step (`kv_cache.read_pages`): a decode step
+  reads the pages of filled slots, not the whole cache. Online softmax in
+  float32 (no backward: sampling only). A row's result does not depend on
+  the other rows: the pages past its query add exact zeros. Returns
+  `[B, T, N, H]` in `dtype`, the compute dtype K/V are dequantized to.
   """
-  from mipu_jax.models import kv_cache  # pylint: disable=g-import-not-at-top
-
   b, t, n, h = q_BTNH.shape
   kh, g = k_pool.shape[0], k_pool.shape[2]
   j = page_ids_BJ.shape[1]

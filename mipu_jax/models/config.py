@@ -6,13 +6,9 @@ small RL task.
 """
 
 import dataclasses
-import functools
-import logging
 from typing import Any
 
 import jax.numpy as jnp
-
-from mipu_jax.models import paged_pallas
 
 DTYPE_NAMES = {
     "float32": jnp.float32,
@@ -35,8 +31,6 @@ def as_dtype(dtype: Any) -> jnp.dtype:
 
 REMAT_POLICIES = ("none", "layer", "dots")
 ATTENTIONS = ("dense", "blockwise", "cudnn", "splash")
-# Attention over a KV cache (prefill into it, decode): `mipu_jax.models.attention`.
-DECODE_ATTENTIONS = ("auto", "paged", "pallas", "pallas_tpu", "dense")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,19 +56,6 @@ class Qwen3Config:
     attention: "dense" (the reference), "blockwise" (flash-style, pure JAX),
       "cudnn" (GPU) or "splash" (TPU); `mipu_jax.models.attention`.
     attention_block: query and key tile of the blockwise and splash kernels.
-    decode_attention: attention over a KV cache: "paged" (reads only the pages
-      that hold a filled slot of some row; `attention.paged`, pure XLA),
-      "pallas" (the same as one Pallas kernel per layer for a decode step,
-      `paged_pallas.decode`; interpreted off GPU; a prefill, or a shape its
-      tiles do not fit (`paged_pallas.supports`), uses "paged"),
-      "pallas_tpu" (jax's maintained TPU paged-attention kernel, `paged_tpu.decode`,
-      per shard on a mesh; interpreted off TPU; a cache it does not take,
-      `paged_tpu.unsupported`, uses "paged"), "dense" (gathers every slot: the
-      reference) or "auto" ("pallas" on one GPU, "pallas_tpu" on a TPU, "paged"
-      elsewhere and on a jax without Pallas' Triton backend). The GPU kernel, on
-      a cache sharded over several devices, runs "paged" (`decode_attention_for`,
-      resolved when the step is traced, so that making a config never starts a
-      JAX backend).
   """
 
   vocab_size: int
@@ -92,7 +73,6 @@ class Qwen3Config:
   remat: Any = "none"
   attention: str = "dense"
   attention_block: int = 512
-  decode_attention: str = "auto"
 
   def __post_init__(self):
     for name in ("vocab_size", "hidden_size", "num_layers", "num_heads",
@@ -110,39 +90,10 @@ class Qwen3Config:
     if self.attention not in ATTENTIONS:
       raise ValueError(f"unknown attention {self.attention!r}; choose one of "
                        f"{ATTENTIONS}.")
-    if self.decode_attention not in DECODE_ATTENTIONS:
-      raise ValueError(f"unknown decode_attention {self.decode_attention!r}; choose one of "
-                       f"{DECODE_ATTENTIONS}.")
     if self.attention_block < 1:
       raise ValueError(f"attention_block must be >= 1, got {self.attention_block}.")
     object.__setattr__(self, "param_dtype", as_dtype(self.param_dtype))
     object.__setattr__(self, "dtype", as_dtype(self.dtype))
-
-  def decode_attention_for(self, platform: str, devices: int = 1) -> str:
-    """The decode attention this config runs on `platform` with the cache on
-    `devices` devices: "auto" is the Pallas kernel on one GPU, jax's TPU kernel
-    on a TPU, else "paged"; the GPU kernel on several devices is "paged" (jax
-    cannot partition a Pallas kernel's custom call over a sharded cache; the
-    TPU kernel runs per shard under `shard_map`, `paged_tpu`).
-
-    The GPU kernel needs Pallas' Triton backend, deprecated in jax 0.11.0: on a
-    jax without it, "auto" is "paged" (with one warning) and "pallas" is an
-    error (docs/method.md §7)."""
-    if self.decode_attention == "pallas" and (missing := paged_pallas.missing_backend()):
-      raise RuntimeError(f'decode_attention="pallas" cannot run: {missing}; the kernel '
-                         'is written for it. Use "auto" or "paged".')
-    if self.decode_attention == "pallas" and devices > 1:
-      return "paged"
-    if self.decode_attention != "auto":
-      return self.decode_attention
-    if platform == "tpu":
-      return "pallas_tpu"
-    if platform != "gpu" or devices != 1:
-      return "paged"
-    if missing := paged_pallas.missing_backend():
-      _warn_auto_without_kernel(missing)
-      return "paged"
-    return "pallas"
 
   def replace(self, **kwargs) -> "Qwen3Config":
     return dataclasses.replace(self, **kwargs)
@@ -153,14 +104,6 @@ class Qwen3Config:
     per_layer = 2 * d + d * n * h + 2 * d * k * h + n * h * d + 2 * h + 3 * d * f
     head = 0 if self.tie_embeddings else d * self.vocab_size
     return self.vocab_size * d + self.num_layers * per_layer + d + head
-
-
-@functools.cache
-def _warn_auto_without_kernel(missing: str) -> None:
-  """Once per process: "auto" is resolved at every trace of every layer."""
-  logging.warning('decode_attention="auto" runs "paged" (the XLA path, slower) on this GPU '
-                  "instead of the Pallas kernel: %s. docs/method.md §7 lists the jax "
-                  "versions that run the kernel.", missing)
 
 
 _QWEN3 = dict(vocab_size=151936, rope_theta=1_000_000.0, rms_eps=1e-6, head_dim=128)

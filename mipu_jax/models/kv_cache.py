@@ -76,6 +76,36 @@ class KVCache(NamedTuple):
     return self.k.shape[1] // num_layers
 
 
+class LayerCache(NamedTuple):
+  """One layer's view of a `KVCache` in the layer scan: what its attention writes and reads.
+
+  Attributes:
+    k, v, k_scale, v_scale: the pools of every layer (`KVCache`).
+    page_ids_BJ: row b's j-th page of this layer in the pools (`pages + layer * P`).
+    q_slot_BT: the slots of the call's T new entries, `index[b] + t`; query t
+      attends the row's slots `[0, q_slot]`.
+  """
+
+  k: jax.Array
+  v: jax.Array
+  k_scale: Optional[jax.Array]
+  v_scale: Optional[jax.Array]
+  page_ids_BJ: jax.Array
+  q_slot_BT: jax.Array
+
+  def append(self, k_BTKH, v_BTKH, mask_BT, kv_round=None) -> "LayerCache":
+    """The view with the new K/V written at `q_slot_BT` where `mask_BT`
+    (quantized to the pool dtype; one scatter per pool, in place)."""
+    page_BT, off_BT = write_targets(self.page_ids_BJ, self.q_slot_BT, mask_BT, self.k.shape[2])
+    kq, ks = quantize(k_BTKH, self.k.dtype, kv_round)
+    vq, vs = quantize(v_BTKH, self.v.dtype, kv_round)
+    k, v = write(self.k, kq, page_BT, off_BT), write(self.v, vq, page_BT, off_BT)
+    k_scale, v_scale = self.k_scale, self.v_scale
+    if k_scale is not None:
+      k_scale, v_scale = write(k_scale, ks, page_BT, off_BT), write(v_scale, vs, page_BT, off_BT)
+    return self._replace(k=k, v=v, k_scale=k_scale, v_scale=v_scale)
+
+
 def page_size_for(*lengths: int, maximum: int = DEFAULT_PAGE_SIZE) -> int:
   """The largest power of two ≤ `maximum` that divides every length."""
   if maximum < 1:
@@ -163,18 +193,14 @@ def scatter_set(pool, index, new):
   return jax.lax.bitcast_convert_type(out, pool.dtype)
 
 
-def write_targets(pages_BJ, index_B, mask_BT, page_size: int, layer, pages_per_layer: int):
-  """Pool pages and offsets of each row's T new entries; where `mask_BT` is
-  False (padding, an idle row) or past the row's end: an out-of-range page id
-  (the write is dropped)."""
-  b, j = pages_BJ.shape
-  t = mask_BT.shape[1]
-  slots_BT = index_B[:, None] + jnp.arange(t, dtype=jnp.int32)[None, :]
-  page_BT = jnp.take_along_axis(pages_BJ, jnp.clip(slots_BT // page_size, 0, j - 1), axis=1)
+def write_targets(page_ids_BJ, slots_BT, mask_BT, page_size: int):
+  """Pool pages and offsets of each row's T new entries at `slots_BT`; where
+  `mask_BT` is False (padding, an idle row) or past the row's end: an
+  out-of-range page id (the write is dropped)."""
+  j = page_ids_BJ.shape[1]
+  page_BT = jnp.take_along_axis(page_ids_BJ, jnp.clip(slots_BT // page_size, 0, j - 1), axis=1)
   inside = (slots_BT < j * page_size) & mask_BT
-  oob = jnp.iinfo(jnp.int32).max
-  page_BT = jnp.where(inside, page_BT + layer * pages_per_layer, oob)
-  return page_BT, slots_BT % page_size
+  return jnp.where(inside, page_BT, jnp.iinfo(jnp.int32).max), slots_BT % page_size
 
 
 def write(pool, new_BTKH, page_BT, off_BT):
@@ -205,12 +231,10 @@ def read_pages(pool, scale, page_ids_B, dtype):
   return (x.astype(jnp.float32) * s).astype(dtype)
 
 
-def logical_view(pool, scale, pages_BJ, layer, pages_per_layer: int, dtype):
-  """A layer's whole cache as `[B, S, K, H]` (every page of every row): the
-  dense reference path's input, a cache-sized gather."""
-  b, j = pages_BJ.shape
-  ids = (pages_BJ + layer * pages_per_layer).reshape(-1)
-  x_BKGH = read_pages(pool, scale, ids, dtype)  # [B*J, K, G, H]
+def logical_view(pool, scale, page_ids_BJ, dtype):
+  """A layer's whole cache as `[B, S, K, H]` (every page of every row; `page_ids_BJ`
+  with the layer's offset): the dense reference path's input, a cache-sized gather."""
+  b, j = page_ids_BJ.shape
+  x_BKGH = read_pages(pool, scale, page_ids_BJ.reshape(-1), dtype)  # [B*J, K, G, H]
   k, g, h = x_BKGH.shape[1:]
   return jnp.moveaxis(x_BKGH.reshape(b, j, k, g, h), 2, 3).reshape(b, j * g, k, h)
-

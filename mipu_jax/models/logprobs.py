@@ -30,7 +30,7 @@ def sequence_logprobs(model, tokens_BT: jax.Array, mask_BT: jax.Array,
   (the first token has no prefix). Padding may be on either side; `mask_BT`
   marks real tokens.
   """
-  logits_BTV = model(tokens_BT, mask_BT=mask_BT)[:, :-1]
+  logits_BTV = model(tokens_BT, mask_BT=mask_BT).logits[:, :-1]
   lp_BT = token_logprobs(logits_BTV, tokens_BT[:, 1:], temperature)
   lp_BT = jnp.pad(lp_BT, ((0, 0), (1, 0)))
   if not with_entropy:

@@ -45,7 +45,7 @@ fixed (float32 dots asked for) but not rerun on a GPU.
 
 One device only: XLA cannot partition the kernel's custom call, so a sampler
 whose cache is sharded over several devices uses `attention.paged`
-(`Qwen3Config.decode_attention_for`, also when "pallas" is asked for).
+(`SamplerConfig.decode_attention_for`, also when "pallas" is asked for).
 """
 
 import functools

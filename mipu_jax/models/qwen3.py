@@ -13,7 +13,8 @@ D hidden, N query heads, K kv heads, Q = N // K, H head dim, F MLP width,
 V vocab, L layers.
 """
 
-from typing import Any, Callable, Optional
+import dataclasses
+from typing import Any, Callable, NamedTuple, Optional
 
 import jax
 import jax.numpy as jnp
@@ -21,13 +22,45 @@ from flax import nnx
 
 from mipu_jax.models import attention
 from mipu_jax.models import kv_cache
-from mipu_jax.models import paged_pallas
-from mipu_jax.models import paged_tpu
 from mipu_jax.models import quantized
 from mipu_jax.models.config import Qwen3Config
 from mipu_jax.models.kv_cache import KVCache, init_cache  # pylint: disable=unused-import
 
 ActQuant = Optional[Callable[[jax.Array], jax.Array]]
+
+
+@dataclasses.dataclass(frozen=True)
+class Inference:
+  """How a sampler runs the model (static; `mipu_jax.sampler.engine` builds it).
+
+  Attributes:
+    decode: attention over the KV cache (`attention.DecodeImpl`).
+    act_quant: fake-quantizer of every projection's input (the sampler's
+      emulated activation quantization), or None.
+    quant_lm_head: whether `act_quant` also applies to the LM head's input.
+    kv_round: a float dtype the new K/V are rounded through before they are
+      written to a cache of another dtype (a float8 cache kept as float32
+      values: bitwise the same attention; `SamplerConfig.kv_cache_storage`).
+  """
+
+  decode: attention.DecodeImpl = attention.DecodeImpl()
+  act_quant: ActQuant = None
+  quant_lm_head: bool = True
+  kv_round: Any = None
+
+
+class Output(NamedTuple):
+  """A model call's result.
+
+  Attributes:
+    logits: float32 `[B, T, V]`, or None (`logits=False`).
+    cache: the cache with the call's tokens written, or None without a cache.
+    hidden: the final normalised hidden state `[B, T, D]`.
+  """
+
+  logits: Optional[jax.Array]
+  cache: Optional[KVCache]
+  hidden: jax.Array
 
 
 def rms_norm(x, weight, eps):
@@ -84,19 +117,13 @@ def _proj(eq: str, x, xq, w, n_in: int):
   return jnp.einsum(eq, xq, w)
 
 
-def _layer(cfg: Qwen3Config, x_BTD, w, positions_BT, attn_mask, kv, index, act_quant,
-           prefix_rows=False, kv_round=None, mask_BT=None):
+def _layer(cfg: Qwen3Config, x_BTD, w, positions_BT, act_quant, attend):
   """One decoder layer. `w` holds this layer's weights (already in compute dtype).
 
-  `kv` is `(k, k_scale, v, v_scale, layer, pages, P)`: the cache's pools of
-  every layer (`kv_cache.KVCache`), this layer's index, the page table and the
-  pages per layer. Without a cache (`kv is None`) the keys are the T positions
-  themselves; with one, the new keys are written at `index` (where
-  `mask_BT`) and each query attends the row's slots up to its own
-  (`cfg.decode_attention`). `attn_mask` is the `attention.AttentionMask` of
-  the call. Returns the new hidden state and the new pools.
+  `attend(q, k, v) -> (out, layer_cache)` is the call's attention: over the
+  T positions themselves, or through this layer's cache view, which it
+  returns with the new K/V written. Returns the new hidden state and that.
   """
-  dt = cfg.dtype
   x_BTD = shard_rows(x_BTD)
   h_BTD = rms_norm(x_BTD, w["attn_norm"], cfg.rms_eps)
   hq_BTD = _aq(h_BTD, act_quant)
@@ -105,50 +132,7 @@ def _layer(cfg: Qwen3Config, x_BTD, w, positions_BT, attn_mask, kv, index, act_q
   v_BTKH = _proj("BTD,DKH->BTKH", h_BTD, hq_BTD, w["v"], 1)
   q_BTNH = rope(rms_norm(q_BTNH, w["q_norm"], cfg.rms_eps), positions_BT, cfg.rope_theta)
   k_BTKH = rope(rms_norm(k_BTKH, w["k_norm"], cfg.rms_eps), positions_BT, cfg.rope_theta)
-
-  if kv is None:
-    attn_BTNH = attention.attend(
-        q_BTNH, k_BTKH, v_BTKH, attn_mask, implementation=cfg.attention,
-        block_q=cfg.attention_block, block_k=cfg.attention_block,
-        prefix_rows=prefix_rows)
-    new_kv = None
-  else:
-    # The pools hold every layer's pages (kv_cache.py): only the T new entries
-    # are written (one scatter, in place), and attention reads this layer's
-    # pages through page ids offset by `layer * P`; no layer is sliced out.
-    k_pool, ks_pool, v_pool, vs_pool, layer, pages_BJ, per_layer = kv
-    page_BT, off_BT = kv_cache.write_targets(
-        pages_BJ, index, mask_BT, k_pool.shape[2], layer, per_layer)
-    kq_new, ks_new = kv_cache.quantize(k_BTKH, k_pool.dtype, kv_round)
-    vq_new, vs_new = kv_cache.quantize(v_BTKH, v_pool.dtype, kv_round)
-    k_pool = kv_cache.write(k_pool, kq_new, page_BT, off_BT)
-    v_pool = kv_cache.write(v_pool, vq_new, page_BT, off_BT)
-    if ks_pool is not None:
-      ks_pool = kv_cache.write(ks_pool, ks_new, page_BT, off_BT)
-      vs_pool = kv_cache.write(vs_pool, vs_new, page_BT, off_BT)
-    ids_BJ = pages_BJ + layer * per_layer
-    platform = jax.default_backend()
-    impl = cfg.decode_attention_for(platform)
-    if impl == "dense":  # the reference: every slot, gathered
-      keys_BSKH = kv_cache.logical_view(k_pool, ks_pool, pages_BJ, layer, per_layer, dt)
-      values_BSKH = kv_cache.logical_view(v_pool, vs_pool, pages_BJ, layer, per_layer, dt)
-      attn_BTNH = attention.attend(q_BTNH, keys_BSKH, values_BSKH, attn_mask)
-    else:
-      kernel = None
-      if (impl == "pallas" and q_BTNH.shape[1] == 1
-          and paged_pallas.supports(ids_BJ.shape[1], k_pool.shape[2], q_BTNH.shape[3],
-                                    interpret=platform != "gpu")):
-        kernel = paged_pallas.decode
-      elif impl == "pallas_tpu" and q_BTNH.shape[1] == 1 and paged_tpu.takes(
-          k_pool.dtype, q_BTNH.shape[3], k_pool.shape[2], on_tpu=platform == "tpu"):
-        kernel = paged_tpu.decode
-      if kernel is None:
-        attn_BTNH = attention.paged(q_BTNH, k_pool, v_pool, ks_pool, vs_pool, ids_BJ,
-                                    attn_mask.q_slot_BT, dt)
-      else:  # one query per row: it attends the row's length, its own slot included
-        attn_BTNH = kernel(q_BTNH, k_pool, v_pool, ks_pool, vs_pool, ids_BJ,
-                           attn_mask.q_slot_BT[:, 0] + 1, dt)
-    new_kv = (k_pool, ks_pool, v_pool, vs_pool)
+  attn_BTNH, layer_cache = attend(q_BTNH, k_BTKH, v_BTKH)
 
   o_BTD = _proj("BTNH,NHD->BTD", attn_BTNH, _aq(attn_BTNH, act_quant), w["o"], 2)
   x_BTD = x_BTD + o_BTD.astype(x_BTD.dtype)
@@ -159,7 +143,7 @@ def _layer(cfg: Qwen3Config, x_BTD, w, positions_BT, attn_mask, kv, index, act_q
   act_BTF = mlp_in(h_BTD, hq_BTD, w["gate"], w["up"])
   down_BTD = _proj("BTF,FD->BTD", act_BTF, _aq(act_BTF, act_quant), w["down"], 1)
   x_BTD = x_BTD + down_BTD.astype(x_BTD.dtype)
-  return shard_rows(x_BTD), new_kv
+  return shard_rows(x_BTD), layer_cache
 
 
 def _gated_mlp_in(h_BTD, hq_BTD, w_gate, w_up):
@@ -248,7 +232,7 @@ class Layers(nnx.Module):
 
 
 class Qwen3(nnx.Module):
-  """Qwen3 causal LM: `model(tokens[B, T]) -> logits[B, T, V]` (float32)."""
+  """Qwen3 causal LM: `model(tokens[B, T]).logits` is `[B, T, V]` (float32)."""
 
   def __init__(self, cfg: Qwen3Config, *, rngs: nnx.Rngs):
     self.config = cfg
@@ -259,41 +243,27 @@ class Qwen3(nnx.Module):
     if not cfg.tie_embeddings:
       self.lm_head = nnx.Param(_normal(rngs, (cfg.hidden_size, cfg.vocab_size), pd))
 
-  def __call__(self, tokens_BT: jax.Array, *, positions_BT: Optional[jax.Array] = None,
-               mask_BT: Optional[jax.Array] = None,
+  def __call__(self, tokens_BT: jax.Array, *, mask_BT: Optional[jax.Array] = None,
+               positions_BT: Optional[jax.Array] = None,
                segment_ids_BT: Optional[jax.Array] = None,
-               cache: Optional[KVCache] = None,
-               act_quant: ActQuant = None, quant_lm_head: bool = True,
-               return_hidden: bool = False, compute_logits: bool = True,
-               kv_round: Any = None):
+               cache: Optional[KVCache] = None, inference: Inference = Inference(),
+               logits: bool = True) -> Output:
     """Runs the decoder.
 
     Args:
       tokens_BT: int token ids.
+      mask_BT: 1 on real tokens, 0 on padding (padding keys are never attended).
       positions_BT: RoPE positions; default: count of real tokens before each
         position (so left- and right-padded rows both get 0, 1, 2, ...).
-      mask_BT: 1 on real tokens, 0 on padding (padding keys are never attended).
       segment_ids_BT: packed rows: the segment of each token; a token attends
         only to earlier tokens of its own segment (give per-segment
         `positions_BT` too). Not with a cache.
       cache: if given, row b's real tokens (`mask_BT`; they come first: right
         padding) are written at `cache.index[b] ..` and attend the row's
-        earlier slots, and the row's length advances by their count; the
-        updated cache is returned too.
-      act_quant: optional fake-quantizer applied to the input of every
-        projection (the sampler's activation quantization).
-      quant_lm_head: whether `act_quant` also applies to the LM head input.
-      return_hidden: also return the final normalised hidden state [B, T, D].
-      compute_logits: False to return only the final normalised hidden state
-        (no `[B, T, V]` logits: the learner's chunked log-probs take it).
-      kv_round: a float dtype the new K/V are rounded through before they are
-        written to a cache of another dtype (a float8 cache kept as float32
-        values: bitwise the same attention, no float8 reads; see
-        `SamplerConfig.kv_cache_storage`).
-
-    Returns:
-      float32 logits [B, T, V] (or the hidden state, see above);
-      `(output, cache)` when a cache is given.
+        earlier slots, and the row's length advances by their count.
+      inference: the sampler's settings (`Inference`).
+      logits: False: no `[B, T, V]` logits (the learner's chunked log-probs
+        and the sampler's prefill take the hidden state).
     """
     cfg = self.config
     b, t = tokens_BT.shape
@@ -313,45 +283,52 @@ class Qwen3(nnx.Module):
     else:
       x_BTD = jnp.take(embed_VD, tokens_BT, axis=0).astype(cfg.dtype)
     weights = self.layers.stacked(cfg.dtype)
+    act_quant = inference.act_quant
 
     if cache is None:
       attn_mask = attention.row_mask(mask_BT, segment_ids_BT)
-      prefix_rows = segment_ids_BT is None
+
+      def attend(q, k, v):
+        return attention.attend(
+            q, k, v, attn_mask, implementation=cfg.attention, block_q=cfg.attention_block,
+            block_k=cfg.attention_block, prefix_rows=segment_ids_BT is None), None
 
       def body(x, w):
-        x, _ = _layer(cfg, x, w, positions_BT, attn_mask, None, None, act_quant,
-                      prefix_rows)
-        return x, None
+        return _layer(cfg, x, w, positions_BT, act_quant, attend)[0], None
 
-      body = remat(body, cfg.remat)
-      x_BTD, _ = jax.lax.scan(body, x_BTD, weights)
+      x_BTD, _ = jax.lax.scan(remat(body, cfg.remat), x_BTD, weights)
       new_cache = None
     else:
+      # The pools hold every layer's pages (kv_cache.py): a layer writes its T
+      # new entries (one scatter, in place) and reads its pages through page
+      # ids offset by `layer * P`; no layer is sliced out of the pools.
       index_B = cache.index.astype(jnp.int32)
-      attn_mask = attention.cache_mask(index_B, t, cache.slots)
-
+      q_slot_BT = index_B[:, None] + jnp.arange(t, dtype=jnp.int32)[None, :]
       per_layer = cache.pages_per_layer(cfg.num_layers)
 
       def body(carry, xs):
-        x, k, k_s, v, v_s = carry
+        x, pools = carry
         w, layer = xs
-        kv = (k, k_s, v, v_s, layer, cache.pages, per_layer)
-        x, kv = _layer(cfg, x, w, positions_BT, attn_mask, kv, index_B, act_quant,
-                       kv_round=kv_round, mask_BT=mask_BT)
-        return (x, *kv), None
+        view = kv_cache.LayerCache(*pools, cache.pages + layer * per_layer, q_slot_BT)
 
-      carry = (x_BTD, cache.k, cache.k_scale, cache.v, cache.v_scale)
-      (x_BTD, k, k_s, v, v_s), _ = jax.lax.scan(
-          body, carry, (weights, jnp.arange(cfg.num_layers)))
+        def attend(q, k, v):
+          new = view.append(k, v, mask_BT, inference.kv_round)
+          return attention.decode(q, new, inference.decode, cfg.dtype), new
+
+        x, view = _layer(cfg, x, w, positions_BT, act_quant, attend)
+        return (x, (view.k, view.v, view.k_scale, view.v_scale)), None
+
+      pools = (cache.k, cache.v, cache.k_scale, cache.v_scale)
+      (x_BTD, (k, v, k_s, v_s)), _ = jax.lax.scan(
+          body, (x_BTD, pools), (weights, jnp.arange(cfg.num_layers)))
       new_cache = KVCache(k=k, v=v, k_scale=k_s, v_scale=v_s, pages=cache.pages,
                           index=index_B + jnp.sum(mask_BT, axis=1, dtype=jnp.int32))
 
     h_BTD = rms_norm(x_BTD, self.final_norm[...], cfg.rms_eps)
-    if not compute_logits:
-      return h_BTD if cache is None else (h_BTD, new_cache)
-    logits_BTV = self.logits(h_BTD, act_quant if quant_lm_head else None)
-    out = (logits_BTV, h_BTD) if return_hidden else logits_BTV
-    return out if cache is None else (out, new_cache)
+    logits_BTV = None
+    if logits:
+      logits_BTV = self.logits(h_BTD, act_quant if inference.quant_lm_head else None)
+    return Output(logits=logits_BTV, cache=new_cache, hidden=h_BTD)
 
   def logits(self, h_BTD, act_quant: ActQuant = None):
     """LM head: float32 logits from the final normalised hidden state."""

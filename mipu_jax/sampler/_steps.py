@@ -6,7 +6,7 @@ come from one function. Layout conventions are in `state.py`.
 """
 
 import dataclasses
-from typing import Callable, Optional
+from typing import Optional
 
 import jax
 import jax.numpy as jnp
@@ -14,6 +14,7 @@ from flax import nnx
 
 from mipu_jax.models import kv_cache
 from mipu_jax.models.kv_cache import KVCache, init_cache
+from mipu_jax.models.qwen3 import Inference
 from mipu_jax.sampler import quant
 from mipu_jax.sampler.sampling import sample_logits
 from mipu_jax.sampler.state import LENGTH, RUNNING, STOP, DecodeState, Prefix
@@ -23,16 +24,15 @@ from mipu_jax.sampler.state import LENGTH, RUNNING, STOP, DecodeState, Prefix
 class DecodeSpec:
   """Static (compile-time) settings shared by the step functions.
 
-  `kv_dtype` is the cache arrays' dtype; `kv_round`, when set, the float dtype
-  whose values they hold (`SamplerConfig.kv_cache_storage='fake'`).
+  `kv_dtype` is the cache arrays' dtype; `inference` how the model runs (its
+  decode attention, activation quantizer, `kv_round`: the float dtype whose
+  values the cache holds with `SamplerConfig.kv_cache_storage='fake'`).
   """
 
   graphdef: nnx.GraphDef
   kv_dtype: jnp.dtype
-  act_quant: Optional[Callable[[jax.Array], jax.Array]]
-  quant_lm_head: bool
+  inference: Inference
   pad_id: int
-  kv_round: Optional[jnp.dtype] = None
   page_size: int = kv_cache.DEFAULT_PAGE_SIZE
   truncation: bool = True  # False: no row uses top-k / top-p (leaves them out)
 
@@ -70,15 +70,13 @@ def prefill(spec: DecodeSpec, params, tokens_RP, true_length_R, keys_R, temperat
   mask_RP = jnp.arange(p)[None, :] < true_length_R[:, None]
   tokens_RP = jnp.where(mask_RP, tokens_RP, spec.pad_id)
   cache = init_cache(model.config, r, p, spec.kv_dtype, page_size=spec.page_size_for(p))
-  (_, h_RPD), cache = model(tokens_RP, mask_BT=mask_RP, cache=cache, act_quant=spec.act_quant,
-                            kv_round=spec.kv_round,
-                            quant_lm_head=spec.quant_lm_head, return_hidden=True)
-  # Only each prompt's last position's logits are needed: the model's own
-  # [R, P, V] logits are dead code under jit and XLA drops them (P times fewer
-  # LM-head FLOPs).
-  head_quant = spec.act_quant if spec.quant_lm_head else None
+  out = model(tokens_RP, mask_BT=mask_RP, cache=cache, inference=spec.inference, logits=False)
+  cache = out.cache
+  # Only each prompt's last position's logits are needed (P times fewer
+  # LM-head FLOPs than the model's own [R, P, V]).
+  head_quant = spec.inference.act_quant if spec.inference.quant_lm_head else None
   last_R11 = (true_length_R - 1)[:, None, None]
-  h_R1D = jnp.take_along_axis(h_RPD, last_R11, axis=1)
+  h_R1D = jnp.take_along_axis(out.hidden, last_R11, axis=1)
   logits_RV = model.logits(h_R1D, head_quant)[:, 0]
   prefix = Prefix(cache=cache, logits_RV=logits_RV, keys_R=keys_R,
                   true_length_R=true_length_R, temperature_R=temperature_R, top_k_R=top_k_R,
@@ -253,10 +251,10 @@ def advance(spec: DecodeSpec, params, ds: DecodeState):
   """
   model = build_model(spec, params)
   live_B = live_slots(ds)
-  logits_B1V, cache = model(ds.last_token_B[:, None], mask_BT=live_B[:, None], cache=ds.cache,
-                            act_quant=spec.act_quant, quant_lm_head=spec.quant_lm_head,
-                            kv_round=spec.kv_round)
-  tokens_B, lp_B = sample_logits(logits_B1V[:, 0], _fold(ds.keys_B, ds.num_generated_B),
+  out = model(ds.last_token_B[:, None], mask_BT=live_B[:, None], cache=ds.cache,
+              inference=spec.inference)
+  cache = out.cache
+  tokens_B, lp_B = sample_logits(out.logits[:, 0], _fold(ds.keys_B, ds.num_generated_B),
                                  ds.temperature_B, ds.top_k_B, ds.top_p_B, spec.truncation)
   b, n = ds.tokens_BN.shape
   at_B = jnp.where(live_B, ds.num_generated_B, n)  # n: out of range, dropped

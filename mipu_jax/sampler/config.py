@@ -7,12 +7,18 @@ and `max_new_tokens` vary inside a bucket compiles each function once.
 """
 
 import dataclasses
+import functools
+import logging
 from typing import Any, Optional
 
 import jax.numpy as jnp
 
-from mipu_jax.models.config import DECODE_ATTENTIONS, DTYPE_NAMES, as_dtype
+from mipu_jax.models import paged_pallas
+from mipu_jax.models.config import DTYPE_NAMES, as_dtype
 from mipu_jax.sampler import quant
+
+# Attention over the KV cache (`mipu_jax.models.attention.decode`).
+DECODE_ATTENTIONS = ("auto", "paged", "pallas", "pallas_tpu", "dense")
 
 # The compute dtypes' names plus the cache-only low-precision ones.
 _KV_DTYPES = {
@@ -138,7 +144,7 @@ class SamplerConfig(SamplerPrecision):
       and FP8 caches: an int8 or float32 cache is refused), 'dense' (every
       slot: the reference) or 'auto' ('pallas' for a cache on one GPU where jax
       has Pallas' Triton backend, 'pallas_tpu' on a TPU where it serves the
-      cache, else 'paged'); `Qwen3Config.decode_attention`.
+      cache, else 'paged'); `decode_attention_for`.
   """
 
   quant_storage: str = "fake"
@@ -205,6 +211,33 @@ class SamplerConfig(SamplerPrecision):
                        "'real' or 'auto'.")
     return kv
 
+  def decode_attention_for(self, platform: str, devices: int = 1) -> str:
+    """The decode attention on `platform` with the cache on `devices` devices:
+    "auto" is the Pallas kernel on one GPU, jax's TPU kernel on a TPU, else
+    "paged"; the GPU kernel on several devices is "paged" (jax cannot
+    partition a Pallas kernel's custom call over a sharded cache; the TPU
+    kernel runs per shard under `shard_map`, `paged_tpu`).
+
+    The GPU kernel needs Pallas' Triton backend, deprecated in jax 0.11.0: on a
+    jax without it, "auto" is "paged" (with one warning) and "pallas" is an
+    error (docs/method.md §7)."""
+    asked = self.decode_attention
+    if asked == "pallas" and (missing := paged_pallas.missing_backend()):
+      raise RuntimeError(f'decode_attention="pallas" cannot run: {missing}; the kernel '
+                         'is written for it. Use "auto" or "paged".')
+    if asked == "pallas" and devices > 1:
+      return "paged"
+    if asked != "auto":
+      return asked
+    if platform == "tpu":
+      return "pallas_tpu"
+    if platform != "gpu" or devices != 1:
+      return "paged"
+    if missing := paged_pallas.missing_backend():
+      _warn_auto_without_kernel(missing)
+      return "paged"
+    return "pallas"
+
   def replace(self, **kwargs) -> "SamplerConfig":
     return dataclasses.replace(self, **kwargs)
 
@@ -218,3 +251,11 @@ class SamplerConfig(SamplerPrecision):
 
   def slot_bucket(self, num_sequences: int) -> int:
     return bucket(num_sequences, minimum=self.min_slot_bucket)
+
+
+@functools.cache
+def _warn_auto_without_kernel(missing: str) -> None:
+  """Once per process."""
+  logging.warning('decode_attention="auto" runs "paged" (the XLA path, slower) on this GPU '
+                  "instead of the Pallas kernel: %s. docs/method.md §7 lists the jax "
+                  "versions that run the kernel.", missing)

@@ -33,8 +33,9 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from mipu_jax.models import attention
 from mipu_jax.models import paged_tpu
-from mipu_jax.models.qwen3 import Qwen3
+from mipu_jax.models.qwen3 import Inference, Qwen3
 from mipu_jax.sampler import _steps, jetstream, quant, weights
 from mipu_jax.sampler.config import SamplerConfig
 from mipu_jax.sampler.jetstream import ResultTokens
@@ -151,6 +152,23 @@ def _platform(model: Qwen3, mesh: Optional[jax.sharding.Mesh]) -> str:
   return default.platform if default is not None else jax.devices()[0].platform
 
 
+def _decode_impl(config: SamplerConfig, platform: str, mesh, kv_dtype,
+                 head_dim: int) -> attention.DecodeImpl:
+  """The decode attention this engine runs, resolved once here, where the
+  platform, the mesh and the cache dtype are known (`decode_attention_for`,
+  `paged_tpu.resolve`); a kernel off its device runs in Pallas' interpreter."""
+  name = config.decode_attention_for(platform, 1 if mesh is None else mesh.size)
+  if config.decode_attention not in ("auto", name):
+    logging.warning("decode_attention=%r runs as %r: the GPU kernel takes a cache on one "
+                    "device, and this one is sharded over %d.", config.decode_attention,
+                    name, mesh.size)
+  if name == "pallas_tpu":
+    rows = 1 if mesh is None else math.prod(mesh.shape.get(a, 1) for a in ("data", "fsdp"))
+    name = paged_tpu.resolve(config.decode_attention, kv_dtype, head_dim, platform, rows)
+  device = {"pallas": "gpu", "pallas_tpu": "tpu"}.get(name, platform)
+  return attention.DecodeImpl(name, interpret=platform != device)
+
+
 class Engine:
   """Prefill / insert / generate over fixed decode slots, with log-probs.
 
@@ -166,40 +184,34 @@ class Engine:
     self.config = config
     self._mesh = mesh
     self._source = model
-    kv_round = config.kv_round(_platform(model, mesh))
+    platform = _platform(model, mesh)
+    kv_round = config.kv_round(platform)
     kv_dtype = config.kv_cache_dtype if kv_round is None else config.dtype
-    # "auto" is resolved here, where the mesh and the cache dtype are known: the
-    # GPU kernel runs on one GPU only (XLA cannot partition its custom call).
-    decode_attention = model.config.replace(
-        decode_attention=config.decode_attention).decode_attention_for(
-            _platform(model, mesh), 1 if mesh is None else mesh.size)
-    if config.decode_attention not in ("auto", decode_attention):
-      logging.warning("decode_attention=%r runs as %r: the GPU kernel takes a cache on one "
-                      "device, and this one is sharded over %d.", config.decode_attention,
-                      decode_attention, mesh.size)
-    if decode_attention == "pallas_tpu":
-      rows = 1 if mesh is None else math.prod(mesh.shape.get(a, 1) for a in ("data", "fsdp"))
-      decode_attention = paged_tpu.resolve(config.decode_attention, kv_dtype,
-                                           model.config.head_dim, _platform(model, mesh), rows)
-    self.model_config = model.config.replace(dtype=config.dtype, remat=False,
-                                             decode_attention=decode_attention)
+    self.model_config = model.config.replace(dtype=config.dtype, remat=False)
     abstract = nnx.eval_shape(lambda: Qwen3(self.model_config, rngs=nnx.Rngs(0)))
     self._reference = jax.eval_shape(lambda: weights.learner_params(model))
     native = config.quant_compute == "native"  # the weights quantize their own inputs
     # The jitted programs this engine calls (a Sampler's: prefill, insert, decode).
-    self.programs = _CPU_PROGRAMS if _platform(model, mesh) == "cpu" else _PROGRAMS
+    self.programs = _CPU_PROGRAMS if platform == "cpu" else _PROGRAMS
     self._spec = _steps.DecodeSpec(
         graphdef=nnx.graphdef(abstract),
         kv_dtype=kv_dtype,
-        act_quant=None if native else quant.make_act_quant(config.act_quant),
-        quant_lm_head=config.quant_lm_head, pad_id=config.pad_id, kv_round=kv_round,
-        page_size=config.page_size)
+        inference=Inference(
+            decode=_decode_impl(config, platform, mesh, kv_dtype, model.config.head_dim),
+            act_quant=None if native else quant.make_act_quant(config.act_quant),
+            quant_lm_head=config.quant_lm_head, kv_round=kv_round),
+        pad_id=config.pad_id, page_size=config.page_size)
     self._quant_kwargs = dict(
         weight_quant=config.weight_quant, compute_dtype=config.dtype,
         quant_lm_head=config.quant_lm_head, tie_embeddings=self.model_config.tie_embeddings,
         storage=config.quant_storage, compute=config.quant_compute,
         act_quant=config.act_quant if native else None)  # a static key: only where used
     self._rng = jax.random.key(0)
+
+  @property
+  def decode_attention(self) -> str:
+    """The decode attention this engine runs (`SamplerConfig.decode_attention` resolved)."""
+    return self._spec.inference.decode.name
 
   @property
   def trace_counts(self) -> collections.Counter:
@@ -430,7 +442,7 @@ class Engine:
     rows = tuple(a for a in ("data", "fsdp") if a in mesh.shape)
     n_rows = int(np.prod([mesh.shape[a] for a in rows]))
     tensor = mesh.shape.get("tensor", 1)
-    tpu_kernel = self.model_config.decode_attention == "pallas_tpu"
+    tpu_kernel = self.decode_attention == "pallas_tpu"
 
     def spec(x, cache_leaf: bool):
       shape = jnp.shape(x)

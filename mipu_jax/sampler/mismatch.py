@@ -78,7 +78,7 @@ def _learner_logprobs(graphdef, state, tokens_BT, mask_BT, temperature, top_k, t
   model = nnx.merge(graphdef, state)
   if not top_k and top_p >= 1.0:
     return sequence_logprobs(model, tokens_BT, mask_BT, temperature)
-  logits_BTV = model(tokens_BT, mask_BT=mask_BT)[:, :-1]
+  logits_BTV = model(tokens_BT, mask_BT=mask_BT).logits[:, :-1]
   lp_BT = truncated_logprobs(logits_BTV, tokens_BT[:, 1:], temperature, top_k, top_p)
   return jnp.pad(lp_BT, ((0, 0), (1, 0)))
 
