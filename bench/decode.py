@@ -10,7 +10,7 @@ filled slot, as XLA ops; `pallas` / `pallas_tpu`, the same as one Pallas
 kernel per layer, timed on a GPU / TPU only; and `dense`, the reference that
 reads every slot), in one run:
 
-- `step`: the best time of one engine decode step (`Engine.generate`: the
+- `step`: the best time of one engine decode step (`Engine.generate_step`: the
   model over one token per row, the cache write, the sample and its
   log-prob), the decode state donated as the sampler does;
 - `must read`: the bytes the step cannot avoid reading: every row's filled
@@ -141,7 +141,7 @@ def run(args) -> dict:
       def step(engine=engine, params=params, holder=holder):
         # Each step advances every row by one slot; rewind the index (a host
         # scalar write) so every timed step sees the same fill.
-        st, _ = engine.generate(params, holder[0])
+        st, _ = engine.generate_step(params, holder[0])
         st.tokens_BN.block_until_ready()
         # done_B too: a row whose step wrote its last slot is finished, and a
         # finished row's next step does no work.

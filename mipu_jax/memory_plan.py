@@ -123,8 +123,8 @@ def sampler_memory(cfg: TrainConfig, prompt_len: int, num_slots: int,
   prompts = np.ones((1, prompt_len), np.int32)
 
   def prefill(w):
-    return engine.prefill_prefix(params=w, padded_tokens=prompts, true_length=[prompt_len],
-                          rng=jax.random.key(0), temperature=cfg.sampling.temperature,
+    return engine.prefill(w, prompts, [prompt_len], rng=jax.random.key(0),
+                          temperature=cfg.sampling.temperature,
                           max_new_tokens=cfg.sampling.max_new_tokens)
 
   with engine.mesh_context():

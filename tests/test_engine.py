@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from mipu_jax.models import kv_cache
-from mipu_jax.sampler import Engine, ResultTokens, Sampler
-from mipu_jax.sampler import engine as engine_lib
+from mipu_jax.sampler import JetStreamEngine, ResultTokens, Sampler
+from mipu_jax.sampler import jetstream
 from test_sampler import PROMPTS, make_model
 
 
@@ -41,7 +41,7 @@ def _drain(engine, params, ds, slots, got, max_steps=40):
 
 
 def test_engine_slot_by_slot_matches_sampler(sampler):
-  engine, params = sampler.engine, sampler.params
+  engine, params = JetStreamEngine(sampler.engine), sampler.params
   ref = sampler.generate(PROMPTS, max_new_tokens=6, temperature=0.9, seed=4)
   ds = engine.init_decode_state(num_slots=8, prefill_length=16, decode_length=16)
   slots, got = [5, 0, 3], {}
@@ -73,7 +73,7 @@ def test_engine_slot_by_slot_matches_sampler(sampler):
 
 
 def test_bulk_insert_draws_independent_samples(sampler):
-  engine, params = sampler.engine, sampler.params
+  engine, params = JetStreamEngine(sampler.engine), sampler.params
   ref = sampler.generate(PROMPTS[1:2], max_new_tokens=1, num_samples=3, temperature=2.0, seed=6)
   prefix, first = engine.prefill(params=params, padded_tokens=_right_padded(PROMPTS[1]),
                                  true_length=len(PROMPTS[1]), temperature=2.0,
@@ -88,7 +88,7 @@ def test_bulk_insert_draws_independent_samples(sampler):
 def test_generate_until_done_stops_when_every_slot_has_finished(sampler):
   greedy = sampler.generate(PROMPTS, max_new_tokens=12, temperature=0.0)
   stop = greedy.tokens[1][4]
-  engine, params = sampler.engine, sampler.params
+  engine, params = JetStreamEngine(sampler.engine), sampler.params
   tokens = np.stack([_right_padded(p) for p in PROMPTS] + [_right_padded([1])] * 5)
   prefix, _ = engine.prefill(params=params, padded_tokens=tokens,
                              true_length=[len(p) for p in PROMPTS] + [1] * 5, temperature=0.0,
@@ -97,7 +97,7 @@ def test_generate_until_done_stops_when_every_slot_has_finished(sampler):
                                 stop_ids=[stop])
   ds = engine.bulk_insert(prefix, ds, [0, 1, 2, 8, 8, 8, 8, 8], rows=[0, 1, 2, 0, 0, 0, 0, 0],
                           sample_ids=[0] * 8)
-  ds = engine.generate_until_done(params, ds)
+  ds = sampler.engine.generate_until_done(params, ds)
   lengths = np.asarray(ds.num_generated_B)[:3]
   assert lengths[1] <= 5 and np.asarray(ds.tokens_BN)[1, lengths[1] - 1] == stop
   # One cache slot per decode step of each row, after its prompt: every row
@@ -117,16 +117,14 @@ def test_samples_share_full_prompt_pages_and_copy_the_partial_one():
   sampler = Sampler(make_model(), max_prefill_length=16, max_decode_length=16, page_size=4)
   engine, params = sampler.engine, sampler.params
   prompt = PROMPTS[2]
-  prefix = engine.prefill_prefix(params=params, padded_tokens=_right_padded(prompt)[None],
-                                 true_length=[len(prompt)], temperature=0.9,
-                                 rng=jax.random.key(1))
+  prefix = engine.prefill(params, _right_padded(prompt)[None], [len(prompt)], temperature=0.9,
+                          rng=jax.random.key(1))
   shared = engine.init_decode_state(num_slots=4, prefill_length=16, decode_length=16,
                                     prompt_blocks=1)
   layers = engine.model_config.num_layers
   assert shared.cache.k.shape[1] == layers * (4 + 4 * 5)
-  shared = engine.bulk_insert(prefix, shared, [0, 1, 2, 3], rows=[0] * 4,
-                              sample_ids=[0, 1, 2, 3], prompt_blocks=[0] * 4,
-                              fill=[True, False, False, False])
+  shared = engine.insert(prefix, shared, [0, 1, 2, 3], rows=[0] * 4, sample_ids=[0, 1, 2, 3],
+                         prompt_blocks=[0] * 4, fill=[True, False, False, False])
   pages = np.asarray(shared.cache.pages)
   assert (pages[:, :2] == pages[:1, :2]).all() and len(set(pages[:, 2])) == 4
   np.testing.assert_array_equal(np.asarray(shared.cache.index), len(prompt))
@@ -137,7 +135,7 @@ def test_samples_share_full_prompt_pages_and_copy_the_partial_one():
                                            shared.cache.pages[row:row + 1], jnp.float32))
     np.testing.assert_array_equal(got[0, :len(prompt)], want)
   own = engine.init_decode_state(num_slots=4, prefill_length=16, decode_length=16)
-  own = engine.bulk_insert(prefix, own, [0, 1, 2, 3], rows=[0] * 4, sample_ids=[0, 1, 2, 3])
+  own = engine.insert(prefix, own, [0, 1, 2, 3], rows=[0] * 4, sample_ids=[0, 1, 2, 3])
   shared = engine.generate_until_done(params, shared)
   own = engine.generate_until_done(params, own)
   np.testing.assert_array_equal(np.asarray(shared.tokens_BN), np.asarray(own.tokens_BN))
@@ -156,22 +154,22 @@ def test_result_tokens_carry_log_prob_through_slot_access():
 
 
 def test_jetstream_signatures():
-  prefill = inspect.signature(Engine.prefill).parameters
+  prefill = inspect.signature(JetStreamEngine.prefill).parameters
   for name in ("params", "existing_prefix", "padded_tokens", "true_length", "sampler",
                "request_id"):
     assert prefill[name].kind is inspect.Parameter.KEYWORD_ONLY
-  assert list(inspect.signature(Engine.insert).parameters)[1:] == [
+  assert list(inspect.signature(JetStreamEngine.insert).parameters)[1:] == [
       "prefix", "decode_state", "slot", "request_id"]
-  assert list(inspect.signature(Engine.generate).parameters)[1:] == [
+  assert list(inspect.signature(JetStreamEngine.generate).parameters)[1:] == [
       "params", "decode_state", "sampler"]
   for prop in ("max_concurrent_decodes", "samples_per_slot", "max_prefill_length", "mesh",
                "colocated_cpus", "use_chunked_prefill", "prefill_chunk_size"):
-    assert isinstance(getattr(Engine, prop), property)
-  assert engine_lib.JETSTREAM_REGISTERED == (importlib.util.find_spec("jetstream") is not None)
+    assert isinstance(getattr(JetStreamEngine, prop), property)
+  assert jetstream.JETSTREAM_REGISTERED == (importlib.util.find_spec("jetstream") is not None)
 
 
 def test_engine_errors(sampler):
-  engine, params = sampler.engine, sampler.params
+  engine, params = JetStreamEngine(sampler.engine), sampler.params
   kwargs = dict(params=params, padded_tokens=_right_padded([1, 2]))
   with pytest.raises(ValueError, match="Empty prompt"):
     engine.prefill(true_length=0, **kwargs)
@@ -191,7 +189,7 @@ def test_engine_errors(sampler):
 def test_jetstream_catch_all_arguments_are_rejected(sampler):
   # JetStream declares `*args, **kwargs` on these two; a misspelt keyword must
   # not be swallowed silently.
-  engine = sampler.engine
+  engine = JetStreamEngine(sampler.engine)
   with pytest.raises(TypeError, match="load_params"):
     engine.load_params(None, "extra")
   with pytest.raises(TypeError, match="load_params"):

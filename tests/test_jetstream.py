@@ -1,5 +1,5 @@
-"""JetStream registration: with a `jetstream` package importable, our engine classes
-are virtual subclasses of its ABCs (`mipu_jax.sampler.engine`).
+"""JetStream registration: with a `jetstream` package importable, our adapter classes
+are virtual subclasses of its ABCs (`mipu_jax.sampler.jetstream`).
 
 JetStream itself is not a dependency (its PyPI release pulls TensorFlow and has
 old signatures), so the test puts a stand-in `jetstream.engine.engine_api`
@@ -27,10 +27,10 @@ class ResultTokens(abc.ABC):
 
 _CHECK = textwrap.dedent('''
     from jetstream.engine import engine_api
-    from mipu_jax.sampler import engine
-    assert engine.JETSTREAM_REGISTERED
-    assert issubclass(engine.Engine, engine_api.Engine)
-    assert issubclass(engine.ResultTokens, engine_api.ResultTokens)
+    from mipu_jax.sampler import jetstream
+    assert jetstream.JETSTREAM_REGISTERED
+    assert issubclass(jetstream.JetStreamEngine, engine_api.Engine)
+    assert issubclass(jetstream.ResultTokens, engine_api.ResultTokens)
     print("REGISTERED")
 ''')
 
@@ -50,8 +50,8 @@ def test_engine_registers_with_an_importable_jetstream(tmp_path):
 
 def test_without_jetstream_nothing_is_registered():
   proc = subprocess.run(
-      [sys.executable, "-c", "from mipu_jax.sampler import engine; "
-       "print(engine.JETSTREAM_REGISTERED)"],
+      [sys.executable, "-c", "from mipu_jax.sampler import jetstream; "
+       "print(jetstream.JETSTREAM_REGISTERED)"],
       env=dict(os.environ, JAX_PLATFORMS="cpu"), capture_output=True, text=True,
       timeout=120)
   assert proc.returncode == 0, proc.stderr[-2000:]

@@ -75,13 +75,13 @@ def test_compiled_decode_step_writes_the_cache_in_place(model, kv, impl):
   limit = pool.size // layers  # one layer's share of one pool
   assert layers == 3 and pool.shape[1] % layers == 0
   assert limit >= 8 * 256 * 2  # rows x slots x kv heads
-  programs = [("generate", engine_lib._jit_generate, (engine._spec, params, state))]
+  programs = [("generate_step", engine_lib.PROGRAMS["generate_step"].default,
+               (engine._spec, params, state))]
   if kv in ("bfloat16", "int8") and impl == "paged":  # the loop too, for the bytes-scattered and scaled pools
     programs.append(("generate_until_done", engine.programs["generate_until_done"],
                      (engine._spec, params, state)))
     # The insert's copy of prompt pages into blocks and slots' own first pages.
-    prefix = jax.eval_shape(lambda: engine.prefill_prefix(
-        params=params, padded_tokens=np.ones((8, 32), np.int32), true_length=[5] * 8))
+    prefix = jax.eval_shape(lambda: engine.prefill(params, np.ones((8, 32), np.int32), [5] * 8))
     m = jnp.arange(8, dtype=jnp.int32)
     programs.append(("insert", engine.programs["insert"],
                      (engine._spec, prefix, state, m, m, m, m, jnp.ones((8,), bool))))

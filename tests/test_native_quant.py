@@ -174,8 +174,7 @@ def test_native_samples_follow_reported_distribution(model):
   lps = np.asarray([lp[0] for lp in out.logprobs])
   tokens = np.zeros((8, 16), np.int32)
   tokens[0, :3] = prompt
-  prefix, _ = sampler.engine.prefill(params=sampler.params, padded_tokens=tokens,
-                                     true_length=[3] + [1] * 7, rng=jax.random.key(0))
+  prefix = sampler.engine.prefill(sampler.params, tokens, [3] + [1] * 7, rng=jax.random.key(0))
   ref_V = _log_softmax(np.asarray(prefix.logits_RV)[0])
   np.testing.assert_allclose(lps, ref_V[first], atol=1e-5)
   p_V = np.exp(ref_V.astype(np.float64))
@@ -191,7 +190,7 @@ def _dot_operand_types(sampler):
   from mipu_jax.sampler import engine as engine_lib  # pylint: disable=g-import-not-at-top
   eng = sampler.engine
   ds = eng.init_decode_state(num_slots=4, prefill_length=16, decode_length=16)
-  text = engine_lib._jit_generate.lower(eng._spec, sampler.params, ds).as_text()  # pylint: disable=protected-access
+  text = engine_lib.PROGRAMS["generate_step"].default.lower(eng._spec, sampler.params, ds).as_text()  # pylint: disable=protected-access
   dots = [line for line in text.splitlines() if "stablehlo.dot_general" in line]
   return [re.findall(r"tensor<(?:[0-9]+x)*([a-zA-Z0-9]+)>", line.split(" : ")[-1]) for line in dots]
 

@@ -264,7 +264,7 @@ def test_a_call_draws_the_same_whatever_the_sampler_ran_before(model):
 @pytest.mark.parametrize("kv", [None, "int8"])
 def test_cpu_compile_options_draw_the_same(model, kv):
   """On CPU the sampler's programs compile with XLA:CPU's loop emitters and less
-  LLVM optimization (engine._CPU_PROGRAMS, for the first call's time): the
+  LLVM optimization (engine.Program, for the first call's time): the
   same tokens as the default compilation, and log-probs within float32
   rounding (LLVM at -O1 rounds some float sums differently: up to 2.4e-6
   apart, measured on this model over two seeds, three cache dtypes and three
@@ -273,10 +273,10 @@ def test_cpu_compile_options_draw_the_same(model, kv):
   kwargs = dict(max_new_tokens=12, num_samples=2, seed=5)
   sampler = Sampler(model, max_prefill_length=32, max_decode_length=32, kv_cache_dtype=kv,
                     max_concurrent_decodes=4, min_slot_bucket=4)
-  assert sampler.engine.programs is engine_lib._CPU_PROGRAMS  # pylint: disable=protected-access
+  assert sampler.engine.cpu_compile
   runs = []
-  for programs in (engine_lib._CPU_PROGRAMS, engine_lib._PROGRAMS):  # pylint: disable=protected-access
-    sampler.engine.programs = programs
+  for cpu_compile in (True, False):
+    sampler.engine.cpu_compile = cpu_compile
     runs.append([sampler.generate(PROMPTS, temperature=t, **kwargs) for t in (0.8, 0.0)])
   for cpu, default in zip(*runs):
     assert cpu.tokens == default.tokens
@@ -286,8 +286,7 @@ def test_cpu_compile_options_draw_the_same(model, kv):
 def test_insert_without_truncation_refuses_a_truncating_request(model):
   sampler = Sampler(model, max_prefill_length=32, max_decode_length=32)
   engine = sampler.engine
-  prefix = engine.prefill_prefix(params=sampler.params, padded_tokens=np.ones((1, 8), np.int32),
-                                 true_length=8, top_p=0.9)
+  prefix = engine.prefill(sampler.params, np.ones((1, 8), np.int32), 8, top_p=0.9)
   state = engine.init_decode_state(num_slots=4, prefill_length=8, decode_length=8)
   with pytest.raises(ValueError, match="truncation=False"):
-    engine.bulk_insert(prefix, state, [0], truncation=False)
+    engine.insert(prefix, state, [0], truncation=False)

@@ -1,25 +1,39 @@
-"""JetStream's result types, and the one place that imports `jetstream` (docs/method.md §7).
+"""JetStream's engine interface, a thin adapter over `Engine` (docs/method.md §7).
 
-`ResultTokens` has JetStream's layout (`jetstream/engine/engine_api.py`) and
-carries `log_prob` as a pytree field: JetStream's is a static field that
-`get_result_at_slot` drops; here it also comes back through single-slot access,
-because `lp_mu` is the point of the engine (`mipu_jax/sampler/engine.py`).
+`JetStreamEngine` has the method signatures of JetStream's current main branch
+(`jetstream/engine/engine_api.py`, as implemented by MaxText's `MaxEngine`):
+keyword-only `prefill(*, params, existing_prefix=None, padded_tokens, true_length,
+sampler=None, request_id=None) -> (Prefix, ResultTokens)`, `insert(prefix,
+decode_state, slot, request_id=None)`, `bulk_insert(prefix, decode_state, slots)`,
+`generate(params, decode_state, sampler=None) -> (DecodeState, ResultTokens)`,
+`free_resource`, `load_params`, `init_decode_state`, and the capacity
+properties. Like MaxText it adds keyword-only extensions: per-request `rng`,
+`temperature`, `top_k`, `top_p`, `max_new_tokens` on `prefill`; batched
+prefill (`padded_tokens` of shape `[R, P]`); `rows` / `sample_ids` on
+`bulk_insert`. The library's own path (`Sampler`) calls `Engine` directly.
+
+`ResultTokens` has JetStream's layout and carries `log_prob` as a pytree
+field: JetStream's is a static field that `get_result_at_slot` drops; here it
+also comes back through single-slot access, because `lp_mu` is the point.
 
 Why not depend on JetStream. The PyPI package `google-jetstream` (0.2.2, 2024)
 has the old signatures (no `request_id`, `bulk_insert`, chunked prefill), no
 log-probs in `ResultTokens`, pulls TensorFlow into the install, its orchestrator
 does not run on current JAX, and the project is archived. So we own the
-interface and, when a `jetstream` package is importable, `register` makes the
-engine and `ResultTokens` virtual subclasses of its ABCs so JetStream-typed code
-accepts them.
+interface and, when a `jetstream` package is importable, `register` makes
+`JetStreamEngine` and `ResultTokens` virtual subclasses of its ABCs
+(`JETSTREAM_REGISTERED`) so JetStream-typed code accepts them.
 """
 
-from typing import Sequence, Union
+from typing import Any, Optional, Sequence, Union
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import struct
+
+from mipu_jax.sampler.engine import Engine, Params
+from mipu_jax.sampler.state import DecodeState, Prefix
 
 
 @struct.dataclass
@@ -77,15 +91,121 @@ class ResultTokens:
                     log_prob=self.log_prob[rows])
 
 
+def _reject_unknown(method: str, args, kwargs) -> None:
+  """JetStream declares `*args, **kwargs` on these methods; we take none."""
+  if args or kwargs:
+    raise TypeError(f"JetStreamEngine.{method} got unexpected arguments {args!r} "
+                    f"{sorted(kwargs)}.")
+
+
+class JetStreamEngine:
+  """JetStream's engine API over `engine` (module docstring)."""
+
+  def __init__(self, engine: Engine):
+    self.engine = engine
+
+  def load_params(self, params: Any = None, *args, **kwargs) -> Params:
+    _reject_unknown("load_params", args, kwargs)
+    return self.engine.load_params(params)
+
+  def prefill(self, *, params: Params, existing_prefix: Optional[Prefix] = None,
+              padded_tokens: Any, true_length: Any, sampler=None, request_id=None,
+              **knobs) -> tuple[Prefix, ResultTokens]:
+    """The KV cache of right-padded prompt(s) and sample 0's first token.
+
+    `padded_tokens` is `[P]` (one request) or `[R, P]` (a batch), `true_length`
+    an int or `[R]`; `knobs`: `Engine.prefill`'s `rng`, `temperature`,
+    `top_k`, `top_p`, `max_new_tokens`.
+    """
+    del request_id
+    if existing_prefix is not None:
+      raise NotImplementedError("Chunked prefill is not supported (use_chunked_prefill=False).")
+    if sampler is not None:
+      raise NotImplementedError(
+          "A custom `sampler` callable cannot report the log-prob of the distribution it "
+          "draws from; use temperature / top_k / top_p.")
+    tokens = np.asarray(padded_tokens)
+    prefix, tokens_R, lp_R = self.engine.prefill(
+        params, tokens[None] if tokens.ndim == 1 else tokens, true_length, sample_first=True,
+        **knobs)
+    ones_R = jnp.ones_like(tokens_R)
+    return prefix, ResultTokens.from_step(tokens_R, ones_R, ones_R, lp_R)
+
+  def insert(self, prefix: Prefix, decode_state: DecodeState, slot: int,
+             request_id=None) -> DecodeState:
+    """Puts a one-request prefix into `slot` (its previous content is discarded)."""
+    del request_id
+    if prefix.logits_RV.shape[0] != 1:
+      raise ValueError("insert takes a one-request prefix; use bulk_insert(rows=...) for a batch.")
+    return self.engine.insert(prefix, decode_state, [slot])
+
+  def bulk_insert(self, prefix: Prefix, decode_state: DecodeState, slots: Sequence[int],
+                  **kwargs) -> DecodeState:
+    """One request into every slot of `slots`, as samples 0, 1, ... (independent
+    draws); `kwargs`: `Engine.insert`'s (`rows`, `sample_ids`, ...)."""
+    return self.engine.insert(prefix, decode_state, slots, **kwargs)
+
+  def generate(self, params: Params, decode_state: DecodeState,
+               sampler=None) -> tuple[DecodeState, ResultTokens]:
+    """One decode step for every live slot."""
+    if sampler is not None:
+      raise NotImplementedError("Custom samplers are not supported (no log-prob); see prefill.")
+    ds, (tokens_B, lp_B, live_B) = self.engine.generate_step(params, decode_state)
+    return ds, ResultTokens.from_step(tokens_B, live_B, ds.num_generated_B, lp_B)
+
+  def free_resource(self, slot: int) -> None:
+    """Nothing to free: slots are fixed buffers, and `insert` rebuilds a slot's whole row."""
+    del slot
+
+  def init_decode_state(self, *args, **kwargs) -> DecodeState:
+    """`Engine.init_decode_state`'s keywords only (JetStream declares `*args, **kwargs`)."""
+    known = ("num_slots", "prefill_length", "decode_length", "stop_ids", "prompt_blocks")
+    _reject_unknown("init_decode_state", args, {k: v for k, v in kwargs.items()
+                                                if k not in known})
+    return self.engine.init_decode_state(**kwargs)
+
+  def get_prefix_destination_sharding(self) -> Any:
+    """Prefixes stay where prefill put them (one engine does prefill and decode)."""
+    return None
+
+  def get_tokenizer(self):
+    raise NotImplementedError("Token ids in, token ids out; tokenizers live in mipu_jax.tokenizer.")
+
+  def build_tokenizer(self, metadata):
+    raise NotImplementedError("Token ids in, token ids out; tokenizers live in mipu_jax.tokenizer.")
+
+  @property
+  def max_concurrent_decodes(self) -> int:
+    return self.engine.config.max_concurrent_decodes
+
+  @property
+  def samples_per_slot(self) -> int:
+    return 1
+
+  @property
+  def max_prefill_length(self) -> int:
+    return self.engine.config.max_prefill_length
+
+  @property
+  def mesh(self) -> Optional[jax.sharding.Mesh]:
+    return self.engine.mesh
+
+  @property
+  def colocated_cpus(self) -> None:
+    return None
+
+  @property
+  def use_chunked_prefill(self) -> bool:
+    return False
+
+  @property
+  def prefill_chunk_size(self) -> int:
+    return self.engine.config.max_prefill_length
+
+
 def register(engine_cls: type) -> bool:
-  """Registers `engine_cls` and `ResultTokens` with JetStream's ABCs, if importable.
-
-  Args:
-    engine_cls: the class implementing JetStream's `Engine` interface.
-
-  Returns:
-    Whether a `jetstream` package was found and the classes registered.
-  """
+  """Registers `engine_cls` and `ResultTokens` with JetStream's ABCs, if importable;
+  returns whether a `jetstream` package was found."""
   try:
     from jetstream.engine import engine_api  # pylint: disable=g-import-not-at-top
   except Exception:  # noqa: BLE001 - absent or broken install: nothing to register with
@@ -93,3 +213,6 @@ def register(engine_cls: type) -> bool:
   engine_api.Engine.register(engine_cls)
   engine_api.ResultTokens.register(ResultTokens)
   return True
+
+
+JETSTREAM_REGISTERED = register(JetStreamEngine)

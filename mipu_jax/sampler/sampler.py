@@ -1,6 +1,6 @@
 """`Sampler`: batched generation with log-probs for the RL loop (docs/method.md §0, §7).
 
-`generate` is the engine's JetStream path and nothing else: prompts are
+`generate` runs the engine (`engine.py`) and nothing else: prompts are
 prefilled in chunks, their `num_samples` independent samples inserted into at
 most `max_concurrent_decodes` decode slots, and the engine's decode step runs
 in a `lax.while_loop` until enough slots finished; those are harvested and
@@ -184,9 +184,8 @@ class Sampler:
           tokens_RP[k, :len(prompts[i])] = prompts[i]
           lengths_R[k] = len(prompts[i])
         # Request i draws with fold_in(key(seed), i) whatever its chunk.
-        prefixes[c] = engine.prefill_prefix(
-            params=params, padded_tokens=tokens_RP, true_length=lengths_R, rng=base_key,
-            first_request=offset + c * chunk,
+        prefixes[c] = engine.prefill(
+            params, tokens_RP, lengths_R, rng=base_key, first_request=offset + c * chunk,
             temperature=temperature, top_k=top_k or 0, top_p=1.0 if top_p is None else top_p,
             max_new_tokens=max_new_tokens)
       return prefixes[c]
@@ -206,7 +205,7 @@ class Sampler:
         by_chunk.setdefault(i // chunk, []).append((b, next_sample, block_of[i], fill))
         next_sample += 1
       for c, items in sorted(by_chunk.items()):
-        state = engine.bulk_insert(
+        state = engine.insert(
             prefix_of(c), state, [b for b, *_ in items],
             rows=[(k // g) - c * chunk for _, k, *_ in items],
             sample_ids=[k % g for _, k, *_ in items],

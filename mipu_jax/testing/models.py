@@ -47,6 +47,5 @@ def prefill_logits(sampler, prompts: Sequence[Sequence[int]], rows: int = 8,
   for i, p in enumerate(prompts):
     tokens[i, :len(p)] = p
   lengths = [len(p) for p in prompts] + [1] * (rows - n)
-  prefix = sampler.engine.prefill_prefix(params=sampler.params, padded_tokens=tokens,
-                                         true_length=lengths, rng=jax.random.key(0))
+  prefix = sampler.engine.prefill(sampler.params, tokens, lengths, rng=jax.random.key(0))
   return np.asarray(prefix.logits_RV)[:n]
