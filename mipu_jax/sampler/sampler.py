@@ -27,6 +27,7 @@ import numpy as np
 from mipu_jax.models.qwen3 import Qwen3
 from mipu_jax.sampler.config import SamplerConfig
 from mipu_jax.sampler.engine import Engine, Params
+from mipu_jax.sampler.scheduler import SlotScheduler
 from mipu_jax.sampler.state import FINISH_NAMES
 
 
@@ -143,10 +144,10 @@ class Sampler:
                 eos_ids, offset) -> "SampleOutput":
     """The refill loop: at most `max_concurrent_decodes` samples decode at once.
 
-    Samples are taken in order (prompt-major); prompts are prefilled in chunks
-    when their first sample is due; a slot whose sample finished is harvested
-    and refilled with the next sample. With every sample fitting in the slots
-    this is one prefill, one insert and one decode loop.
+    Prompts are prefilled in chunks when their first sample is due; the
+    scheduler (`scheduler.py`) admits samples into free slots, and a slot whose
+    sample finished is harvested and refilled. With every sample fitting in
+    the slots this is one prefill, one insert and one decode loop.
     """
     cfg, engine, params = self.config, self.engine, self._params
     r = len(prompts)
@@ -165,14 +166,9 @@ class Sampler:
     num_blocks = min(slots, -(-slots // g) + 1)
     state = engine.init_decode_state(num_slots=slots, prefill_length=p, decode_length=n_bucket,
                                      stop_ids=eos_ids, prompt_blocks=num_blocks)
-    free_blocks = list(range(num_blocks))
-    block_of: dict[int, int] = {}  # prompt -> its block, while a sample of it is unharvested
-    unharvested: dict[int, int] = {}
-    prefixes: dict[int, Any] = {}
-    occupant = [None] * slots  # slot -> sample index
-    out_tokens = [None] * total
-    out_lp, out_len, out_finish = [None] * total, np.zeros(total, np.int32), [None] * total
-    next_sample = 0
+    scheduler = SlotScheduler(total, g, slots, num_blocks)
+    prefixes: dict[int, Any] = {}  # chunk -> its prefix, until its samples are all admitted
+    done: list[Any] = [None] * total  # sample -> (tokens, log-probs, finish reason)
 
     def prefix_of(c: int):
       if c not in prefixes:
@@ -191,33 +187,22 @@ class Sampler:
       return prefixes[c]
 
     while True:
-      free = [b for b in range(slots) if occupant[b] is None]
-      by_chunk: dict[int, list[tuple[int, int, int, bool]]] = {}
-      while free and next_sample < total:
-        i = next_sample // g
-        fill = i not in block_of
-        if fill:
-          if not free_blocks:
-            break  # every block holds a prompt still decoding: wait for a harvest
-          block_of[i], unharvested[i] = free_blocks.pop(0), g
-        b = free.pop(0)
-        occupant[b] = next_sample
-        by_chunk.setdefault(i // chunk, []).append((b, next_sample, block_of[i], fill))
-        next_sample += 1
+      by_chunk: dict[int, list] = {}
+      for a in scheduler.admit():
+        by_chunk.setdefault(a.sample // g // chunk, []).append(a)
       for c, items in sorted(by_chunk.items()):
         state = engine.insert(
-            prefix_of(c), state, [b for b, *_ in items],
-            rows=[(k // g) - c * chunk for _, k, *_ in items],
-            sample_ids=[k % g for _, k, *_ in items],
-            prompt_blocks=[blk for *_, blk, _ in items], fill=[f for *_, f in items],
-            truncation=truncation)
-      for c in [c for c in prefixes if (c + 1) * chunk * g <= next_sample]:
+            prefix_of(c), state, [a.slot for a in items],
+            rows=[a.sample // g - c * chunk for a in items],
+            sample_ids=[a.sample % g for a in items], prompt_blocks=[a.block for a in items],
+            fill=[a.fill for a in items], truncation=truncation)
+      for c in [c for c in prefixes if (c + 1) * chunk * g <= scheduler.next_sample]:
         del prefixes[c]  # every sample of this chunk is in a slot
-      busy = [b for b in range(slots) if occupant[b] is not None]
+      busy = scheduler.busy
       if not busy:
         break
       if max_new_tokens > 1:  # with one token, every slot is done after insert
-        if next_sample >= total:
+        if scheduler.all_admitted:
           state = engine.generate_until_done(params, state, truncation=truncation)
         else:
           state = engine.generate_until_free(params, state, max(1, len(busy) // 4),
@@ -230,18 +215,15 @@ class Sampler:
         # gather of the finished ones: no eager op to compile on a first call.
         tok, lp = jax.device_get((state.tokens_BN, state.logprobs_BN))
         for b in harvest:
-          k, n = occupant[b], int(n_B[b])
-          out_tokens[k], out_lp[k] = tok[b, :n].tolist(), lp[b, :n].tolist()
-          out_len[k], out_finish[k] = n, FINISH_NAMES[int(fin_B[b])]
-          occupant[b] = None
-          unharvested[k // g] -= 1
-          if not unharvested[k // g]:
-            free_blocks.append(block_of.pop(k // g))
-    return self._assemble(out_tokens, out_lp, out_len, out_finish, g, max_new_tokens)
+          n = int(n_B[b])
+          done[scheduler.release(b)] = (tok[b, :n].tolist(), lp[b, :n].tolist(),
+                                        FINISH_NAMES[int(fin_B[b])])
+    return self._assemble(done, g, max_new_tokens)
 
-  def _assemble(self, tokens, logprobs, lengths, finish, g: int,
-                max_new: int) -> "SampleOutput":
+  def _assemble(self, done, g: int, max_new: int) -> "SampleOutput":
+    tokens, logprobs, finish = (list(x) for x in zip(*done))
     s = len(tokens)
+    lengths = np.asarray([len(t) for t in tokens], np.int32)
     tokens_SN = np.full((s, max_new), self.config.pad_id, np.int32)
     lp_SN = np.zeros((s, max_new), np.float32)
     for i in range(s):
@@ -249,6 +231,6 @@ class Sampler:
       lp_SN[i, :lengths[i]] = logprobs[i]
     mask_SN = (np.arange(max_new)[None, :] < lengths[:, None]).astype(np.float32)
     return SampleOutput(
-        tokens=tokens, logprobs=logprobs, lengths=np.asarray(lengths),
-        finish_reasons=finish, tokens_array=tokens_SN, logprobs_array=lp_SN, mask=mask_SN,
+        tokens=tokens, logprobs=logprobs, lengths=lengths, finish_reasons=finish,
+        tokens_array=tokens_SN, logprobs_array=lp_SN, mask=mask_SN,
         prompt_index=np.arange(s) // g)
