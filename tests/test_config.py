@@ -62,7 +62,7 @@ def test_correction_preset_with_overrides_and_none_level():
     (dict(loss={"advantage": "ppo"}), "advantage"),
     (dict(data={"prompts_per_step": 3, "group_size": 3}, learner={"num_minibatches": 2}),
      "does not split"),
-    (dict(sampling={"weight_quant": "int3"}), "int3"),
+    (dict(sampling={"weight_quant": "int2"}), "int2"),
     (dict(sampling={"temperature": 0.0}), "temperature"),
     (dict(optim={"schedule": "length_surge"}, optim__length_surge={"mode": "fixed"}),
      "decay_period"),
