@@ -138,8 +138,9 @@ def test_sampler_with_the_kernel_equals_the_paged_path():
 
 
 def test_auto_runs_the_kernel_on_a_tpu_where_it_serves_the_cache(caplog):
-  pick = lambda asked, kv, rows=1, head_dim=128: paged_tpu.resolve(
-      asked, jnp.dtype(kv), head_dim, "tpu", rows)
+  pick = lambda asked, kv, rows=1, head_dim=128: SamplerConfig(
+      decode_attention=asked).decode_attention_for("tpu", row_shards=rows, kv_dtype=jnp.dtype(kv),
+                                                   head_dim=head_dim)
   assert SamplerConfig().decode_attention_for("tpu", devices=8) == "pallas_tpu"
   assert pick("auto", "bfloat16") == pick("auto", "float8_e4m3fn") == "pallas_tpu"
   with caplog.at_level(logging.WARNING):

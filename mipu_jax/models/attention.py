@@ -14,16 +14,13 @@ is by slot, and RoPE positions may restart in each packed segment. A query
 whose every key is masked (a padding query) averages all keys uniformly in
 every implementation; callers ignore its output.
 
-- `dense`: scores `[B, K, Q, T, S]` in fp32, masked softmax; the reference the
-  others are tested against.
-- `blockwise`: flash-style tiles of `block_q x block_k`, an online softmax over
-  key tiles, and a custom VJP whose backward recomputes each tile from the
-  saved log-sum-exp (FlashAttention-2's backward); pure JAX, runs everywhere.
+- `dense`: scores `[B, K, Q, T, S]` in fp32, masked softmax; the reference.
+- `blockwise`: flash-style tiles, an online softmax over key tiles, and a
+  custom VJP recomputing each tile from the saved log-sum-exp
+  (FlashAttention-2's backward); pure JAX, runs everywhere.
 - `cudnn`: `jax.nn.dot_product_attention(implementation="cudnn")` on GPU, for
-  causal rows whose valid tokens are a prefix (the learner's right-padded
-  rows); packed rows use `blockwise`.
-- `splash`: TPU splash attention, causal with segment ids (padding keys get a
-  segment of their own), per example; `interpret=True` runs it on CPU.
+  right-padded rows; packed rows use `blockwise`.
+- `splash`: TPU splash attention with segment ids, per example.
 
 Over a cache, `decode` runs the `DecodeImpl` the engine resolved: `paged`
 (pure XLA), jax's TPU kernel (`paged_tpu`), our GPU kernel (`paged_pallas`) or

@@ -3,25 +3,19 @@
 Layout (docs/method.md §7). Keys and values live in one pool per tensor,
 `[K, L * P, G, H]`: K kv heads, the P pages of each of the L layers side by
 side (layer l's page p is pool page `l * P + p`), G slots per page, H head
-dim. It is the layout of the paged-attention kernels (jax's Pallas
-`paged_attention`, GPU and TPU: `k_pages[K, pages, page_size, H]`), with the
-layer folded into the page axis so one array serves every layer of the layer
-scan: a layer reads and writes its pages through page ids offset by
-`l * P`, and never slices its layer out of the pool (a slice of a scan
-carry, when a dot or a kernel consumes it, is a copy of the layer's whole
-cache at every decode step).
+dim: the paged-attention kernels' layout (`k_pages[K, pages, page_size, H]`)
+with the layer folded into the page axis, so one array serves every layer of
+the layer scan and a layer never slices itself out of the pool (a copy of its
+whole cache at every decode step); it reads and writes through page ids
+offset by `l * P` (`LayerCache`).
 
-Row b's logical slot s lives at pool page `pages[b, s // G]`, offset
-`s % G`, and its cache is the run of slots `[0, index[b])`: no holes, so
-attention masks by length (the maintained paged-attention kernels' model).
-A contiguous cache is the identity table (`pages[b, j] = b * J + j`); the
-sampler's decode state shares one prompt's full pages among its G samples
-and gives each sample its own copy of the partly filled last prompt page
-(`mipu_jax/sampler/_steps.py`). New entries are written with one scatter
-into the carried pool (in place: the decode state is donated end to end;
-tests/test_kv_cache.py checks the compiled step for cache-sized copies), and
-decode attention reads page by page, only the pages that hold a filled slot
-of some row (`mipu_jax.models.attention.paged`).
+Row b's slot s lives at pool page `pages[b, s // G]`, offset `s % G`, and
+its cache is the run of slots `[0, index[b])`: no holes, so attention masks
+by length. A contiguous cache is the identity table; the sampler's decode
+state shares a prompt's full pages among its samples, each with its own copy
+of the partly filled last page (`mipu_jax/sampler/_steps.py`). New entries
+are one scatter into the donated pool (in place; tests/test_kv_cache.py
+checks the compiled step for cache-sized copies).
 
 Shape letters: B rows, T new positions, S slots per row (J pages of G),
 K kv heads, H head dim, L layers, P pages per layer.

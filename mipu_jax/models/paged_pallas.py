@@ -1,51 +1,32 @@
-"""Decode attention over the paged KV cache as one Pallas GPU kernel.
+"""Decode attention over the paged KV cache as one Pallas GPU kernel (docs/method.md §7).
 
-`attention.paged` (pure XLA) runs one loop step per page column, each a few
-small XLA ops: on a GPU that is a kernel launch per op, per page, per layer.
-This kernel does the same computation in one launch per layer: a program per
-(row, kv head, split of the row's pages) reads the row's page ids, gathers
-`pages_per_block` pages of keys and values at a time from the pool
-(`kv_cache.KVCache`: `[K, L*P, G, H]`, the layout jax's Pallas paged-attention
-kernels read), and keeps FlashAttention's running max, sum and output in
-float32; the splits are merged outside (the log-sum-exp merge). A program
-loops only over the pages below its row's length (a row has no holes), so a
-step reads the filled pages of each row and nothing else.
+`attention.paged` (pure XLA) runs a few small ops per page column: on a GPU,
+a kernel launch per op, per page, per layer. This kernel does the same
+computation in one launch per layer: a program per (row, kv head, split of
+the row's pages) gathers `pages_per_block` pages of keys and values at a
+time from the pool (`kv_cache.KVCache`, `[K, L*P, G, H]`) and keeps
+FlashAttention's running max, sum and output in float32; the splits are
+merged outside by log-sum-exp. A program loops only over the pages below
+its row's length (a row has no holes).
 
-It follows the structure of jax's `pallas.ops.gpu.paged_attention` (grid,
-page gathers, split merge, masking by length), with what the sampler needs
-on top: the softmax scale applied to the float32 logits (as `attention.paged`
-does, so the two agree to float rounding), and int8 pools dequantized per
-slot before the dot (the same `(x * scale).astype(dtype)` as
-`kv_cache.read_pages`). FP8 pools are cast to the compute dtype in the
-kernel. Query heads of one kv head are padded to 16 (the smallest dot tile);
-only the real rows of each split's float32 partial output are stored (a
-masked store) and merged.
+It follows jax's `pallas.ops.gpu.paged_attention` (grid, page gathers, split
+merge, masking by length), plus what the sampler needs: the softmax scale on
+the float32 logits (as `attention.paged`, so the two agree to rounding),
+int8 pools dequantized per slot before the dot (as `kv_cache.read_pages`),
+FP8 pools cast in the kernel. Query heads of one kv head are padded to 16
+(the smallest dot tile); only the real rows are stored and merged. Two
+gathers (`gather=`, or `MIPU_PALLAS_DECODE_PLAN="slots:..."`): "pages" (the
+default) loads a block's page ids, then each page's keys; "slots" loads one
+pool-row index per slot (SGLang's Triton decode kernel's way), to be
+compared on a GPU (`bench/paged_kernel.py`).
 
-Two gathers (`decode(..., gather=)`, or `MIPU_PALLAS_DECODE_PLAN="slots:..."`):
-"pages", the default and the one timed on a GPU so far, loads a block's page
-ids, then each page's `[G, H]` keys through them; "slots" views the pools as
-`[K, P * G, H]` rows and loads one index per slot (its pool row), so a block
-of any power-of-two size costs one index load, which then addresses its rows
-directly (SGLang's Triton decode kernel loads keys this way). The second
-exists to be compared with the first on a GPU (`bench/paged_kernel.py` sweeps
-both); it is tested against `attention.paged` in interpret mode like the
-first.
-
-On a machine without a GPU it runs in Pallas' interpret mode (tests compare
-it with `attention.paged` and the dense reference on CPU), and its lowering
-to Triton's dialect for 'cuda' is checked there too.
-
-It is written against Pallas' core API and its Triton backend
-(`jax.experimental.pallas.triton.CompilerParams`), not the `pallas.ops.gpu`
-kernels that jax deprecated after 0.11.0 in favour of tokamax. On jax 0.11.2
-(an H200, bench/results/h200/) it compiled, ran the benches, and its compiled
-step wrote the cache in place; its comparisons with the XLA path failed there
-by up to 5e-4 because XLA's float32 dots on a GPU default to TF32, and were
-fixed (float32 dots asked for) but not rerun on a GPU.
-
-One device only: XLA cannot partition the kernel's custom call, so a sampler
-whose cache is sharded over several devices uses `attention.paged`
-(`SamplerConfig.decode_attention_for`, also when "pallas" is asked for).
+Written against Pallas' core API and its Triton backend, not the
+`pallas.ops.gpu` kernels jax deprecated after 0.11.0; bench/README.md has
+what ran on which jax. Off a GPU it runs in Pallas' interpreter (tested
+against `attention.paged`), and its lowering for 'cuda' is checked on CPU.
+One device only: XLA cannot partition the kernel's custom call, so a cache
+sharded over several devices uses `attention.paged`
+(`SamplerConfig.decode_attention_for`).
 """
 
 import functools

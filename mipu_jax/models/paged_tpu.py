@@ -1,37 +1,27 @@
 """TPU decode attention through jax's maintained paged-attention kernel (docs/method.md §7).
 
 `decode` is `attention.paged` for one query per row, computed by
-`jax.experimental.pallas.ops.tpu.paged_attention` (maintained with jax; the
-kernel behind JetStream's and MaxText's TPU paged attention). Its page
-layout is our pool's, `[K, pages, G, H]` (`kv_cache.KVCache`: the layer
-folded into the page axis, so a layer's page ids are offset by the layer),
-and it masks by length: a row attends slots `[0, length)`, which is what a
+`jax.experimental.pallas.ops.tpu.paged_attention` (the kernel behind
+JetStream's and MaxText's TPU paged attention). Its page layout is our
+pool's, `[K, pages, G, H]` (the layer folded into the page axis: a layer's
+page ids are offset by the layer), and it masks by length, which is what a
 row is (rows have no holes).
 
-Arithmetic against `attention.paged`: the kernel does not scale the logits,
-so the query is scaled by `H ** -0.5` in float32 first (exactly the same
-logits when H is a power of 4); it reads K/V as bfloat16 and computes logits
-and output in float32, renormalising the output after every block of
-`pages_per_block` pages. A bfloat16 or FP8 cache holds bfloat16 values, so
-it reads what `attention.paged` reads (with bfloat16 compute ours also
-rounds the query and the probabilities to bfloat16; the kernel does not).
-It cannot take: an int8 cache (its `QuantizedTensor` dequantizes `x * h /
-127.5` to bfloat16 where ours is `x * absmax / 127` in the compute dtype,
-and it broadcasts the scales to a float32 array of the pool's size outside
-the kernel: 4x the int8 pool per layer call for our all-layer pool) and a
-float32 cache (rounded to bfloat16 on read). `unsupported` says why, and
-on a TPU also checks the tiling that the interpreter does not: a head dim
-of whole 128-lane tiles, pages of whole sublane tiles of the pool dtype.
+Arithmetic: the kernel does not scale the logits, so the query is scaled by
+`H ** -0.5` in float32 first; it reads K/V as bfloat16 and computes in
+float32, renormalising after every block of pages. A bfloat16 or FP8 cache
+holds bfloat16 values, so it reads what `attention.paged` reads. It cannot
+take an int8 cache (its `QuantizedTensor` dequantizes `x * h / 127.5` to
+bfloat16 where ours is `x * absmax / 127`, and broadcasts the scales to a
+float32 pool-sized array) nor a float32 one (read as bfloat16).
+`unsupported` says why, and on a TPU checks the tiles the interpreter does
+not: the head dim in 128 lanes, pages in sublane tiles of the pool dtype.
 
-On a mesh the kernel runs per shard under `shard_map` (a Pallas kernel
-needs every mesh axis manual): rows over the data axes, kv heads (and their
-query heads) over `tensor`. Each shard reads its rows' pages through global
-page ids, so the pool's page axis must not be split over the data axes
-(`Engine.decode_state_shardings` keeps it whole for this kernel: each
-device then holds the pages of every row for its kv heads).
-
-Off a TPU it runs in Pallas' TPU interpreter (tests compare it with
-`attention.paged`), and `jax.export` lowers it for 'tpu' on CPU.
+On a mesh the kernel runs per shard under `shard_map`: rows over the data
+axes, kv heads (and their query heads) over `tensor`. A shard reads its rows'
+pages through global page ids, so the pool's page axis stays whole on each
+row shard (`Engine.decode_state_shardings`). Off a TPU it runs in Pallas'
+TPU interpreter, and `jax.export` lowers it for 'tpu' on CPU.
 """
 
 import contextlib
@@ -69,25 +59,6 @@ def unsupported(pool_dtype, head_dim: int, page_size: Optional[int] = None, *,
   if page_size is not None and page_size % sublanes:
     return f"pages of {page_size} slots are not whole {sublanes}-row tiles of {dtype.name}"
   return None
-
-
-def resolve(asked: str, pool_dtype, head_dim: int, platform: str, row_shards: int) -> str:
-  """What an engine runs for "pallas_tpu" (`asked` by name or "auto"): the
-  kernel where it serves the cache, else an error when asked for by name and
-  "paged" with a warning under "auto", which also keeps "paged" where the
-  data axes split the rows (each shard would hold every row's pages: no page
-  pool per device yet)."""
-  reason = unsupported(pool_dtype, head_dim, on_tpu=platform == "tpu")
-  if reason is None and asked == "auto" and row_shards > 1:
-    reason = (f"the cache's rows are split over {row_shards} devices, and each shard would "
-              "hold every row's pages (no page pool per device yet)")
-  if reason is None:
-    return "pallas_tpu"
-  if asked == "pallas_tpu":
-    raise ValueError(f"decode_attention='pallas_tpu' cannot serve {reason}; use 'paged'.")
-  logging.warning("decode_attention='auto' runs 'paged' on this TPU instead of jax's "
-                  "paged-attention kernel: %s.", reason)
-  return "paged"
 
 
 def takes(pool_dtype, head_dim: int, page_size: int, *, on_tpu: bool) -> bool:

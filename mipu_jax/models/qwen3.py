@@ -91,9 +91,7 @@ def shard_rows(x: jax.Array) -> jax.Array:
   as the learner does when it traces its step); otherwise a no-op. With the
   activations' rows pinned, XLA all-gathers the FSDP-sharded weights of each
   matmul (ZeRO-3) instead of computing partial sums over every row of the
-  micro-batch on each device, which at 9k-token rows costs vocabulary-sized
-  buffers per token (measured: 19.9 vs 6.3 GiB of temporaries for a 2-layer
-  Qwen3-4B step on one 9,216-token row per device).
+  micro-batch on each device (vocabulary-sized buffers per token at long rows).
   """
   mesh = jax.sharding.get_abstract_mesh()
   if mesh.empty or not {"data", "fsdp"} <= set(mesh.axis_names):
@@ -153,11 +151,8 @@ def _gated_mlp_in(h_BTD, hq_BTD, w_gate, w_up):
   return jax.nn.silu(gate_BTF) * up_BTF
 
 
-# `_gated_mlp_in`, recomputed in the backward pass: the same math (the backward
-# pass recomputes the two projections with the same operands and applies
-# autodiff's own VJP), and on XLA:CPU (jax 0.10.2) bitwise the same values and
-# gradients where we looked: tests/test_models.py, and at the tables' shapes
-# bench/learner_mlp.py and every metric of bench/loop.py.
+# `_gated_mlp_in`, recomputed in the backward pass: the same math, and on
+# XLA:CPU bitwise the same values and gradients (tests/test_models.py).
 _gated_mlp_in_recomputed = jax.checkpoint(_gated_mlp_in)
 
 
@@ -165,15 +160,11 @@ def _recompute_mlp_in(cfg: Qwen3Config) -> bool:
   """Whether a layer recomputes its MLP input projections in the backward pass.
 
   Only on XLA:CPU without a remat policy. There the layer scan otherwise saves
-  the projections ([B, T, F] each) and their sigmoid as `[L, B, T, F]` stacks,
-  and XLA fuses the SiLU gradient's elementwise math, read from those stacks,
-  into the transposes that feed the two weight gradients: loop fusions that
-  took about a third of the small task's learner step. Recomputed, the
-  backward pass reads fresh arrays and the learner step is 1.24x faster
-  (bench/learner_mlp.py); the scan saves `h` ([B, T, D]) instead. Elsewhere
-  the recompute would add two matmuls per layer against a fusion measured
-  only on XLA:CPU (the H100 figures of bench/README.md are without it), and
-  under a remat policy the layer is recomputed anyway.
+  the projections and their sigmoid as `[L, B, T, F]` stacks, and XLA fuses
+  the SiLU gradient's math, read from those stacks, into the transposes that
+  feed the weight gradients: slow loop fusions (bench/learner_mlp.py).
+  Elsewhere the recompute would add two matmuls per layer, and under a remat
+  policy the layer is recomputed anyway.
   """
   return cfg.remat == "none" and jax.default_backend() == "cpu"
 

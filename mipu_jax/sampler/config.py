@@ -14,6 +14,7 @@ from typing import Any, Optional
 import jax.numpy as jnp
 
 from mipu_jax.models import paged_pallas
+from mipu_jax.models import paged_tpu
 from mipu_jax.models.config import DTYPE_NAMES, as_dtype
 from mipu_jax.sampler import quant
 
@@ -125,8 +126,7 @@ class SamplerConfig(SamplerPrecision):
       'auto' (fake on CPU where it applies, real elsewhere and for other
       caches, int8 included). Fake and real give bitwise the same attention,
       tokens and log-probs (tested on CPU); fake costs more memory and saves
-      XLA:CPU's scalar float8 converts of the whole cache at every decode step
-      (3x slower sampling at the table's setting, bench/README.md "RL loop").
+      XLA:CPU's scalar float8 converts of the whole cache at every decode step.
     max_prefill_length: longest prompt accepted; longer prompts are an error.
     max_decode_length: largest `max_new_tokens` accepted.
     min_prefill_bucket / min_decode_bucket / min_slot_bucket: bucket floors.
@@ -139,12 +139,9 @@ class SamplerConfig(SamplerPrecision):
       per row per loop step: bench/decode.py measures the trade-off.
     decode_attention: attention over the cache: 'paged' (only the pages that
       hold a filled slot of some row, pure XLA), 'pallas' (the same, one Pallas
-      GPU kernel per layer and decode step), 'pallas_tpu' (the same through
-      jax's maintained TPU paged-attention kernel, per shard on a mesh; bf16
-      and FP8 caches: an int8 or float32 cache is refused), 'dense' (every
-      slot: the reference) or 'auto' ('pallas' for a cache on one GPU where jax
-      has Pallas' Triton backend, 'pallas_tpu' on a TPU where it serves the
-      cache, else 'paged'); `decode_attention_for`.
+      GPU kernel per layer and decode step), 'pallas_tpu' (jax's TPU
+      paged-attention kernel; bf16 and FP8 caches), 'dense' (every slot: the
+      reference) or 'auto'; `decode_attention_for`.
   """
 
   quant_storage: str = "fake"
@@ -211,32 +208,44 @@ class SamplerConfig(SamplerPrecision):
                        "'real' or 'auto'.")
     return kv
 
-  def decode_attention_for(self, platform: str, devices: int = 1) -> str:
-    """The decode attention on `platform` with the cache on `devices` devices:
-    "auto" is the Pallas kernel on one GPU, jax's TPU kernel on a TPU, else
-    "paged"; the GPU kernel on several devices is "paged" (jax cannot
-    partition a Pallas kernel's custom call over a sharded cache; the TPU
-    kernel runs per shard under `shard_map`, `paged_tpu`).
-
-    The GPU kernel needs Pallas' Triton backend, deprecated in jax 0.11.0: on a
-    jax without it, "auto" is "paged" (with one warning) and "pallas" is an
-    error (docs/method.md §7)."""
+  def decode_attention_for(self, platform: str, devices: int = 1, *, row_shards: int = 1,
+                           kv_dtype: Any = None, head_dim: Optional[int] = None) -> str:
+    """The decode attention on `platform`, the cache on `devices` devices, its
+    rows over `row_shards` (docs/method.md §7): "auto" is the Pallas kernel on
+    one GPU, jax's TPU kernel on a TPU, else "paged". Without Pallas' Triton
+    backend "auto" is "paged" (one warning) and "pallas" an error; on several
+    devices "pallas" is "paged" (XLA cannot partition its custom call). A cache
+    the TPU kernel cannot serve (`paged_tpu.unsupported`, checked where
+    `kv_dtype` is given) is an error by name, "paged" with a warning under
+    "auto", as are rows split over devices (no page pool per device yet)."""
     asked = self.decode_attention
     if asked == "pallas" and (missing := paged_pallas.missing_backend()):
       raise RuntimeError(f'decode_attention="pallas" cannot run: {missing}; the kernel '
                          'is written for it. Use "auto" or "paged".')
     if asked == "pallas" and devices > 1:
+      logging.warning('decode_attention="pallas" runs "paged": the GPU kernel takes a cache on '
+                      "one device, and this one is sharded over %d.", devices)
       return "paged"
-    if asked != "auto":
-      return asked
-    if platform == "tpu":
-      return "pallas_tpu"
-    if platform != "gpu" or devices != 1:
-      return "paged"
-    if missing := paged_pallas.missing_backend():
-      _warn_auto_without_kernel(missing)
-      return "paged"
-    return "pallas"
+    name = asked
+    if asked == "auto":
+      name = {"tpu": "pallas_tpu", "gpu": "pallas" if devices == 1 else "paged"}.get(
+          platform, "paged")
+      if name == "pallas" and (missing := paged_pallas.missing_backend()):
+        _warn_auto_without_kernel(missing)
+        name = "paged"
+    if name != "pallas_tpu" or kv_dtype is None:
+      return name
+    reason = paged_tpu.unsupported(kv_dtype, head_dim, on_tpu=platform == "tpu")
+    if reason is None and asked == "auto" and row_shards > 1:
+      reason = (f"the cache's rows are split over {row_shards} devices, and each shard would "
+                "hold every row's pages (no page pool per device yet)")
+    if reason is None:
+      return name
+    if asked == "pallas_tpu":
+      raise ValueError(f"decode_attention='pallas_tpu' cannot serve {reason}; use 'paged'.")
+    logging.warning("decode_attention='auto' runs 'paged' on this TPU instead of jax's "
+                    "paged-attention kernel: %s.", reason)
+    return "paged"
 
   def replace(self, **kwargs) -> "SamplerConfig":
     return dataclasses.replace(self, **kwargs)
@@ -254,8 +263,7 @@ class SamplerConfig(SamplerPrecision):
 
 
 @functools.cache
-def _warn_auto_without_kernel(missing: str) -> None:
-  """Once per process."""
+def _warn_auto_without_kernel(missing: str) -> None:  # once per process
   logging.warning('decode_attention="auto" runs "paged" (the XLA path, slower) on this GPU '
                   "instead of the Pallas kernel: %s. docs/method.md §7 lists the jax "
                   "versions that run the kernel.", missing)

@@ -18,14 +18,12 @@ import dataclasses
 import math
 from typing import Any, Optional, Sequence
 
-from absl import logging
 import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
 from mipu_jax.models import attention
-from mipu_jax.models import paged_tpu
 from mipu_jax.models.qwen3 import Inference, Qwen3
 from mipu_jax.sampler import _steps, quant, weights
 from mipu_jax.sampler.config import SamplerConfig
@@ -41,11 +39,9 @@ class Program:
   """One jitted engine function, compiled with jax's default options, and for
   an engine on CPU (where a first call is mostly compilation) with XLA:CPU's
   loop emitters instead of its fusion emitters and LLVM at -O`cpu_level`
-  (None: the default compilation there too). The loop emitters alone gave
-  bitwise the default compilation's tokens and log-probs where checked; at
-  -O1 LLVM rounds some float sums differently: the same tokens, log-probs up
-  to 2.4e-6 apart (tests/test_sampler.py). bench/first_call.py (tiny model,
-  idle machine): XLA compilation 1.81 s -> 0.96 s, first call 2.72 s -> 1.82 s."""
+  (None: the default compilation there too): about half the compile time
+  (bench/first_call.py), the same tokens, log-probs within float rounding
+  (LLVM at -O1 rounds some float sums differently; tests/test_sampler.py)."""
 
   def __init__(self, name: str, fn, cpu_level: Optional[int] = None, **jit_kwargs):
     def counted(*args, **kwargs):
@@ -109,23 +105,6 @@ def _platform(model: Qwen3, mesh: Optional[jax.sharding.Mesh]) -> str:
   return default.platform if default is not None else jax.devices()[0].platform
 
 
-def _decode_impl(config: SamplerConfig, platform: str, mesh, kv_dtype,
-                 head_dim: int) -> attention.DecodeImpl:
-  """The decode attention this engine runs, resolved once here, where the
-  platform, the mesh and the cache dtype are known (`decode_attention_for`,
-  `paged_tpu.resolve`); a kernel off its device runs in Pallas' interpreter."""
-  name = config.decode_attention_for(platform, 1 if mesh is None else mesh.size)
-  if config.decode_attention not in ("auto", name):
-    logging.warning("decode_attention=%r runs as %r: the GPU kernel takes a cache on one "
-                    "device, and this one is sharded over %d.", config.decode_attention,
-                    name, mesh.size)
-  if name == "pallas_tpu":
-    rows = 1 if mesh is None else math.prod(mesh.shape.get(a, 1) for a in ("data", "fsdp"))
-    name = paged_tpu.resolve(config.decode_attention, kv_dtype, head_dim, platform, rows)
-  device = {"pallas": "gpu", "pallas_tpu": "tpu"}.get(name, platform)
-  return attention.DecodeImpl(name, interpret=platform != device)
-
-
 class Engine:
   """Prefill / insert / decode over fixed decode slots, with log-probs.
 
@@ -149,11 +128,18 @@ class Engine:
     self._reference = jax.eval_shape(lambda: weights.learner_params(model))
     native = config.quant_compute == "native"  # the weights quantize their own inputs
     self.cpu_compile = platform == "cpu"  # `Program`'s CPU compilation
+    # Resolved once, here, where the platform, the mesh and the cache dtype are
+    # known; a kernel off its device runs in Pallas' interpreter.
+    rows = 1 if mesh is None else math.prod(mesh.shape.get(a, 1) for a in ("data", "fsdp"))
+    decode = config.decode_attention_for(platform, 1 if mesh is None else mesh.size,
+                                         row_shards=rows, kv_dtype=kv_dtype,
+                                         head_dim=model.config.head_dim)
+    device = {"pallas": "gpu", "pallas_tpu": "tpu"}.get(decode, platform)
     self._spec = _steps.DecodeSpec(
         graphdef=nnx.graphdef(abstract),
         kv_dtype=kv_dtype,
         inference=Inference(
-            decode=_decode_impl(config, platform, mesh, kv_dtype, model.config.head_dim),
+            decode=attention.DecodeImpl(decode, interpret=platform != device),
             act_quant=None if native else quant.make_act_quant(config.act_quant),
             quant_lm_head=config.quant_lm_head, kv_round=kv_round),
         pad_id=config.pad_id, page_size=config.page_size)
@@ -245,19 +231,13 @@ class Engine:
              prompt_blocks: Optional[Sequence[int]] = None,
              fill: Optional[Sequence[bool]] = None, truncation: bool = True) -> DecodeState:
     """Puts sample `sample_ids[m]` of prefilled request `rows[m]` into slot
-    `slots[m]` (default: request 0, samples 0, 1, ...: independent draws).
-    Slot ids ≥ the number of slots are padding and ignored.
-
-    Prompt sharing (`init_decode_state(prompt_blocks=...)`): slot `slots[m]`
-    reads its prompt from prompt block `prompt_blocks[m]` (default: block =
-    slot), and the prompt's K/V are copied into that block where `fill[m]`
-    (default: everywhere). The caller keeps each block's prompt: samples of
-    one prompt share a block, the first insert fills it, and a block is reused
-    only once no slot decodes from it.
-
-    `truncation=False` leaves top-k / top-p out of the program (it compiles
-    faster; an error if a request inserted uses them): for a decode state
-    whose requests never truncate, decoded with `truncation=False` too.
+    `slots[m]` (default: request 0, samples 0, 1, ...: independent draws);
+    slot ids ≥ the number of slots are padding. Slot `slots[m]` reads its
+    prompt from prompt block `prompt_blocks[m]` (default: block = slot),
+    filled with the prompt's K/V where `fill[m]` (default: everywhere): the
+    caller keeps each block's prompt (`scheduler.py`). `truncation=False`
+    leaves top-k / top-p out of the program (it compiles faster; an error if
+    a request uses them), for a state decoded with `truncation=False` too.
     """
     slots = np.asarray(slots, np.int32).reshape(-1)
     m = slots.shape[0]
@@ -305,19 +285,15 @@ class Engine:
 
   def generate_until_done(self, params: Params, decode_state: DecodeState, *,
                           truncation: bool = True) -> DecodeState:
-    """Decode steps in one `lax.while_loop` until every slot has finished.
-
-    `truncation=False`: only for a state filled by `insert(...,
-    truncation=False)` (no row uses top-k / top-p).
-    """
+    """Decode steps in one `lax.while_loop` until every slot has finished
+    (`truncation`: as in `insert`)."""
     return self._constrained(self._run(
         "generate_until_done", self._spec_for(truncation), params, decode_state))
 
   def generate_until_free(self, params: Params, decode_state: DecodeState,
                           min_finished: int, *, truncation: bool = True) -> DecodeState:
     """Decode steps until `min_finished` occupied slots have finished (or none is
-    live): the point where a host loop harvests them and refills the slots.
-    `truncation`: as in `generate_until_done`."""
+    live), for the host loop to harvest and refill them (`truncation`: as in `insert`)."""
     return self._constrained(self._run(
         "generate_until_free", self._spec_for(truncation), params, decode_state,
         jnp.asarray(min_finished, jnp.int32)))

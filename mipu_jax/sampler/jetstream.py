@@ -13,16 +13,11 @@ prefill (`padded_tokens` of shape `[R, P]`); `rows` / `sample_ids` on
 `bulk_insert`. The library's own path (`Sampler`) calls `Engine` directly.
 
 `ResultTokens` has JetStream's layout and carries `log_prob` as a pytree
-field: JetStream's is a static field that `get_result_at_slot` drops; here it
-also comes back through single-slot access, because `lp_mu` is the point.
-
-Why not depend on JetStream. The PyPI package `google-jetstream` (0.2.2, 2024)
-has the old signatures (no `request_id`, `bulk_insert`, chunked prefill), no
-log-probs in `ResultTokens`, pulls TensorFlow into the install, its orchestrator
-does not run on current JAX, and the project is archived. So we own the
-interface and, when a `jetstream` package is importable, `register` makes
-`JetStreamEngine` and `ResultTokens` virtual subclasses of its ABCs
-(`JETSTREAM_REGISTERED`) so JetStream-typed code accepts them.
+field (JetStream's is static and `get_result_at_slot` drops it). We do not
+depend on JetStream (its PyPI release has old signatures and pulls TensorFlow;
+the project is archived; mipu_jax/sampler/README.md): when a `jetstream`
+package is importable, `JetStreamEngine` and `ResultTokens` are registered
+as virtual subclasses of its ABCs (`JETSTREAM_REGISTERED`).
 """
 
 from typing import Any, Optional, Sequence, Union
@@ -174,33 +169,14 @@ class JetStreamEngine:
   def build_tokenizer(self, metadata):
     raise NotImplementedError("Token ids in, token ids out; tokenizers live in mipu_jax.tokenizer.")
 
-  @property
-  def max_concurrent_decodes(self) -> int:
-    return self.engine.config.max_concurrent_decodes
-
-  @property
-  def samples_per_slot(self) -> int:
-    return 1
-
-  @property
-  def max_prefill_length(self) -> int:
-    return self.engine.config.max_prefill_length
-
-  @property
-  def mesh(self) -> Optional[jax.sharding.Mesh]:
-    return self.engine.mesh
-
-  @property
-  def colocated_cpus(self) -> None:
-    return None
-
-  @property
-  def use_chunked_prefill(self) -> bool:
-    return False
-
-  @property
-  def prefill_chunk_size(self) -> int:
-    return self.engine.config.max_prefill_length
+  # JetStream's capacity properties.
+  max_concurrent_decodes = property(lambda self: self.engine.config.max_concurrent_decodes)
+  samples_per_slot = property(lambda self: 1)
+  max_prefill_length = property(lambda self: self.engine.config.max_prefill_length)
+  mesh = property(lambda self: self.engine.mesh)
+  colocated_cpus = property(lambda self: None)
+  use_chunked_prefill = property(lambda self: False)
+  prefill_chunk_size = property(lambda self: self.engine.config.max_prefill_length)
 
 
 def register(engine_cls: type) -> bool:
