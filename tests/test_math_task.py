@@ -315,7 +315,7 @@ def test_two_steps_with_eval_checkpoint_resume_and_export(ckpt, tmp_path, monkey
   tokens = np.asarray([HFTokenizer.from_dir(export).encode("What is 7 + 8? \\boxed{15}")])
   with torch.no_grad():
     want = hf(torch.tensor(tokens)).logits.numpy()
-  np.testing.assert_allclose(np.asarray(ours(tokens)), want, atol=1e-4, rtol=1e-4)
+  np.testing.assert_allclose(np.asarray(ours(tokens).logits), want, atol=1e-4, rtol=1e-4)
   assert transformers.AutoTokenizer.from_pretrained(export).chat_template
 
   # The best export: the policy of the best evaluation after step 0.
@@ -326,4 +326,4 @@ def test_two_steps_with_eval_checkpoint_resume_and_export(ckpt, tmp_path, monkey
   hf = transformers.AutoModelForCausalLM.from_pretrained(best, dtype=torch.float32)
   with torch.no_grad():
     want = hf(torch.tensor(tokens)).logits.numpy()
-  np.testing.assert_allclose(np.asarray(ours(tokens)), want, atol=1e-4, rtol=1e-4)
+  np.testing.assert_allclose(np.asarray(ours(tokens).logits), want, atol=1e-4, rtol=1e-4)
