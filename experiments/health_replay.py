@@ -111,16 +111,17 @@ def main(argv):
   # a minimum and raises a maximum).
   print(f"\nAUC, {len(collapsed)} collapsed against {len(quantized)} quantized runs that did "
         "not, each pair over the steps before the collapse:")
-  names = list(_signals(collapsed[0][1], collapsed[0][2]))
-  for name in names:
-    wins = []
-    for _, rows, cs in collapsed:
-      a = _signals(rows, cs)[name]
-      b = np.array([_signals(q[1], cs)[name] for q in quantized])
+  wins = {}
+  for _, rows, cs in collapsed:  # every run's signals once per collapsed run's window
+    own = _signals(rows, cs)
+    others = [_signals(q[1], cs) for q in quantized]
+    for name, a in own.items():
+      b = np.array([o[name] for o in others])
       b = b[np.isfinite(b)]
       if np.isfinite(a) and b.size:
-        wins.append(np.mean((a > b) + 0.5 * (a == b)))
-    print(f"  {name}: {np.mean(wins):.2f}")
+        wins.setdefault(name, []).append(np.mean((a > b) + 0.5 * (a == b)))
+  for name, w in wins.items():
+    print(f"  {name}: {np.mean(w):.2f}")
 
 if __name__ == "__main__":
   app.run(main)
