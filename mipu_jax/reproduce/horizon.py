@@ -43,7 +43,10 @@ import numpy as np
 
 from mipu_jax import rl
 from mipu_jax.reproduce import stats
+from mipu_jax.reproduce import report as report_lib
 from mipu_jax.reproduce.spec import COLLAPSE_DROP
+from mipu_jax.reproduce.spec import collapse_step
+from mipu_jax.reproduce.spec import RunSummary
 
 STEPS = 600
 LRS = (1e-4, 2e-4)  # the lr grid's lower edge and the tables' lr
@@ -113,7 +116,6 @@ class LongRun:
 def long_run(name: str, seed: int, workdir: str, rows: Sequence[Mapping[str, float]],
              *, steps: int = STEPS) -> LongRun:
   """The measures of the module docstring from one run's logged rows."""
-  from mipu_jax.reproduce.spec import collapse_step  # pylint: disable=g-import-not-at-top
   evals = [r for r in rows if "eval/avg" in r]
   if len(evals) < WINDOW + 1:
     raise ValueError(f"{workdir}: {len(evals)} evaluations; the measures need {WINDOW + 1}.")
@@ -254,8 +256,6 @@ def markdown(runs: Sequence[LongRun], names: Sequence[str],
 def report(runs: Sequence[LongRun], names: Sequence[str], workdir: str, *,
            claims: Sequence[stats.Claim] = HORIZON_CLAIMS, key: str = "horizon") -> dict:
   """Writes `<key>.md`, `<key>.json` and `curves_<key>.png` into `workdir`."""
-  from mipu_jax.reproduce import report as report_lib  # pylint: disable=g-import-not-at-top
-  from mipu_jax.reproduce.spec import RunSummary  # pylint: disable=g-import-not-at-top
   text, results = markdown(runs, names, claims)
   files = {"table": os.path.join(workdir, f"{key}.md"),
            "summary": os.path.join(workdir, f"{key}.json")}
