@@ -181,10 +181,11 @@ def test_sample_logits_extreme_logits_stay_finite():
     assert int(toks[0]) == 0 and int(toks[1]) in (1, 3)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "insert is traced once more (12 against 11) since the engine's programs were declared "
-    "once (Engine.insert / Program): a regression of that refactor, not yet found; the "
-    "bucket padding of insert's arrays is unchanged"))
+@pytest.mark.xfail(strict=False, reason=(
+    "run alone, insert is traced once more (12 against 11) since the engine's programs were "
+    "declared once (Engine.insert / Program); after the file's other tests in the same "
+    "process it passes (the fresh-clone suite under xdist): a regression of that refactor, "
+    "not yet found"))
 def test_no_recompilation_within_bucket(sampler):
   sampler.generate(PROMPTS, max_new_tokens=12, temperature=1.0, seed=0)
   # A call with top-k / top-p runs programs that have them (a call without runs
