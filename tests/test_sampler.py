@@ -181,12 +181,11 @@ def test_sample_logits_extreme_logits_stay_finite():
     assert int(toks[0]) == 0 and int(toks[1]) in (1, 3)
 
 
-@pytest.mark.xfail(strict=False, reason=(
-    "run alone, insert is traced once more (12 against 11) since the engine's programs were "
-    "declared once (Engine.insert / Program); after the file's other tests in the same "
-    "process it passes (the fresh-clone suite under xdist): a regression of that refactor, "
-    "not yet found"))
 def test_no_recompilation_within_bucket(sampler):
+  """Calls in the same buckets (prompt length, new tokens, slots) and with the same
+  number of samples G run the programs compiled for the first such call. G is
+  part of the key: the pool holds one prompt block per prompt of a wave of
+  slots plus one (`Sampler._generate`), so a new G compiles its programs once."""
   sampler.generate(PROMPTS, max_new_tokens=12, temperature=1.0, seed=0)
   # A call with top-k / top-p runs programs that have them (a call without runs
   # faster-compiling ones without): compiled once, then every knob is traced.
@@ -195,7 +194,12 @@ def test_no_recompilation_within_bucket(sampler):
   sampler.generate(PROMPTS[:2], max_new_tokens=9, temperature=0.5, top_k=4, seed=1)
   sampler.generate([[1, 2], [3], [4, 5, 6]], max_new_tokens=16, top_p=0.9, seed=2,
                    eos_ids=[7, 8])
-  sampler.generate([[1] * 16], max_new_tokens=1, num_samples=2, temperature=0.0)
+  sampler.generate([[1] * 16], max_new_tokens=1, temperature=0.0)
+  assert dict(sampler.engine.trace_counts) == before
+  sampler.generate([[1] * 16], max_new_tokens=4, num_samples=2, temperature=0.0)
+  before = dict(sampler.engine.trace_counts)  # G = 2 compiled (here or by an earlier test)
+  sampler.generate([[5, 6, 7]], max_new_tokens=3, num_samples=2, temperature=0.7, seed=3)
+  sampler.generate([[2] * 9, [3]], max_new_tokens=16, num_samples=2, temperature=0.0)
   assert dict(sampler.engine.trace_counts) == before
 
 
