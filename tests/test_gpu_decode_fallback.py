@@ -37,6 +37,9 @@ def no_triton(monkeypatch):
   sampler_config._warn_auto_without_kernel.cache_clear()  # pylint: disable=protected-access
 
 
+@pytest.mark.xfail(paged_pallas.missing_backend() is not None, strict=True, raises=AssertionError,
+                   reason="the day jax drops Pallas Triton: the kernel's tests are expected "
+                   "failures, auto decodes through 'paged' (the tests below)")
 def test_this_jax_ships_the_backend():
   assert paged_pallas.missing_backend() is None
   assert SamplerConfig().decode_attention_for("gpu") == "pallas"

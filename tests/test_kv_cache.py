@@ -44,6 +44,13 @@ def _big_ops(hlo: str, limit: int) -> list[str]:
   return out
 
 
+# The GPU kernel is written for Pallas' Triton backend, which jax deprecated in
+# 0.11.0: on a jax without it these tests are expected to fail (docs/method.md §7).
+NEEDS_TRITON = pytest.mark.xfail(paged_pallas.missing_backend() is not None, strict=True,
+                                 raises=(ImportError, RuntimeError),
+                                 reason=str(paged_pallas.missing_backend()))
+
+
 @pytest.fixture(scope="module")
 def model():
   """Three layers, so a copy of one layer's pages is distinguishable from the pool;
@@ -54,8 +61,10 @@ def model():
 
 
 @pytest.mark.parametrize("kv,impl", [(None, "paged"), ("bfloat16", "paged"), ("fp8", "paged"),
-                                     ("int8", "paged"), ("bfloat16", "pallas"),
-                                     ("int8", "pallas"), ("bfloat16", "pallas_tpu"),
+                                     ("int8", "paged"),
+                                     pytest.param("bfloat16", "pallas", marks=NEEDS_TRITON),
+                                     pytest.param("int8", "pallas", marks=NEEDS_TRITON),
+                                     ("bfloat16", "pallas_tpu"),
                                      ("fp8", "pallas_tpu")])
 def test_compiled_decode_step_writes_the_cache_in_place(model, kv, impl):
   kernel_platform = {"pallas": "gpu", "pallas_tpu": "tpu"}.get(impl)
@@ -166,6 +175,7 @@ def _ragged(rng, dtype, slots, lengths):
   return q, (kq, vq, ksc, vsc, pages + layer * per), lengths, lengths[:, None] - 1
 
 
+@NEEDS_TRITON
 @pytest.mark.parametrize("dtype,slots", [("float32", 96), ("bfloat16", 128),
                                          ("float8_e4m3fn", 96), ("int8", 128)])
 def test_pallas_decode_equals_paged_on_ragged_rows(dtype, slots):
@@ -202,6 +212,7 @@ def _pallas_equals_paged(dtype, s):
     np.testing.assert_allclose(np.asarray(alone[0]), np.asarray(got[r]), rtol=2e-5, atol=2e-6)
 
 
+@NEEDS_TRITON
 @pytest.mark.parametrize("gather", ["pages", "slots"])
 @pytest.mark.parametrize("dtype", ["bfloat16", "float8_e4m3fn", "int8"])
 def test_pallas_kernel_lowers_for_gpu(dtype, gather):
@@ -233,6 +244,7 @@ def test_pallas_kernel_refuses_shapes_its_tiles_do_not_fit():
                         interpret=False)
 
 
+@NEEDS_TRITON
 def test_pallas_launch_plan_from_the_environment(monkeypatch):
   monkeypatch.setenv(paged_pallas.PLAN_ENV, "1,4,4,2")
   assert paged_pallas.env_plan() == ("pages", (1, 4, 4, 2))
@@ -270,13 +282,16 @@ def test_pallas_launch_plan_from_the_environment(monkeypatch):
 def test_decode_attention_auto_is_a_kernel_on_a_gpu_or_a_tpu():
   cfg = SamplerConfig()
   assert cfg.decode_attention == "auto"  # resolved by the engine: no backend started here
-  assert cfg.decode_attention_for("gpu") == "pallas"
+  # Without Pallas Triton "auto" falls back on a GPU (tests/test_gpu_decode_fallback.py).
+  triton = paged_pallas.missing_backend() is None
+  assert cfg.decode_attention_for("gpu") == ("pallas" if triton else "paged")
   assert cfg.decode_attention_for("tpu") == cfg.decode_attention_for("tpu", 8) == "pallas_tpu"
   assert cfg.decode_attention_for("cpu") == "paged"
   assert cfg.replace(decode_attention="dense").decode_attention_for("gpu") == "dense"
   assert cfg.decode_attention_for("gpu", devices=8) == "paged"  # a sharded cache
   # jax cannot partition the GPU kernel over devices; the TPU one runs per shard.
-  assert cfg.replace(decode_attention="pallas").decode_attention_for("gpu", devices=4) == "paged"
+  if triton:
+    assert cfg.replace(decode_attention="pallas").decode_attention_for("gpu", devices=4) == "paged"
   assert cfg.replace(decode_attention="pallas_tpu").decode_attention_for("cpu") == "pallas_tpu"
   engine = Engine(Qwen3(get_config("tiny"), rngs=nnx.Rngs(0)), cfg)
   assert engine.decode_attention == ("pallas" if jax.default_backend() == "gpu" else "paged")

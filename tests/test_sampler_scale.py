@@ -7,6 +7,7 @@ import pytest
 from mipu_jax.models import make_mesh
 from mipu_jax.models import paged_pallas
 from mipu_jax.sampler import Sampler
+from test_kv_cache import NEEDS_TRITON
 from test_sampler import make_model
 
 PROMPTS = [[5, 9, 2], [7, 1, 8, 2, 8, 1, 3], [4, 4, 6, 10, 12], [3], [9, 9, 9, 1, 2, 3]]
@@ -73,7 +74,7 @@ def test_native_sampler_refilled_and_sharded_equal_one_wave(model, quant):
   assert sharded.engine.trace_counts["generate_until_free"] >= 1  # it did refill
 
 
-@pytest.mark.parametrize("kernel", ["pallas"])
+@pytest.mark.parametrize("kernel", [pytest.param("pallas", marks=NEEDS_TRITON)])
 def test_pallas_decode_refilled_and_sharded_equal_one_wave(model, kernel):
   """The Pallas GPU decode kernel (Pallas' interpreter on CPU; the TPU
   kernel: tests/test_paged_tpu.py) through refilled slots and an int8 KV
@@ -104,7 +105,7 @@ def float32_one_wave(model):
   return _generate(Sampler(model, eos_ids=[7], decode_attention="paged"), max_new_tokens=48)
 
 
-@pytest.mark.parametrize("kernel", ["pallas"])
+@pytest.mark.parametrize("kernel", [pytest.param("pallas", marks=NEEDS_TRITON)])
 def test_pallas_decode_refilled_equals_one_wave_in_float32(model, float32_one_wave, kernel):
   """The Pallas GPU decode kernel with a float32 cache through refilled
   slots and 48 tokens (several pages): the XLA paged path's one-wave
