@@ -10,7 +10,7 @@ of a real Qwen3 shape (`--preset`) with the project's test tokenizer
 (`mipu_jax.testing.checkpoint`) and uses the shipped DAPO / MATH fixtures
 (`tests/fixtures`), then measures, in one run:
 
-- `math`: `configs/math.py` end to end for 2 RL steps with the FP8 sampler
+- `math`: `studies/configs/math.py` end to end for 2 RL steps with the FP8 sampler
   (sampling, math-verify rewards, learner, sync, MIPU Step 2, evaluation,
   checkpoint, HF export), with the wall time of each phase as the loop's own
   timers log it (`perf/*`), in a child process;
@@ -209,12 +209,12 @@ def bench_attention(args) -> list[dict]:
 
 
 def math_child(args) -> dict:
-  """configs/math.py for 2 RL steps with the FP8 sampler, every phase timed by
+  """studies/configs/math.py for 2 RL steps with the FP8 sampler, every phase timed by
   the loop's own timers (`perf/*`, docs/method.md §4's training metrics)."""
-  from configs import math as math_config  # pylint: disable=g-import-not-at-top
   from mipu_jax import config as config_lib  # pylint: disable=g-import-not-at-top
   from mipu_jax import rl  # pylint: disable=g-import-not-at-top
   from mipu_jax.testing import checkpoint  # pylint: disable=g-import-not-at-top
+  from studies.configs import math as math_config  # pylint: disable=g-import-not-at-top
 
   work = args.math_workdir or tempfile.mkdtemp()
   t0 = time.perf_counter()
@@ -343,7 +343,7 @@ def report(result: dict) -> str:
     out.append(_table(s, ["tokens", "implementation", "ms", "vs_dense", "temp_mib"]))
   s = result.get("math")
   if s:
-    out.append("\n## configs/math.py, 2 RL steps, FP8 sampler\n")
+    out.append("\n## studies/configs/math.py, 2 RL steps, FP8 sampler\n")
     if "error" in s:
       out.append(f"failed: {s['error']}")
     else:

@@ -59,7 +59,7 @@ case "${1:-kernel}" in
     part sampler_1p7b 130 python3 bench/accelerator.py "${acc[@]}" --preset qwen3_1p7b \
       --parts sampler --sampler_modes "bf16,fp8 native" --sampler_seqs 16 \
       --sampler_prompt 256 --sampler_new 256 --out "$OUT/sampler_1p7b"
-    # configs/math.py for 2 RL steps on a random Qwen3-0.6B checkpoint, phases by the loop's timers.
+    # studies/configs/math.py for 2 RL steps on a random Qwen3-0.6B checkpoint, phases by the loop's timers.
     part math 130 python3 bench/accelerator.py "${acc[@]}" --parts math --out "$OUT/math"
     # The GPU tests, file by file, stopping a file at its first failure.
     for f in test_kv_cache test_gpu_decode_fallback test_native_quant test_sampler_scale; do

@@ -8,7 +8,7 @@ projections and SwiGLU under `jax.checkpoint` (`models.qwen3._recompute_mlp_in`)
 the backward pass recomputes them instead of reading them back from the layer
 scan's saved `[L, B, T, F]` stacks. This script measures what that does to one
 learner step (`Learner.step`: the table's two PPO updates of 64 rows each) on
-one RL batch of `configs/table.py:<row>` (the tables' setting), on one CPU
+one RL batch of `studies/configs/table.py:<row>` (the tables' setting), on one CPU
 thread:
 
 - `kept`: the recompute switched off (`_recompute_mlp_in` patched to False
@@ -46,7 +46,7 @@ from absl import app  # pylint: disable=g-import-not-at-top,wrong-import-positio
 from absl import flags  # pylint: disable=g-import-not-at-top,wrong-import-position
 from flax import nnx  # pylint: disable=g-import-not-at-top,wrong-import-position
 
-_ROW = flags.DEFINE_string("row", "baseline", "configs/table.py row.")
+_ROW = flags.DEFINE_string("row", "baseline", "studies/configs/table.py row.")
 _ROUNDS = flags.DEFINE_integer("rounds", 9, "Timed calls of each variant.")
 _TRACE = flags.DEFINE_bool("trace", False, "Print each variant's most expensive XLA ops.")
 _TOP = 6
@@ -104,7 +104,7 @@ def _top_ops(call, name):
 def main(argv):
   del argv
   from absl import logging  # pylint: disable=g-import-not-at-top
-  from configs import table  # pylint: disable=g-import-not-at-top
+  from studies.configs import table  # pylint: disable=g-import-not-at-top
   from mipu_jax import config as config_lib  # pylint: disable=g-import-not-at-top
   from mipu_jax.learner import Learner  # pylint: disable=g-import-not-at-top
   from mipu_jax.models import qwen3  # pylint: disable=g-import-not-at-top

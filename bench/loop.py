@@ -6,7 +6,7 @@ r"""RL steps per CPU-minute of the table's rows, before and after a code change,
 
 `before` is the repository at `--before_rev` (extracted with `git archive`
 into a temporary directory and imported from there), `after` the code this
-script sits in; both train the same `configs/table.py:<row>,<--setting>`.
+script sits in; both train the same `studies/configs/table.py:<row>,<--setting>`.
 Each (variant, row) trains `--steps` RL steps in its own process on one CPU
 thread (`--workers` processes at once, one per core), with no periodic
 evaluation, no checkpoints and a 1-problem final evaluation, from a fresh
@@ -28,7 +28,7 @@ starts empty). Per run it reports:
 
 `after, cached` (`--cached`, on by default) runs `after` once more per row
 with JAX's persistent compilation cache the first `after` runs filled, as a
-table's second and later runs find it (`reproduce.enable_compilation_cache`).
+table's second and later runs find it (`harness.enable_compilation_cache`).
 
 Results unchanged: for every row the script compares the logged metrics of
 `before` and `after` step by step (every key but `perf/*`, which are
@@ -60,18 +60,27 @@ _ROWS = flags.DEFINE_list("rows", ["control", "baseline", "tis", "mipu"], "Table
 _BEFORE = flags.DEFINE_string("before_rev", "9182d53",
                               "Git revision of the `before` code ('' for none).")
 _SETTING = flags.DEFINE_string("setting", "lr=7e-4",
-                               "configs/table.py options shared by every run.")
+                               "studies/configs/table.py options shared by every run.")
 _CACHED = flags.DEFINE_bool(
     "cached", True, "Also measure `after, cached`: `after` again, its compiles read from the "
     "persistent cache the first `after` runs wrote (a study compiles once, not per run).")
 _OUT = flags.DEFINE_string("out", None, "Also write the results as JSON here.")
 
-RUN_STEPS = 120  # a table run's length (configs/table.py, --setting steps=120)
+RUN_STEPS = 120  # a table run's length (studies/configs/table.py, --setting steps=120)
+
+
+def _table():
+  """The table config of the revision on sys.path: `studies/configs/`, or
+  `configs/` in revisions from before the studies had a folder of their own."""
+  try:
+    from studies.configs import table  # pylint: disable=g-import-not-at-top
+  except ImportError:
+    from configs import table  # pylint: disable=g-import-not-at-top
+  return table
 
 
 def _config(row, steps, setting):
-  from configs import table  # pylint: disable=g-import-not-at-top
-  config = table.get_config(",".join(x for x in (row, setting, f"steps={steps}") if x))
+  config = _table().get_config(",".join(x for x in (row, setting, f"steps={steps}") if x))
   config.eval.every = 0
   config.eval.n_per_tier = 1
   config.eval.num_samples = 1
@@ -89,21 +98,23 @@ def measure(row, variant, code_dir, steps, setting, cache_dir=None):
   """One run in this (fresh) process, importing the code of `code_dir`.
 
   With `cache_dir`, JAX's persistent compilation cache lives there (the
-  tables' `reproduce.enable_compilation_cache`).
+  tables' `harness.enable_compilation_cache`).
   """
   sys.path.insert(0, code_dir)
   from absl import logging  # pylint: disable=g-import-not-at-top
   import mipu_jax  # pylint: disable=g-import-not-at-top
   from mipu_jax import config as config_lib  # pylint: disable=g-import-not-at-top
   from mipu_jax import rl  # pylint: disable=g-import-not-at-top
-  import configs  # pylint: disable=g-import-not-at-top
-  for module in (mipu_jax, configs):
+  for module in (mipu_jax, _table()):
     if not os.path.realpath(module.__file__).startswith(os.path.realpath(code_dir) + os.sep):
       raise RuntimeError(f"{variant}: imported {module.__file__}, not the code in {code_dir}")
   logging.set_verbosity(logging.WARNING)
   if cache_dir:
-    from mipu_jax import reproduce  # pylint: disable=g-import-not-at-top
-    reproduce.enable_compilation_cache(cache_dir)
+    try:
+      from mipu_jax.harness import enable_compilation_cache  # pylint: disable=g-import-not-at-top
+    except ImportError:  # before the harness was part of the library
+      from mipu_jax.reproduce import enable_compilation_cache  # pylint: disable=g-import-not-at-top
+    enable_compilation_cache(cache_dir)
   cfg = config_lib.from_config_dict(_config(row, steps, setting))
   with tempfile.TemporaryDirectory() as workdir:
     cpu0, wall0 = time.process_time(), time.perf_counter()

@@ -3,7 +3,7 @@ r"""Per-device memory of the pod configs, before / after the long-context work, 
     python bench/memory.py                 # 8 fake CPU devices, Qwen3-1.7B and Qwen3-4B
     python bench/memory.py --devices 16 --presets qwen3_4b
 
-For each preset's pod config (`configs/pod_qwen3_*.py`, MIPU Step 1's learner
+For each preset's pod config (`studies/configs/pod_qwen3_*.py`, MIPU Step 1's learner
 program, one (1024 + 8192)-token row per device per micro-batch), XLA's
 `compiled.memory_analysis()` of (`mipu_jax.memory_plan`):
 
@@ -39,7 +39,7 @@ def main():
   import dataclasses  # pylint: disable=g-import-not-at-top
   import tempfile  # pylint: disable=g-import-not-at-top
 
-  from configs import pod_qwen3_1p7b, pod_qwen3_4b  # pylint: disable=g-import-not-at-top
+  from studies.configs import pod_qwen3_1p7b, pod_qwen3_4b  # pylint: disable=g-import-not-at-top
   from mipu_jax import config as config_lib  # pylint: disable=g-import-not-at-top
   from mipu_jax import memory_plan as mp  # pylint: disable=g-import-not-at-top
   from mipu_jax.testing import checkpoint  # pylint: disable=g-import-not-at-top

@@ -2,7 +2,7 @@ r"""MIPU Step 2's overhead per RL step, and the cost of a rollback (docs/method.
 
     python bench/mipu.py [--prompts 16 --group 8 --tokens 64 --probe 8 --repeats 3]
 
-One run (`configs/small_cpu.py`'s shapes by default: N = 16 prompts x G = 8
+One run (`studies/configs/small_cpu.py`'s shapes by default: N = 16 prompts x G = 8
 responses, 64 new tokens, tiny Qwen3, fp32 sampler) built with `donate=False`
 so that the same jitted learner serves every variant; RL steps
 (`mipu_jax.rl.rl_step`) are timed, interleaved, at the same step index (same
@@ -28,8 +28,8 @@ from flax import nnx
 
 from mipu_jax import config as config_lib
 from mipu_jax.rl import gates
-from mipu_jax.rl import step as step_lib
 from mipu_jax.rl import setup
+from mipu_jax.rl import step as step_lib
 
 
 def main():

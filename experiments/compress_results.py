@@ -1,7 +1,7 @@
 r"""Stores the finished runs' metrics compressed: `metrics.jsonl` -> `metrics.jsonl.gz`.
 
-    python experiments/compress_results.py --root results
-    python experiments/compress_results.py --root results --dry_run
+    python -m experiments.compress_results --root results
+    python -m experiments.compress_results --root results --dry_run
 
 A run is finished when its `config.json` says `num_steps` and its metrics
 hold that step; unfinished runs (a study still training) are left as they

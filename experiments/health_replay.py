@@ -1,10 +1,10 @@
 r"""Which health signal tells, before it happens, the committed runs that collapsed
 from those that did not? A replay over every committed run's log.
 
-    python experiments/health_replay.py --root results
+    python -m experiments.health_replay --root results
 
 A run collapsed when an evaluation fell more than 15 points below its best so
-far (`reproduce.collapse_step`). Per run, each signal is read over the steps
+far (`harness.collapse_step`). Per run, each signal is read over the steps
 before the collapse (a collapsed run) or over the whole run (the others):
 
 - the `k3_kl` surge rule of docs/method.md §8 (`rl.health`, `HealthConfig`
@@ -30,7 +30,7 @@ from absl import flags
 
 from mipu_jax import config as config_lib
 from mipu_jax import rl
-from mipu_jax.reproduce import collapse_step
+from mipu_jax.harness import collapse_step
 from mipu_jax.rl import health
 
 _ROOT = flags.DEFINE_string("root", "results", "Directory of committed runs.")

@@ -1,18 +1,18 @@
 r"""The long-horizon study: 600-step runs of the fp32 control, the uncorrected
 int4_all baseline and a higher-mismatch sampler, ten seeds each; resumable.
 
-    python experiments/horizon.py --workdir results/horizon --probe        # choose the sampler
-    python experiments/horizon.py --workdir results/horizon               # train + report
-    python experiments/horizon.py --workdir results/horizon --report_only
+    python -m experiments.horizon --workdir results/horizon --probe        # choose the sampler
+    python -m experiments.horizon --workdir results/horizon               # train + report
+    python -m experiments.horizon --workdir results/horizon --report_only
 
 The lr is `horizon.choose_lr` over the lr study's fp32 cells at 1e-4 and 2e-4
 (`--lr_study`), unless `--lr` is given. `--probe` trains 3-step runs of
 each `horizon.STRONG_CANDIDATES` sampler (seeds 0-2, no evaluation) and prints
 their step-1 `rollout_corr/k3_kl` and the choice (`horizon.choose_strong`).
-Every other setting is `configs/table.py`'s (tiers 4-5, evaluation of μ and π
+Every other setting is `studies/configs/table.py`'s (tiers 4-5, evaluation of μ and π
 every 20 steps), checked like with like. Runs go to
 `WORKDIR/runs/<setting>_lr<lr>_s<seed>`; the report (statistics fixed in
-`mipu_jax/reproduce/horizon.py` before the runs) is `horizon.md`,
+`studies/reproduce/horizon.py` before the runs) is `horizon.md`,
 `horizon.json` and `curves_horizon.png`. Seeds are the outer loop; rerunning
 resumes finished runs by reading them back and unfinished ones from their
 newest checkpoint (every 20 steps).
@@ -24,12 +24,13 @@ from absl import app
 from absl import flags
 from absl import logging
 
-from configs import table
 from mipu_jax import config as config_lib
-from mipu_jax import reproduce
+from mipu_jax import harness
 from mipu_jax import rl
-from mipu_jax.reproduce import horizon
-from mipu_jax.reproduce import lr_study
+from studies import reproduce
+from studies.configs import table
+from studies.reproduce import horizon
+from studies.reproduce import lr_study
 
 _WORKDIR = flags.DEFINE_string("workdir", "results/horizon", "Output directory.")
 _LR_STUDY = flags.DEFINE_string("lr_study", "results/lr_study", "The lr study's directory.")
@@ -60,7 +61,7 @@ def _lr() -> float:
   finals = {}
   for lr in horizon.LRS:
     for seed in range(10):
-      s = reproduce.run_one(_config(horizon.CONTROL, seed, lr, 120), "control", seed,
+      s = harness.run_one(_config(horizon.CONTROL, seed, lr, 120), "control", seed,
                             os.path.join(_LR_STUDY.value, "runs",
                                          lr_study.run_name("control", lr, seed)),
                             log=lambda _: None, train=False)
@@ -80,9 +81,9 @@ def _probe(workdir):
       cfg = _config_dict(p, seed, lr, 3)
       # The step-1 k3 is what the probe reads; the final evaluation is kept small.
       cfg.eval.every, cfg.eval.pi, cfg.eval.n_per_tier = 10**6, False, 4
-      jobs.append(reproduce.Job(p, seed, config_lib.from_config_dict(cfg),
+      jobs.append(harness.Job(p, seed, config_lib.from_config_dict(cfg),
                                 os.path.join(workdir, "probe", f"{p}_s{seed}")))
-  reproduce.train_in_workers(jobs, workers=_WORKERS.value,
+  harness.train_in_workers(jobs, workers=_WORKERS.value,
                              cache=os.path.join(workdir, ".jax_cache"))
   k3 = {}
   for j in jobs:
@@ -116,13 +117,13 @@ def main(argv):
     configs = {p: _config(p, seed, lr, steps) for p in _SETTINGS.value}
     for p in configs:  # each sampler against the control: only the precision differs
       reproduce.check_like_with_like({"control": configs[horizon.CONTROL], p: configs[p]})
-    jobs += [reproduce.Job(p, seed, cfg, name(p, seed)) for p, cfg in configs.items()]
+    jobs += [harness.Job(p, seed, cfg, name(p, seed)) for p, cfg in configs.items()]
   if not _REPORT_ONLY.value:
-    reproduce.train_in_workers(jobs, workers=_WORKERS.value,
+    harness.train_in_workers(jobs, workers=_WORKERS.value,
                                cache=os.path.join(workdir, ".jax_cache"))
   runs = []
   for j in jobs:
-    if reproduce.run_one(j.cfg, j.row, j.seed, j.workdir, log=lambda _: None,
+    if harness.run_one(j.cfg, j.row, j.seed, j.workdir, log=lambda _: None,
                          train=False) is not None:  # finished, and of this config
       runs.append(horizon.read_run(j.row, j.seed, j.workdir, steps=steps))
   out = horizon.report(runs, _SETTINGS.value, workdir)

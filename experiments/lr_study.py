@@ -1,16 +1,16 @@
 r"""The lr × sampler precision study, and the rows that isolate LR-decay: resumable.
 
-    python experiments/lr_study.py --workdir results/lr_study            # train + report
-    python experiments/lr_study.py --workdir results/lr_study --report_only
-    python experiments/lr_study.py --workdir results/lr_study --isolate  # + issue 28's rows
+    python -m experiments.lr_study --workdir results/lr_study            # train + report
+    python -m experiments.lr_study --workdir results/lr_study --report_only
+    python -m experiments.lr_study --workdir results/lr_study --isolate  # + issue 28's rows
 
 Cells: the tables' no-mismatch `control` (fp32 sampler) and uncorrected
 `baseline` (int4_all sampler) at each lr of `--lrs`, ten seeds each, every
-other setting `configs/table.py`'s (tiers 4-5, 120 steps, evaluation every
+other setting `studies/configs/table.py`'s (tiers 4-5, 120 steps, evaluation every
 20 steps of μ and, with `eval.pi`, of π at full precision). The tables' own
 earlier tables' lr (`--tables_lr`, 7e-4) is not rerun: its runs are
 `results/small_cpu/runs/{control,baseline}_s*` (`--tables_workdir`), read back. Runs go to
-`WORKDIR/runs/<row>_lr<lr>_s<seed>`; the report (`mipu_jax.reproduce.lr_study`)
+`WORKDIR/runs/<row>_lr<lr>_s<seed>`; the report (`studies.reproduce.lr_study`)
 is `study.md`, `summary.json` and `final_vs_lr.png`.
 
 `--isolate` also trains the tables' rows that isolate LR-decay
@@ -32,10 +32,11 @@ from absl import app
 from absl import flags
 from absl import logging
 
-from configs import table
 from mipu_jax import config as config_lib
-from mipu_jax import reproduce
-from mipu_jax.reproduce import lr_study
+from mipu_jax import harness
+from studies import reproduce
+from studies.configs import table
+from studies.reproduce import lr_study
 
 _WORKDIR = flags.DEFINE_string("workdir", "results/lr_study", "Output directory.")
 _TABLES = flags.DEFINE_string("tables_workdir", "results/small_cpu",
@@ -66,16 +67,16 @@ def main(argv):
     for lr in lrs:
       configs = {row: _config(row, seed, lr) for row in lr_study.ROWS}
       reproduce.check_like_with_like(configs)
-      jobs += [reproduce.Job(row, seed, cfg, os.path.join(
+      jobs += [harness.Job(row, seed, cfg, os.path.join(
           workdir, "runs", lr_study.run_name(row, lr, seed))) for row, cfg in configs.items()]
     if _ISOLATE.value:
       configs = {row: _config(row, seed, _TABLES_LR.value) for row in reproduce.ISOLATE_ROWS}
       reproduce.check_like_with_like(configs)
-      jobs += [reproduce.Job(row, seed, cfg, os.path.join(tables, "runs", f"{row}_s{seed}"))
+      jobs += [harness.Job(row, seed, cfg, os.path.join(tables, "runs", f"{row}_s{seed}"))
                for row, cfg in configs.items() if row not in ("control", "baseline", "lr_decay")]
   os.makedirs(workdir, exist_ok=True)
   if not _REPORT_ONLY.value:
-    reproduce.train_in_workers(jobs, workers=_WORKERS.value,
+    harness.train_in_workers(jobs, workers=_WORKERS.value,
                                cache=os.path.join(workdir, ".jax_cache"))
 
   # The report: every cell's finished runs, the earlier tables' lr (--tables_lr) from theirs.
@@ -87,7 +88,7 @@ def main(argv):
       found = []
       for seed in seeds:
         cfg = _config(row, seed, lr)
-        s = reproduce.run_one(cfg, row, seed, os.path.join(root, "runs", name(row, lr, seed)),
+        s = harness.run_one(cfg, row, seed, os.path.join(root, "runs", name(row, lr, seed)),
                               log=lambda _: None, train=False)
         if s is not None:
           found.append(s)

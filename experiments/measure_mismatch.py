@@ -6,9 +6,9 @@ against the fp32 learner's log-probs of the same tokens; writes a CSV and a PNG.
 The logic lives in `mipu_jax.sampler.mismatch.run_lab`.
 
   # Random-init preset, CPU (2 cores: about 2 minutes, mostly compilation):
-  python experiments/measure_mismatch.py --preset=tiny --out_dir=runs/mismatch
+  python -m experiments.measure_mismatch --preset=tiny --out_dir=runs/mismatch
   # A Hugging Face Qwen3 directory:
-  python experiments/measure_mismatch.py --checkpoint=/path/to/Qwen3-0.6B \
+  python -m experiments.measure_mismatch --checkpoint=/path/to/Qwen3-0.6B \
       --modes=fp32,bf16,int8,fp8,int4 --max_new_tokens=64
 """
 

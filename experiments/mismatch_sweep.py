@@ -1,11 +1,11 @@
 r"""The mismatch study on the small CPU task: every cell of the grid, resumable.
 
-    python experiments/mismatch_sweep.py --workdir results/mismatch_sweep
-    python experiments/mismatch_sweep.py --workdir results/mismatch_sweep \
+    python -m experiments.mismatch_sweep --workdir results/mismatch_sweep
+    python -m experiments.mismatch_sweep --workdir results/mismatch_sweep \
         --cells fp32_lr1e-3,int4_all_lr1e-3 --report_only
 
-Cells are `configs/mismatch.py` arguments (`configs/mismatch.GRID`, or
-`--extra name=arg` for more); the logic lives in `mipu_jax.mismatch_sweep`.
+Cells are `studies/configs/mismatch.py` arguments (`studies/configs/mismatch.GRID`, or
+`--extra name=arg` for more); the logic lives in `studies.mismatch_sweep`.
 Writes `grid.md`, `summary.json`, `sweep.png` and one run per cell under
 `runs/`; re-running resumes (finished cells are read back, if their config
 still matches).
@@ -15,9 +15,9 @@ from absl import app
 from absl import flags
 from absl import logging
 
-from configs import mismatch
-from mipu_jax import mismatch_sweep
-from mipu_jax import reproduce
+from mipu_jax import harness
+from studies import mismatch_sweep
+from studies.configs import mismatch
 
 _WORKDIR = flags.DEFINE_string("workdir", None, "Output directory.")
 _CELLS = flags.DEFINE_list("cells", None, "Cells of the grid to run (default: all).")
@@ -32,7 +32,7 @@ flags.mark_flag_as_required("workdir")
 def main(argv):
   del argv
   logging.set_verbosity(logging.WARNING)  # orbax logs every save at INFO.
-  reproduce.enable_compilation_cache(_CACHE.value, _WORKDIR.value)
+  harness.enable_compilation_cache(_CACHE.value, _WORKDIR.value)
   cells = dict(mismatch.GRID)
   for item in _EXTRA.value:
     name, _, arg = item.partition("=")

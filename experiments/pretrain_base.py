@@ -1,6 +1,6 @@
 r"""Pretrains the small task's base policy and ships it as a Hugging Face checkpoint.
 
-    python experiments/pretrain_base.py \
+    python -m experiments.pretrain_base \
         --output_dir=mipu_jax/tasks/assets/base_policy
 
 Supervised next-token training of a small Qwen3 on the arithmetic task's SFT
@@ -49,7 +49,7 @@ def main(argv):
       direct_error_rate=_DIRECT_ERROR_RATE.value, skill_steps=_SKILL_STEPS.value,
       skill_cot_fraction=_SKILL_COT_FRACTION.value, seed=_SEED.value,
       eval_per_tier=_EVAL_PER_TIER.value, eval_temperature=_EVAL_TEMPERATURE.value)
-  command = "python experiments/pretrain_base.py " + " ".join(sys.argv[1:])
+  command = "python -m experiments.pretrain_base " + " ".join(sys.argv[1:])
   results = pretrain.run(cfg, _OUTPUT_DIR.value, command=command.strip())
   for tier, row in results.items():
     print(f"{tier}: accuracy {row['accuracy']:.3f}  step share {row['step_share']:.2f}  "

@@ -1,22 +1,22 @@
 r"""Reproduces the sources' tables on the small CPU task: every row x ten seeds.
 
-    python experiments/reproduce_tables.py --workdir results/small_cpu_lr2e-4        # 10 seeds
-    python experiments/reproduce_tables.py --workdir results/small_cpu_lr2e-4 --seeds 0,2,4,6,8 &
-    python experiments/reproduce_tables.py --workdir results/small_cpu_lr2e-4 --seeds 1,3,5,7,9 &
-    python experiments/reproduce_tables.py --workdir results/small_cpu_lr2e-4 --report_only
-    python experiments/reproduce_tables.py --workdir /tmp/t --quick                # smoke budget
-    python experiments/reproduce_tables.py --workdir results/small_cpu \
+    python -m experiments.reproduce_tables --workdir results/small_cpu_lr2e-4        # 10 seeds
+    python -m experiments.reproduce_tables --workdir results/small_cpu_lr2e-4 --seeds 0,2,4,6,8 &
+    python -m experiments.reproduce_tables --workdir results/small_cpu_lr2e-4 --seeds 1,3,5,7,9 &
+    python -m experiments.reproduce_tables --workdir results/small_cpu_lr2e-4 --report_only
+    python -m experiments.reproduce_tables --workdir /tmp/t --quick                # smoke budget
+    python -m experiments.reproduce_tables --workdir results/small_cpu \
         --setting lr=7e-4 --report_only         # the earlier tables' setting
-    python experiments/reproduce_tables.py --workdir results/small_cpu_lr1e-3 \
+    python -m experiments.reproduce_tables --workdir results/small_cpu_lr1e-3 \
         --setting lr=1e-3,steps=60 --seeds 0,1,2,3,4 --report_only  # the first tables' setting
-    python experiments/reproduce_tables.py --workdir results/small_cpu_lr2e-4_ulp1 \
+    python -m experiments.reproduce_tables --workdir results/small_cpu_lr2e-4_ulp1 \
         --setting ulp=1 --rows control,baseline,tis,mipu --seeds 0,1,2,3,4 \
         --perturbation_of results/small_cpu_lr2e-4    # the float sums perturbed
 
-Rows are `configs/table.py:<row>` (an int4 / FP8 sampler, tiers 4-5, lr
+Rows are `studies/configs/table.py:<row>` (an int4 / FP8 sampler, tiers 4-5, lr
 2e-4, 120 steps: the lr the lr x precision study chose); the logic — runs, like
 with like, Stable criterion, tables, statistics, figures — lives in
-`mipu_jax.reproduce`. Writes `table.md`, `summary.json`, `curves_*.png`,
+`studies.reproduce`. Writes `table.md`, `summary.json`, `curves_*.png`,
 `gap_post.png` and one directory per run under `runs/`; re-running resumes
 (finished runs are read back, unfinished ones continue from their
 checkpoint), and `--report_only` only tabulates the runs that finished. Two
@@ -34,9 +34,10 @@ from absl import app
 from absl import flags
 from absl import logging
 
-from configs import rows as rows_lib
-from configs import table
-from mipu_jax import reproduce
+from mipu_jax import harness
+from studies import reproduce
+from studies.configs import rows as rows_lib
+from studies.configs import table
 
 _WORKDIR = flags.DEFINE_string("workdir", None, "Output directory.")
 _ROWS = flags.DEFINE_list("rows", list(rows_lib.ROWS), "Table rows to run.")
@@ -50,7 +51,7 @@ _QUICK = flags.DEFINE_bool("quick", False, "Smoke budget: 2 steps, 1 seed, tiny 
 _INIT_FROM = flags.DEFINE_string(
     "init_from", None, "Base policy checkpoint directory (default: the config's).")
 _SETTING = flags.DEFINE_string(
-    "setting", "", "More configs/table.py options, e.g. 'lr=7e-4' (the earlier tables' "
+    "setting", "", "More studies/configs/table.py options, e.g. 'lr=7e-4' (the earlier tables' "
     "setting, results/small_cpu).")
 _PERTURBATION_OF = flags.DEFINE_string(
     "perturbation_of", None, "With --setting ulp=N: the workdir of the same rows unperturbed; "
@@ -82,7 +83,7 @@ def make_config(row, seed, p):
 def main(argv):
   del argv
   logging.set_verbosity(logging.WARNING)  # orbax logs every save at INFO.
-  reproduce.enable_compilation_cache(_CACHE.value, _WORKDIR.value)
+  harness.enable_compilation_cache(_CACHE.value, _WORKDIR.value)
   seeds = [int(s) for s in _SEEDS.value][:1 if _QUICK.value else None]
   result = reproduce.run_table(make_config, _ROWS.value, seeds, _WORKDIR.value,
                                train=not _REPORT_ONLY.value)

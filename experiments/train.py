@@ -1,6 +1,6 @@
 r"""RL post-training launcher.
 
-    python experiments/train.py --config configs/small_cpu.py --workdir /tmp/run \
+    python -m experiments.train --config studies/configs/small_cpu.py --workdir /tmp/run \
         --config.loss.correction.preset=mis_miles --config.num_steps=50
 
 Parses flags, starts JAX's distributed runtime when the job has several

@@ -41,6 +41,6 @@ def tiny_ckpt(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def math_inputs(tiny_ckpt):
-  """`ckpt=...,train=...,eval=...` for `configs/math.py` and the pod configs."""
+  """`ckpt=...,train=...,eval=...` for `studies/configs/math.py` and the pod configs."""
   return (f"ckpt={tiny_ckpt},train={FIXTURES / 'train' / 'dapo_math.jsonl'},"
           f"eval={FIXTURES / 'benchmarks'}")

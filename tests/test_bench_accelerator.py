@@ -40,4 +40,4 @@ def test_accelerator_bench_tiny(tmp_path):
   assert phases["outside the steps (setup, step-0 eval, final save, HF export)"] > 0
   assert all(0 < x < 1 for x in math["rollout_share_of_step"])
   table = (out / "accelerator.md").read_text()
-  assert "## Sampler" in table and "## configs/math.py" in table
+  assert "## Sampler" in table and "## studies/configs/math.py" in table

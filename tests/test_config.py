@@ -8,9 +8,9 @@ import pytest
 from absl import flags
 from ml_collections import config_flags
 
-from configs import base as base_config
-from configs import small_cpu
 from mipu_jax import config as config_lib
+from studies.configs import base as base_config
+from studies.configs import small_cpu
 
 
 def _cd(**sections):
@@ -115,7 +115,7 @@ def test_shipped_configs_validate(module):
 def test_command_line_overrides_reach_nested_and_placeholder_fields(monkeypatch):
   fv = flags.FlagValues()
   config_flags.DEFINE_config_file("config", None, "", flag_values=fv, lock_config=True)
-  path = os.path.join(os.path.dirname(__file__), os.pardir, "configs", "small_cpu.py")
+  path = os.path.join(os.path.dirname(__file__), os.pardir, "studies", "configs", "small_cpu.py")
   argv = ["train", f"--config={path}", "--config.loss.correction.preset=mis_miles",
           "--config.loss.correction.is_upper=3.0", "--config.sampling.weight_quant=fp8_e4m3",
           "--config.data.train_tiers=('tier1','tier4')", "--config.num_steps=7"]

@@ -68,11 +68,12 @@ def test_a_run_saved_before_eval_pi_reads_back_with_it_on():
 
 
 def test_tables_show_pi_beside_mu_only_when_runs_evaluated_it():
-  from mipu_jax import reproduce  # pylint: disable=g-import-not-at-top
+  from mipu_jax import harness  # pylint: disable=g-import-not-at-top
+  from studies import reproduce  # pylint: disable=g-import-not-at-top
   tiers = ("tier1",)
 
   def run(row, seed, avg, pi=None):
-    return reproduce.RunSummary(
+    return harness.RunSummary(
         row=row, seed=seed, workdir="", final={"tier1": avg, "avg": avg}, final_se=0.02,
         peak_avg=avg, peak_step=1, peak_se=0.02, stable=True, rollback_rate=0.0,
         k3_kl=1e-3, seconds=1.0, final_pi=pi, peak_pi=None if pi is None else pi + 0.1)

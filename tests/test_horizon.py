@@ -1,4 +1,4 @@
-"""The long-horizon study's measures and claims, by hand (mipu_jax/reproduce/horizon.py)."""
+"""The long-horizon study's measures and claims, by hand (studies/reproduce/horizon.py)."""
 
 import json
 import math
@@ -7,8 +7,8 @@ import os
 import numpy as np
 import pytest
 
-from mipu_jax.reproduce import horizon
-from mipu_jax.reproduce import stats
+from mipu_jax.harness import stats
+from studies.reproduce import horizon
 
 
 def _rows(avgs, *, every=20, se=0.02, k3=1e-3, pi=None):
@@ -120,7 +120,7 @@ def test_report_writes_table_and_figure(tmp_path):
 
 
 def test_candidates_are_samplers_of_the_study():
-  from configs import mismatch  # pylint: disable=g-import-not-at-top
+  from studies.configs import mismatch  # pylint: disable=g-import-not-at-top
   assert set(horizon.SETTINGS) | set(horizon.STRONG_CANDIDATES) <= set(mismatch.PRECISIONS)
   a, b = mismatch.PRECISIONS["int4_all"], mismatch.PRECISIONS[horizon.STRONG]
   assert {k for k in a if a[k] != b[k]} == {"weight_quant"}

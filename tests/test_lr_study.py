@@ -1,15 +1,16 @@
-"""The lr x precision study's report (mipu_jax/reproduce/lr_study.py), by hand."""
+"""The lr x precision study's report (studies/reproduce/lr_study.py), by hand."""
 
 import os
 
 import pytest
 
-from mipu_jax import reproduce
-from mipu_jax.reproduce import lr_study
+from mipu_jax import harness
+
+from studies.reproduce import lr_study
 
 
 def _run(row, seed, avg, pi=None, stable=True, collapse=None):
-  return reproduce.RunSummary(
+  return harness.RunSummary(
       row=row, seed=seed, workdir="", final={"avg": avg}, final_se=0.01, peak_avg=avg + 0.01,
       peak_step=100, peak_se=0.01, stable=stable, rollback_rate=0.0, k3_kl=0.01,
       seconds=1.0, collapse_step=collapse, final_pi=pi, peak_pi=pi)

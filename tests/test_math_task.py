@@ -13,7 +13,6 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from configs import math as math_config
 from mipu_jax import config as config_lib
 from mipu_jax import eval as eval_lib
 from mipu_jax import models
@@ -27,6 +26,7 @@ from mipu_jax.tasks import math_task
 from mipu_jax.testing import checkpoint as tiny
 from mipu_jax.tokenizer import completion_text
 from mipu_jax.tokenizer import HFTokenizer
+from studies.configs import math as math_config
 
 FIXTURES = pathlib.Path(__file__).parent / "fixtures"
 DAPO = str(FIXTURES / "train" / "dapo_math.jsonl")

@@ -4,10 +4,10 @@ import os
 
 import pytest
 
-from configs import mismatch
 from mipu_jax import config as config_lib
-from mipu_jax import mismatch_sweep
 from mipu_jax import rl
+from studies import mismatch_sweep
+from studies.configs import mismatch
 
 TIERS = ("tier1", "tier2")
 

@@ -1,7 +1,7 @@
 """Pod readiness: the Qwen3-1.7B / 4B RL step (learner and sampler) fits a v5e chip.
 
 Nothing is materialised (`mipu_jax.memory_plan`: abstract parameters with
-their shardings). Settings come from `configs/pod_qwen3_*.py` (its mesh
+their shardings). Settings come from `studies/configs/pod_qwen3_*.py` (its mesh
 `data=1, fsdp=-1, tensor=1` over the 8 CPU devices of `conftest.py`, one row
 per device per micro-batch, blockwise attention, chunked log-probs, per-layer
 remat; the sampler's KV cache sharded over the slots). Per-device memory from
@@ -17,13 +17,13 @@ import pytest
 from flax import nnx
 
 
-from configs import pod_qwen3_1p7b
-from configs import pod_qwen3_4b
 from mipu_jax import config as config_lib
 from mipu_jax import memory_plan
 from mipu_jax import models
 from mipu_jax.learner import mesh_from_config
 from mipu_jax.models import sharding
+from studies.configs import pod_qwen3_1p7b
+from studies.configs import pod_qwen3_4b
 
 GIB = 2**30
 PROMPT_LEN = 1024  # math prompts; the learner row is prompt + response budget

@@ -33,7 +33,11 @@ def test_ci_uses_a_fresh_venv_without_system_packages(script):
 
 def test_readme_main_command_names_files_that_exist():
   main = _readme_commands()[0]
-  for path in re.findall(r"(?:experiments|configs)/[\w/]+\.py", main):
+  modules = re.findall(r"python -m ((?:experiments|bench)[\w.]*)", main)
+  assert modules, main
+  for module in modules:
+    assert (ROOT / (module.replace(".", "/") + ".py")).is_file(), module
+  for path in re.findall(r"studies/[\w/]+\.py", main):
     assert (ROOT / path).is_file(), path
 
 
@@ -60,3 +64,28 @@ def test_committed_study_runs_are_finished():
   assert len(runs) > 300, len(runs)  # the committed studies
   unfinished = [r for r in runs if not (ROOT / r / "summary.json").is_file()]
   assert not unfinished, unfinished
+
+
+def test_the_library_imports_no_study_code():
+  """mipu_jax is what `pip install` ships: it must not import this repository's
+  studies, experiments or benchmarks (a user's install has none of them)."""
+  import ast  # pylint: disable=g-import-not-at-top
+  outside = ("studies", "configs", "experiments", "bench")
+  found = []
+  for path in sorted((ROOT / "mipu_jax").rglob("*.py")):
+    for node in ast.walk(ast.parse(path.read_text())):
+      if isinstance(node, ast.Import):
+        names = [a.name for a in node.names]
+      elif isinstance(node, ast.ImportFrom) and not node.level:
+        names = [node.module or ""]
+      else:
+        continue
+      found += [f"{path.relative_to(ROOT)}:{node.lineno} {n}" for n in names
+                if n.split(".")[0] in outside]
+  assert not found, found
+
+
+def test_only_the_library_is_installed():
+  text = (ROOT / "setup.cfg").read_text()
+  include = re.search(r"\[options\.packages\.find\]\ninclude = (.*)", text).group(1)
+  assert [p.strip() for p in include.split(",")] == ["mipu_jax", "mipu_jax.*"]

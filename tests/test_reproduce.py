@@ -9,14 +9,15 @@ import sys
 import pytest
 
 
-from configs import pod_qwen3_1p7b
-from configs import pod_qwen3_4b
-from configs import rows
-from configs import common
-from configs import table
 from mipu_jax import config as config_lib
+from mipu_jax import harness
 from mipu_jax import losses
-from mipu_jax import reproduce
+from studies import reproduce
+from studies.configs import common
+from studies.configs import pod_qwen3_1p7b
+from studies.configs import pod_qwen3_4b
+from studies.configs import rows
+from studies.configs import table
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TIERS = ("tier1", "tier2", "tier3", "tier4", "tier5")
@@ -135,31 +136,31 @@ def _rows(avgs, se=0.01, rollback=None):
 
 def test_stable_is_last_two_evals_within_two_standard_errors_of_the_best_so_far():
   # Peak 0.50 ± 0.01: the floor is 0.48; both of the last two evals count.
-  s = reproduce.summarize(_rows([0.3, 0.5, 0.49, 0.48]), TIERS)
+  s = harness.summarize(_rows([0.3, 0.5, 0.49, 0.48]), TIERS)
   assert s["stable"] and s["peak_avg"] == 0.5 and s["peak_step"] == 1
   assert s["k3_kl"] == 0.0  # not logged by these rows
   assert s["peak_se"] == 0.01 and s["final_se"] == 0.01
-  s = reproduce.summarize(_rows([0.3, 0.5, 0.47, 0.49], rollback=0.25), TIERS)
+  s = harness.summarize(_rows([0.3, 0.5, 0.47, 0.49], rollback=0.25), TIERS)
   assert not s["stable"] and s["rollback_rate"] == 0.25  # a dip in the last two
   assert s["final"]["avg"] == 0.49 and s["final"]["tier3"] == 0.49
   # A noisier evaluation tolerates a larger fall; step 0 never counts.
-  assert reproduce.summarize(_rows([0.3, 0.5, 0.44], se=0.04), TIERS)["stable"]
-  assert reproduce.summarize(_rows([0.6, 0.2]), TIERS)["stable"] is False
-  assert reproduce.summarize(_rows([0.2, 0.6]), TIERS)["stable"]
+  assert harness.summarize(_rows([0.3, 0.5, 0.44], se=0.04), TIERS)["stable"]
+  assert harness.summarize(_rows([0.6, 0.2]), TIERS)["stable"] is False
+  assert harness.summarize(_rows([0.2, 0.6]), TIERS)["stable"]
   # Still rising at the end: 0.40 is 20 SEs below the last evaluation, but
   # nothing came before it to fall from, so the run is Stable (the overall
   # peak's rule marked it not Stable).
-  assert reproduce.summarize(_rows([0.2, 0.3, 0.4, 0.6]), TIERS)["stable"]
+  assert harness.summarize(_rows([0.2, 0.3, 0.4, 0.6]), TIERS)["stable"]
   # Fell back from an earlier peak and then rose past it: the second-to-last
   # evaluation (0.40) is below the best before it (0.5 - 0.02) -> not Stable.
-  assert not reproduce.summarize(_rows([0.2, 0.5, 0.40, 0.6]), TIERS)["stable"]
+  assert not harness.summarize(_rows([0.2, 0.5, 0.40, 0.6]), TIERS)["stable"]
   # Rose, then fell 3 SEs at the very end -> not Stable.
-  assert not reproduce.summarize(_rows([0.2, 0.3, 0.5, 0.47]), TIERS)["stable"]
+  assert not harness.summarize(_rows([0.2, 0.3, 0.5, 0.47]), TIERS)["stable"]
   nan = _rows([0.3, 0.3])
   nan[-1]["actor/grad_norm"] = float("nan")
-  assert not reproduce.summarize(nan, TIERS)["stable"]
+  assert not harness.summarize(nan, TIERS)["stable"]
   with pytest.raises(ValueError, match="avg_se"):
-    reproduce.summarize([{"step": 0.0, "eval/avg": 0.3}], TIERS)
+    harness.summarize([{"step": 0.0, "eval/avg": 0.3}], TIERS)
 
 
 def test_rows_must_differ_only_in_the_compared_setting():
@@ -180,7 +181,7 @@ def test_rows_must_differ_only_in_the_compared_setting():
 
 def test_tables_have_the_sources_layout():
   def run(row, seed, avg, stable, rate=0.0):
-    return reproduce.RunSummary(row=row, seed=seed, workdir="", final={
+    return harness.RunSummary(row=row, seed=seed, workdir="", final={
         **{t: avg for t in TIERS}, "avg": avg}, final_se=0.02, peak_avg=avg + 0.01,
         peak_step=3, peak_se=0.02, stable=stable, rollback_rate=rate, k3_kl=1e-3,
         seconds=1.0)
@@ -211,9 +212,8 @@ def test_main_job_quick_then_the_tables_reuse_its_runs(tmp_path):
   (at a rate of 0, Step 1's run)."""
   workdir = tmp_path / "main"
   proc = subprocess.run(
-      [sys.executable, os.path.join(ROOT, "experiments", "compare.py"),
-       f"--workdir={workdir}", "--quick"],
-      capture_output=True, text=True, timeout=600,
+      [sys.executable, "-m", "experiments.compare", f"--workdir={workdir}", "--quick"],
+      capture_output=True, text=True, timeout=600, cwd=ROOT,
       env=dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS=""))
   assert proc.returncode == 0, proc.stderr[-3000:]
   md = (workdir / "table.md").read_text()
@@ -278,7 +278,7 @@ def test_random_rollback_gets_mipus_measured_rate(tmp_path, monkeypatch, rate):
     trained[row] = cfg
     os.makedirs(workdir)
     pathlib.Path(workdir, "metrics.jsonl").touch()
-    return reproduce.RunSummary(
+    return harness.RunSummary(
         row=row, seed=seed, workdir=workdir,
         final={t: 0.5 for t in (*cfg.eval.tiers, "avg")}, final_se=0.02,
         peak_avg=0.5, peak_step=1, peak_se=0.02, stable=True,
@@ -309,13 +309,13 @@ def test_read_back_ignores_settings_added_later_at_their_default(tmp_path):
   rows_ = [{"step": s, "eval/avg": 0.3, "eval/avg_se": 0.02,
             **{f"eval/{t}": 0.3 for t in TIERS}} for s in (0, 20)]
   (tmp_path / "metrics.jsonl").write_text("\n".join(map(json.dumps, rows_)))
-  got = reproduce.run_one(cfg, "baseline", 0, str(tmp_path), log=lambda _: None,
+  got = harness.run_one(cfg, "baseline", 0, str(tmp_path), log=lambda _: None,
                           train=False)
   assert got.seconds == 3.0 and got.final["avg"] == 0.3
   native = dataclasses.replace(cfg, sampling=dataclasses.replace(
       cfg.sampling, quant_compute="native"))
   with pytest.raises(ValueError, match="quant_compute"):
-    reproduce.run_one(native, "baseline", 0, str(tmp_path), log=lambda _: None,
+    harness.run_one(native, "baseline", 0, str(tmp_path), log=lambda _: None,
                       train=False)
 
 
@@ -328,7 +328,7 @@ def test_lr_decay_figure_needs_both_rows(tmp_path):
     d.joinpath("metrics.jsonl").write_text("\n".join(json.dumps(
         {"step": s + 1, "actor/lr": lr, "rollout/response_length_mean": 20.0 + s})
         for s, lr in enumerate(lrs)))
-    runs.append(reproduce.RunSummary(row=row, seed=0, workdir=str(d), final={"avg": 0.3},
+    runs.append(harness.RunSummary(row=row, seed=0, workdir=str(d), final={"avg": 0.3},
                                      final_se=0.02, peak_avg=0.3, peak_step=0, peak_se=0.02,
                                      stable=True, rollback_rate=0.0, k3_kl=0.0, seconds=1.0))
   assert reproduce.plot_lr_decay(runs[:1], str(tmp_path / "a.png")) is None
@@ -358,9 +358,9 @@ def test_every_message_of_a_run_names_its_row_and_seed(tmp_path, monkeypatch, ca
     return types.SimpleNamespace(rows=rows, stopped_at=None)
 
   cfg_tiers = cfg.eval.tiers
-  monkeypatch.setattr(reproduce.runs.rl, "train", fake_train)
+  monkeypatch.setattr(harness.runs.rl, "train", fake_train)
   caplog.set_level(logging.WARNING)
-  s = reproduce.run_one(cfg, "mipu", 3, str(tmp_path / "run"), log=lambda _: None)
+  s = harness.run_one(cfg, "mipu", 3, str(tmp_path / "run"), log=lambda _: None)
   assert s.stable and s.seed == 3
   messages = [r.getMessage() for r in caplog.records]
   assert "[mipu seed 3] step 45: mismatch health: k3_kl 0.0213 is 2.03x its median" in messages
@@ -371,26 +371,26 @@ def test_every_message_of_a_run_names_its_row_and_seed(tmp_path, monkeypatch, ca
   caplog.clear()
   logging.getLogger("mipu_jax.rl.health").warning("after the run")
   assert [r.getMessage() for r in caplog.records] == ["after the run"]
-  with reproduce.run_label("base%line", 0):  # a '%' in a name does not break formatting
+  with harness.run_label("base%line", 0):  # a '%' in a name does not break formatting
     logging.getLogger("x").warning("step %d", 5)
   assert caplog.records[-1].getMessage() == "[base%line seed 0] step 5"
 
 
 def test_a_main_job_workers_error_names_its_run(tmp_path):
   """A worker's error reaches the main process with its row and seed."""
-  from configs import table  # pylint: disable=g-import-not-at-top
-  from mipu_jax.reproduce import workers  # pylint: disable=g-import-not-at-top
+  from mipu_jax.harness import workers  # pylint: disable=g-import-not-at-top
+  from studies.configs import table  # pylint: disable=g-import-not-at-top
   blocker = tmp_path / "a_file"
   blocker.write_text("")  # the run's directory cannot be made under a file
   cfg = config_lib.from_config_dict(table.get_config("baseline,seed=4,quick"))
-  job = reproduce.Job("baseline", 4, cfg, str(blocker / "runs" / "baseline_s4"))
+  job = harness.Job("baseline", 4, cfg, str(blocker / "runs" / "baseline_s4"))
   with pytest.raises(RuntimeError, match=r"^\[baseline seed 4\] "):
     workers._train(job, "")
 
 
 def test_placement_puts_a_users_run_among_the_committed_seeds():
   def run(row, seed, avg):
-    return reproduce.RunSummary(row=row, seed=seed, workdir="", final={"avg": avg},
+    return harness.RunSummary(row=row, seed=seed, workdir="", final={"avg": avg},
                                 final_se=0.01, peak_avg=avg, peak_step=1, peak_se=0.01,
                                 stable=True, rollback_rate=0.0, k3_kl=0.0, seconds=1.0)
   committed = [run("baseline", s, v) for s, v in enumerate([0.3, 0.5, 0.4, 0.6, 0.2])]
@@ -406,7 +406,7 @@ def test_the_main_job_places_its_runs_only_against_the_same_setting():
   (seed aside): the committed seed 0 places at its own value; a quick job has
   nothing to be compared with."""
   root = os.path.join(ROOT, "results", "small_cpu")
-  runs = [reproduce.run_one(_build(table, "control,seed=0,lr=7e-4"), "control", 0,
+  runs = [harness.run_one(_build(table, "control,seed=0,lr=7e-4"), "control", 0,
                             os.path.join(root, "runs", "control_s0"),
                             log=lambda _: None, train=False)]
   full = lambda row, seed, p: table.get_config(f"{row},seed={seed},lr=7e-4")
@@ -421,18 +421,18 @@ def test_a_run_stopped_by_a_preemption_notice_is_not_finished(tmp_path, monkeypa
   """A SIGTERM stops rl.train after a checkpointed step (stopped_at): run_one
   must not write the summary that marks the run finished, and a worker stops."""
   import types  # pylint: disable=g-import-not-at-top
-  from mipu_jax.reproduce import workers  # pylint: disable=g-import-not-at-top
+  from mipu_jax.harness import workers  # pylint: disable=g-import-not-at-top
   cfg = _build(table, "baseline")
   rows = [{"step": float(s), "eval/avg": 0.5, "eval/avg_se": 0.01,
            **{f"eval/{t}": 0.5 for t in cfg.eval.tiers}} for s in (0, 1)]
-  monkeypatch.setattr(reproduce.runs.rl, "train",
+  monkeypatch.setattr(harness.runs.rl, "train",
                       lambda cfg, workdir: types.SimpleNamespace(rows=rows, stopped_at=1))
   workdir = tmp_path / "run"
   workdir.mkdir()
-  assert reproduce.run_one(cfg, "baseline", 0, str(workdir), log=lambda _: None) is None
+  assert harness.run_one(cfg, "baseline", 0, str(workdir), log=lambda _: None) is None
   assert not (workdir / "summary.json").exists()
   with pytest.raises(RuntimeError, match=r"\[baseline seed 0\] stopped on a preemption"):
-    workers._train(reproduce.Job("baseline", 0, cfg, str(workdir)), "")
+    workers._train(harness.Job("baseline", 0, cfg, str(workdir)), "")
   # The tables' job (run_table, one process) starts no further run after it:
   # before, the next row of the seed started training and was stopped in turn.
   started, logs = [], []
@@ -441,7 +441,7 @@ def test_a_run_stopped_by_a_preemption_notice_is_not_finished(tmp_path, monkeypa
     started.append(workdir)
     return types.SimpleNamespace(rows=rows, stopped_at=1)
 
-  monkeypatch.setattr(reproduce.runs.rl, "train", train)
+  monkeypatch.setattr(harness.runs.rl, "train", train)
   result = reproduce.run_table(lambda row, seed, p: table.get_config(f"{row},seed={seed}"),
                                ("baseline", "tis", "mis"), [0, 1], str(tmp_path / "t"),
                                log=logs.append)
@@ -488,7 +488,7 @@ def test_perturbation_report_pairs_the_same_runs_and_checks_like_with_like(tmp_p
 
 
 def test_the_main_job_has_committed_tables_to_be_placed_among():
-  """experiments/compare.py places a user's runs among configs/table.py
+  """experiments/compare.py places a user's runs among studies/configs/table.py
   COMMITTED's tables for the lr it trained: each listed table is in the
   repository, and the job's default lr has one (else it prints 'Not placed')."""
   def seeds(lr):  # what compare.py reads back: each row's committed seeds

@@ -1,10 +1,10 @@
-"""Step 2's signal report (mipu_jax/reproduce/signal.py), hand-computed."""
+"""Step 2's signal report (studies/reproduce/signal.py), hand-computed."""
 
 import math
 
 import pytest
 
-from mipu_jax.reproduce import signal
+from studies.reproduce import signal
 
 
 def _rows():

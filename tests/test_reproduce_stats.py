@@ -1,10 +1,11 @@
-"""The tables' statistics (mipu_jax/reproduce/stats.py), hand-computed."""
+"""The statistics over seeds (mipu_jax/harness/stats.py) and the tables' claims, hand-computed."""
 
 import math
 
 import pytest
 
-from mipu_jax.reproduce import stats
+from mipu_jax.harness import stats
+from studies.reproduce import spec
 
 
 def test_sign_flip_p_enumerates_every_sign_pattern():
@@ -65,14 +66,14 @@ def test_paired_test_effect_size_p_and_verdicts():
 
 
 def test_claims_are_fixed_and_row_stats():
-  assert len(stats.CLAIMS) == 8 and stats.ALPHA == 0.05
-  assert len(stats.TABLE_SEEDS) == 10
+  assert len(spec.CLAIMS) == 8 and stats.ALPHA == 0.05
+  assert len(spec.TABLE_SEEDS) == 10
   r = stats.row_stats("tis", [0.2, 0.4], [True, False], [False, False])
   assert (r.n, r.mean, r.ci) == (2, pytest.approx(30.0), (pytest.approx(20.0), pytest.approx(40.0)))
   # t interval: 30 ± t_{.975,1} · sd/√2 = 30 ± 12.706 · 14.142 / 1.414.
   assert r.t_ci == (pytest.approx(30 - 127.062, abs=1e-2), pytest.approx(30 + 127.062, abs=1e-2))
   assert (r.frac_stable, r.frac_collapsed) == (0.5, 0.0)
-  got = stats.claim_results({"mis": {0: .1}, "baseline": {0: .2}})
+  got = stats.claim_results({"mis": {0: .1}, "baseline": {0: .2}}, spec.CLAIMS)
   assert [c.claim.text for c in got] == ["MIS < baseline"]
 
 
@@ -112,7 +113,7 @@ def test_claim_verdicts_use_holm_across_the_table():
   # not shown.
   base = {s: 0.4 for s in range(10)}
   mipu = {s: 0.41 if s else 0.39 for s in range(10)}
-  claim = stats.CLAIMS[0]
+  claim = spec.CLAIMS[0]
   assert claim.text == "MIPU > baseline"
   alone = stats.paired_test(claim, mipu, base)
   assert alone.p == pytest.approx(11 / 1024) and alone.p_holm == alone.p
@@ -120,7 +121,7 @@ def test_claim_verdicts_use_holm_across_the_table():
   finals = {row: dict(base) for row in ("baseline", "tis", "mis", "lr_decay",
                                         "random_rollback", "step1", "step2")}
   finals["mipu"] = mipu
-  got = {c.claim.text: c for c in stats.claim_results(finals)}
+  got = {c.claim.text: c for c in stats.claim_results(finals, spec.CLAIMS)}
   assert len(got) == 8
   r = got["MIPU > baseline"]
   assert r.p == pytest.approx(11 / 1024)
@@ -138,11 +139,11 @@ def test_claim_verdicts_use_holm_across_the_table():
 
 def test_difference_of_differences_claim_by_hand():
   """LR-decay's gain with mismatch against its gain without, paired by seed."""
-  claim = stats.ISOLATE_CLAIMS[1]
+  claim = spec.ISOLATE_CLAIMS[1]
   assert claim.rows == ("lr_decay", "baseline", "control_lr_decay", "control")
   finals = {"lr_decay": {0: .70, 1: .60, 2: .65}, "baseline": {0: .40, 1: .50, 2: .45},
             "control_lr_decay": {0: .60, 1: .62, 2: .58, 3: .5}, "control": {0: .55, 1: .60, 2: .60}}
-  got = {c.claim.text: c for c in stats.claim_results(finals, stats.ISOLATE_CLAIMS)}
+  got = {c.claim.text: c for c in stats.claim_results(finals, spec.ISOLATE_CLAIMS)}
   r = got[claim.text]
   # (70-40)-(60-55) = 25, (60-50)-(62-60) = 8, (65-45)-(58-60) = 22; seed 3 is unpaired.
   assert r.seeds == (0, 1, 2) and r.mean_diff == pytest.approx((25 + 8 + 22) / 3)

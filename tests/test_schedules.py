@@ -262,7 +262,7 @@ def test_table_lr_decay_row_acts_on_the_measured_surge():
   """The table's LR-decay row: T_decay from the surge step measured on the
   committed baseline runs, and a rate curve that leaves the baseline's."""
   import os  # pylint: disable=g-import-not-at-top
-  from configs import table  # pylint: disable=g-import-not-at-top
+  from studies.configs import table  # pylint: disable=g-import-not-at-top
   from mipu_jax import config as config_lib  # pylint: disable=g-import-not-at-top
   from mipu_jax import rl  # pylint: disable=g-import-not-at-top
   root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -305,9 +305,9 @@ def test_isolating_rows_match_lr_decays_rates_by_hand():
   """The rate-matched baselines of the earlier tables' setting (lr 7e-4, T_decay 4,
   120 steps, floor 0.1): steps 1-3 at 7e-4, 4-7 at 3.5e-4, 8-11 at 1.75e-4,
   12-15 at 8.75e-5, 16-120 (105 steps) at 7e-5: mean 119e-4 / 120."""
-  from configs import table  # pylint: disable=g-import-not-at-top
   from mipu_jax import config as config_lib  # pylint: disable=g-import-not-at-top
-  from mipu_jax import reproduce  # pylint: disable=g-import-not-at-top
+  from studies import reproduce  # pylint: disable=g-import-not-at-top
+  from studies.configs import table  # pylint: disable=g-import-not-at-top
   cfgs = {row: config_lib.from_config_dict(table.get_config(f"{row},lr=7e-4"))
           for row in reproduce.ISOLATE_ROWS}
   reproduce.check_like_with_like(cfgs)  # each differs only in what it compares

@@ -1,6 +1,6 @@
 """A SIGTERM to a job that trains runs in worker processes stops every worker.
 
-`reproduce.train_in_workers` passes the signal on: the running runs stop at
+`harness.train_in_workers` passes the signal on: the running runs stop at
 a step boundary with a checkpoint and no summary, no new run starts, the job
 exits with a message, and no worker outlives it (before, the workers went on
 training after the job was gone). Real processes (`-m multiprocess`; about a
@@ -22,19 +22,18 @@ pytestmark = pytest.mark.multiprocess
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 SCRIPT = textwrap.dedent("""
-    import os, sys
-    sys.path.insert(0, {root!r})
-    from configs import table
+    import os
     from mipu_jax import config as config_lib
-    from mipu_jax import reproduce
+    from mipu_jax import harness
+    from studies.configs import table
     jobs = []
     for seed in range(3):
       c = table.get_config(f"control,seed={{seed}},quick")
       c.num_steps = 1000
       cfg = config_lib.from_config_dict(c)
-      jobs.append(reproduce.Job("control", seed, cfg,
+      jobs.append(harness.Job("control", seed, cfg,
                                 os.path.join({workdir!r}, "runs", f"control_s{{seed}}")))
-    reproduce.train_in_workers(jobs, workers=2, cache="")
+    harness.train_in_workers(jobs, workers=2, cache="")
 """)
 
 
@@ -59,7 +58,7 @@ def _session_processes(sid: int) -> list[str]:
 def test_sigterm_to_the_job_stops_its_workers(tmp_path):
   workdir = str(tmp_path)
   proc = subprocess.Popen(
-      [sys.executable, "-c", SCRIPT.format(root=ROOT, workdir=workdir)], cwd=ROOT,
+      [sys.executable, "-c", SCRIPT.format(workdir=workdir)], cwd=ROOT,
       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
       env={**os.environ, "JAX_PLATFORMS": "cpu"})
   runs = [os.path.join(workdir, "runs", f"control_s{s}") for s in range(3)]

@@ -5,7 +5,7 @@ above the bar instead of landing inside the bar's line.
 stderr / stdout, absl's handler) for one `BarHandler` that writes with
 `tqdm.write`, keeping the replaced handler's format, and puts them back on exit.
 Worker processes send their records to the parent (`queue_records`), whose
-listener prints them the same way (`reproduce.train_in_workers`).
+listener prints them the same way (`harness.train_in_workers`).
 """
 
 import contextlib

@@ -93,7 +93,7 @@ def fixed_rates(learning_rate: float, decay_period: int, num_steps: int,
   Step ``t`` runs at ``max(η_0 · 2^-⌊t / T_decay⌋, min_ratio · η_0)``: the
   first halved step is ``T_decay`` itself (module docstring). What a
   constant-rate run must use to match the schedule's mean or floor
-  (configs/rows.py); tests/test_schedules.py checks it against the
+  (studies/configs/rows.py); tests/test_schedules.py checks it against the
   transformation's own rates.
   """
   if decay_period < 1 or num_steps < 1:

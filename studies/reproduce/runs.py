@@ -1,29 +1,25 @@
 """Running a table: rows x seeds through the RL loop, like with like, resumable
 (the package docstring has the whole procedure)."""
 
-import contextlib
 import dataclasses
 import json
-import logging
 import os
-import time
 from typing import Callable, Mapping, Optional, Sequence
 
 from mipu_jax import config as config_lib
-from mipu_jax import rl
-from mipu_jax.reproduce import signal
-from mipu_jax.reproduce.report import plot_curves
-from mipu_jax.reproduce.report import plot_gap
-from mipu_jax.reproduce.report import plot_lr_decay
-from mipu_jax.reproduce.report import tables_markdown
-from mipu_jax.reproduce.spec import _ROW_EXTRA_FIELDS
-from mipu_jax.reproduce.spec import MakeConfig
-from mipu_jax.reproduce.spec import ROW_FIELDS
-from mipu_jax.reproduce.spec import RunSummary
-from mipu_jax.reproduce.spec import SOURCE_TABLES
-from mipu_jax.reproduce.spec import STABLE_SES
-from mipu_jax.reproduce.spec import summarize
-from mipu_jax.reproduce.spec import TableResult
+from mipu_jax.harness.runs import run_one
+from mipu_jax.harness.summary import RunSummary
+from mipu_jax.harness.summary import STABLE_SES
+from studies.reproduce import signal
+from studies.reproduce.report import plot_curves
+from studies.reproduce.report import plot_gap
+from studies.reproduce.report import plot_lr_decay
+from studies.reproduce.report import tables_markdown
+from studies.reproduce.spec import _ROW_EXTRA_FIELDS
+from studies.reproduce.spec import MakeConfig
+from studies.reproduce.spec import ROW_FIELDS
+from studies.reproduce.spec import SOURCE_TABLES
+from studies.reproduce.spec import TableResult
 
 
 def check_like_with_like(configs: Mapping[str, config_lib.TrainConfig]) -> None:
@@ -52,123 +48,10 @@ def check_like_with_like(configs: Mapping[str, config_lib.TrainConfig]) -> None:
             "equal.")
 
 
-def enable_compilation_cache(path: Optional[str], workdir: str = "") -> None:
-  """JAX's persistent compilation cache at `path`: runs of a row share compiles.
-
-  Each run builds a new learner whose jitted step would otherwise recompile;
-  with the cache, seeds of a row (and rows with the same learner program)
-  compile once. Call before the first compilation.
-
-  Args:
-    path: the cache directory; None for `workdir/.jax_cache`, "" for no cache.
-    workdir: the job's output directory.
-  """
-  import jax  # pylint: disable=g-import-not-at-top
-  if path is None:
-    path = os.path.join(workdir, ".jax_cache")
-  if not path:
-    return
-  os.makedirs(path, exist_ok=True)
-  jax.config.update("jax_compilation_cache_dir", path)
-  jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
-  jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
-
-
-@contextlib.contextmanager
-def run_label(row: str, seed: int):
-  """Every log record made inside starts with `[<row> seed <seed>]`.
-
-  The main job trains several runs at once in worker processes whose output
-  shares one terminal; a health warning ("step 45: mismatch health: k3_kl
-  ...") or a logging backend's failure must say whose it is. The label goes
-  into each record as it is created (a log-record factory), so it reaches
-  every handler, absl's included; Python warnings are routed through logging
-  meanwhile, so they carry it too. The previous factory and warning routing
-  are restored on exit.
-  """
-  label = f"[{row} seed {seed}] ".replace("%", "%%")
-  previous = logging.getLogRecordFactory()
-
-  def factory(*args, **kwargs):
-    record = previous(*args, **kwargs)
-    record.msg = label + str(record.msg)
-    return record
-
-  logging.setLogRecordFactory(factory)
-  logging.captureWarnings(True)
-  try:
-    yield
-  finally:
-    logging.captureWarnings(False)
-    logging.setLogRecordFactory(previous)
-
-
 def _as_train_config(cfg) -> config_lib.TrainConfig:
   if isinstance(cfg, config_lib.TrainConfig):
     return cfg
   return config_lib.from_config_dict(cfg)
-
-
-def run_one(cfg: config_lib.TrainConfig, row: str, seed: int, workdir: str,
-             log: Callable[[str], None],
-             train: bool = True) -> Optional[RunSummary]:
-  """Trains one run (or reads back a finished one) and summarises it.
-
-  Returns None for an unfinished run when `train` is False, and for a run
-  that a preemption notice (SIGTERM) stopped before its last step: it holds a
-  checkpoint and resumes on the next call, and no summary marks it finished.
-
-  Raises:
-    ValueError: a finished run whose saved config differs from `cfg`.
-  """
-  done = os.path.join(workdir, "summary.json")
-  if os.path.exists(done):
-    with open(os.path.join(workdir, "config.json")) as f:
-      saved = json.load(f)
-    # What the run computed must match; how it logged (progress bar, plots)
-    # need not, but its length must.
-    diff = config_lib.resume_differences(saved, cfg)
-    # A setting added to the code after the run was saved is not a difference
-    # when the row asks for its default (the default keeps the old behaviour).
-    saved_flat, defaults = config_lib.flatten(saved), config_lib.flatten(
-        config_lib.TrainConfig())
-    diff = {k: v for k, v in diff.items()
-            if k in saved_flat or k not in defaults or v[1] != defaults[k]}
-    if saved.get("num_steps") != cfg.num_steps:
-      diff["num_steps"] = (saved.get("num_steps"), cfg.num_steps)
-    if diff:
-      raise ValueError(
-          f"{workdir} holds a finished run of another config (differences, "
-          f"(saved, wanted): {diff}); delete it or restore the config.")
-    with open(done) as f:
-      seconds = float(json.load(f)["seconds"])
-    log(f"[reproduce] {row} seed {seed}: finished before, read back")
-    # Summarised again from its metrics, so a summary always follows the
-    # current criterion.
-    rows = rl.read_jsonl(os.path.join(workdir, "metrics.jsonl"))
-    return RunSummary(row=row, seed=seed, workdir=workdir, seconds=seconds,
-                      **summarize(rows, cfg.eval.tiers))
-  if not train:
-    return None
-  log(f"[reproduce] {row} seed {seed}: training {cfg.num_steps} steps -> {workdir}")
-  # An unfinished earlier attempt resumes from its newest checkpoint (the loop
-  # checks its config and repairs its log: docs/reliability.md).
-  start = time.perf_counter()
-  with run_label(row, seed):
-    result = rl.train(cfg, workdir)
-  seconds = time.perf_counter() - start
-  if result.stopped_at is not None:  # a preemption notice: not finished, resumes later
-    log(f"[reproduce] {row} seed {seed}: stopped after step {result.stopped_at} on a "
-        "preemption notice (checkpointed); rerun to finish it")
-    return None
-  s = RunSummary(row=row, seed=seed, workdir=workdir, seconds=seconds,
-                 **summarize(result.rows, cfg.eval.tiers))
-  with open(done, "w") as f:
-    json.dump(dataclasses.asdict(s), f, indent=2)
-  log(f"[reproduce] {row} seed {seed}: Avg {s.final['avg']:.3f} (peak "
-      f"{s.peak_avg:.3f} ± {s.peak_se:.3f} @ {s.peak_step}), stable={s.stable}, "
-      f"rollback {s.rollback_rate:.2f}, {seconds:.0f} s")
-  return s
 
 
 def committed_placement(runs: Sequence[RunSummary], make_config: MakeConfig,
@@ -179,7 +62,7 @@ def committed_placement(runs: Sequence[RunSummary], make_config: MakeConfig,
   `make_config` builds for them (`run_one` checks, seed aside): another
   setting, step count or `--quick` has nothing to be compared with.
   """
-  from mipu_jax.reproduce.report import placement_markdown  # pylint: disable=g-import-not-at-top
+  from studies.reproduce.report import placement_markdown  # pylint: disable=g-import-not-at-top
   reference = []
   for row in sorted({r.row for r in runs}):
     for seed in range(10):
@@ -212,7 +95,7 @@ def perturbation_report(make_config: MakeConfig, rows: Sequence[str],
   Raises:
     ValueError: a run saved under another config, or a perturbation of 0.
   """
-  from mipu_jax.reproduce.report import perturbation_markdown  # pylint: disable=g-import-not-at-top
+  from studies.reproduce.report import perturbation_markdown  # pylint: disable=g-import-not-at-top
   if _as_train_config(make_config(rows[0], seeds[0], None)).model.init_perturb_ulps == 0:
     raise ValueError("the perturbed runs' configs have no perturbation "
                      "(model.init_perturb_ulps = 0).")
@@ -261,7 +144,7 @@ def run_table(make_config: MakeConfig, rows: Sequence[str],
   Args:
     make_config: `(row, seed, p) -> ConfigDict | TrainConfig`; `p` is None
       except for `random_rollback` (see module docstring).
-    rows: table rows (`configs/rows.py` names).
+    rows: table rows (`studies/configs/rows.py` names).
     seeds: seeds; the outer loop, so the first seed's table is complete first.
     workdir: output directory.
     tables: `(key, title, rows)` of the tables to write (`SOURCE_TABLES`, the
@@ -332,7 +215,7 @@ def run_table(make_config: MakeConfig, rows: Sequence[str],
   sig = signal.signal_markdown(runs)
   if sig:
     markdown += ("\n### Step 2's signal: what follows accepted and rejected updates\n\n"
-                 "Pooled over seeds (`mipu_jax/reproduce/signal.py`): "
+                 "Pooled over seeds (`studies/reproduce/signal.py`): "
                  "next_reward_change = training reward of the next step minus "
                  "this step's; probe_minus_reward = the candidate's probe reward "
                  "minus this step's training reward. Random rollback decides by a "

@@ -1,13 +1,13 @@
 """The mismatch study: where does training–inference mismatch hurt the small task?
 
-Each cell is one config (`configs/mismatch.py:<arg>`): a sampler precision
+Each cell is one config (`studies/configs/mismatch.py:<arg>`): a sampler precision
 and a setting (learning rate, temperature, tiers, response budget, seed).
-`run_sweep` trains every cell through the RL loop (`mipu_jax.reproduce.
-run_one`: resumable, a finished cell is read back only if its saved config
+`run_sweep` trains every cell through the RL loop (`harness.run_one`:
+resumable, a finished cell is read back only if its saved config
 equals the cell's), then writes `grid.md`, `summary.json` and `sweep.png`.
 
 Per cell it reports what the sources watch: final and peak eval Avg., the
-Stable flag of the tables (`reproduce.summarize`), the collapse step, and the
+Stable flag of the tables (`harness.summarize`), the collapse step, and the
 mismatch over training (`rollout_corr/k3_kl`, mean over the first and the last
 quarter of the steps, to see whether it grows), with the policy entropy.
 
@@ -29,13 +29,14 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 import numpy as np
 
 from mipu_jax import config as config_lib
-from mipu_jax import reproduce
+from mipu_jax import harness
 from mipu_jax import rl
 from mipu_jax.rl import report
+from studies import reproduce
 
-COLLAPSE_DROP = reproduce.COLLAPSE_DROP
-collapse_step = reproduce.collapse_step  # one home: mipu_jax/reproduce/spec.py
-# What cells may differ in: the study's axes (`configs/mismatch.py`'s
+COLLAPSE_DROP = harness.COLLAPSE_DROP
+collapse_step = harness.collapse_step  # one home: mipu_jax/harness/summary.py
+# What cells may differ in: the study's axes (`studies/configs/mismatch.py`'s
 # arguments). Everything else (batch, optimizer settings, evaluation, ...) must
 # be equal, so two cells compare only what their names say.
 STUDY_AXES = reproduce.PRECISION_FIELDS + (
@@ -69,12 +70,12 @@ class CellResult:
 
   Attributes:
     name: the cell's name.
-    arg: its `configs/mismatch.py` argument.
+    arg: its `studies/configs/mismatch.py` argument.
     final_avg: last evaluation's Avg.
     peak_avg: best evaluation's Avg. (step 0 included).
     peak_step: its step.
     eval_se: standard error of the last evaluation's Avg.
-    stable: the tables' Stable criterion (`reproduce.summarize`).
+    stable: the tables' Stable criterion (`harness.summarize`).
     collapse_step: see module docstring.
     k3_first: mean `rollout_corr/k3_kl` over the first quarter of the steps.
     k3_last: the same over the last quarter.
@@ -115,7 +116,7 @@ def _quarter_means(rows, name: str) -> tuple[float, float]:
 def summarize_cell(name: str, arg: str, rows: Sequence[Mapping[str, float]],
                    tiers: Sequence[str], seconds: float) -> CellResult:
   """A `CellResult` from a run's logged rows."""
-  s = reproduce.summarize(rows, tiers)
+  s = harness.summarize(rows, tiers)
   k3 = _quarter_means(rows, "rollout_corr/k3_kl")
   ent = _quarter_means(rows, "actor/entropy")
   return CellResult(name=name, arg=arg, final_avg=s["final"]["avg"],
@@ -134,7 +135,7 @@ def run_sweep(make_config: Callable[[str], Any], cells: Mapping[str, str],
   """Trains (or reads back) every cell; writes grid.md, summary.json, sweep.png.
 
   Args:
-    make_config: `arg -> ConfigDict` (`configs/mismatch.get_config`).
+    make_config: `arg -> ConfigDict` (`studies/configs/mismatch.get_config`).
     cells: cell name -> its config argument, in the order to run them.
     workdir: output directory; cell `name` trains in `workdir/runs/<name>/`.
     log: progress sink.
@@ -154,7 +155,7 @@ def run_sweep(make_config: Callable[[str], Any], cells: Mapping[str, str],
   for name, arg in cells.items():
     cfg = configs[name]
     run_dir = os.path.join(workdir, "runs", name)
-    summary = reproduce.run_one(cfg, name, cfg.seed, run_dir, log, train)
+    summary = harness.run_one(cfg, name, cfg.seed, run_dir, log, train)
     if summary is None:
       log(f"[sweep] {name}: not finished, left out")
       continue

@@ -42,11 +42,11 @@ from typing import Mapping, Optional, Sequence
 import numpy as np
 
 from mipu_jax import rl
-from mipu_jax.reproduce import stats
-from mipu_jax.reproduce import report as report_lib
-from mipu_jax.reproduce.spec import COLLAPSE_DROP
-from mipu_jax.reproduce.spec import collapse_step
-from mipu_jax.reproduce.spec import RunSummary
+from mipu_jax.harness import stats
+from mipu_jax.harness.summary import COLLAPSE_DROP
+from mipu_jax.harness.summary import collapse_step
+from mipu_jax.harness.summary import RunSummary
+from studies.reproduce import report as report_lib
 
 STEPS = 600
 LRS = (1e-4, 2e-4)  # the lr grid's lower edge and the tables' lr
@@ -73,7 +73,7 @@ HORIZON_CLAIMS = tuple(
                     f"the cost of mismatch ({CONTROL} − {s}) grows from step 120 to the end",
                     minus=(f"at120:{CONTROL}", f"at120:{s}")),
     ))
-# Rows of the remedies' study at the degraded setting (configs/rows.py names).
+# Rows of the remedies' study at the degraded setting (studies/configs/rows.py names).
 REMEDY_ROWS = ("baseline", "tis", "mis", "lr_decay", "mipu", "random_rollback")
 REMEDY_CLAIMS = (
     stats.Claim("final:mipu", "final:baseline", "greater", "MIPU > baseline (final)"),

@@ -1,6 +1,6 @@
 """The config files' argument parser (big_vision's `parse_arg` pattern).
 
-`--config configs/table.py:mipu,seed=2,quick` hands `get_config` the string
+`--config studies/configs/table.py:mipu,seed=2,quick` hands `get_config` the string
 `"mipu,seed=2,quick"`. Each config declares its options once, with their
 defaults (whose types are the options' types)::
 

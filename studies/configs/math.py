@@ -1,12 +1,12 @@
 r"""RL of a Hugging Face Qwen3 checkpoint on math prompts: the sources' experiment.
 
-    python experiments/train.py --workdir /runs/qwen3_1p7b_mipu \
-        --config configs/math.py:ckpt=/ckpt/Qwen3-1.7B,train=/data/dapo-math-17k.parquet,eval=/data/evals
+    python -m experiments.train --workdir /runs/qwen3_1p7b_mipu \
+        --config studies/configs/math.py:ckpt=/ckpt/Qwen3-1.7B,train=/data/dapo-math-17k.parquet,eval=/data/evals
     # any table row, a smaller budget, any field:
-    python experiments/train.py --workdir /runs/tis --config configs/math.py:tis,ckpt=...,train=...,steps=100 \
+    python -m experiments.train --workdir /runs/tis --config studies/configs/math.py:tis,ckpt=...,train=...,steps=100 \
         --config.sampling.max_new_tokens=4096
 
-Options (`configs/common.parse_arg`): the table row (`configs/rows.py`, default
+Options (`studies/configs/common.parse_arg`): the table row (`studies/configs/rows.py`, default
 `mipu`), `ckpt` (a local Qwen3 directory: config.json, safetensors,
 tokenizer.json, tokenizer_config.json, generation_config.json; required),
 `train` (DAPO-Math-17k or MATH-style JSONL / parquet; required), `eval` (a
@@ -33,7 +33,7 @@ per-layer remat; the checkpoint's chat template; rewards 1 / 0 from the boxed
 pass@1 over 4 samples; the final policy exported as a Hugging Face directory.
 
 Hardware: one GPU with 80 GB for Qwen3-0.6B / 1.7B (`pip install -e ".[gpu]"`),
-a TPU slice through `configs/pod_qwen3_*.py`. On a GPU add
+a TPU slice through `studies/configs/pod_qwen3_*.py`. On a GPU add
 `--config.model.attention=cudnn` (12x faster than blockwise on an H100). Measured
 on one H100 (`bench/accelerator.py`, bench/README.md): the learner step on one
 9,216-token row peaks at 10.6 GiB (0.6B) / 28.4 GiB (1.7B) at 43-45% MFU, and
@@ -45,9 +45,9 @@ not measured here; the sources report about +10-15 points of Avg. over the base
 model after 300-500 steps.
 """
 
-from configs import common
-from configs import rows
 from mipu_jax import config as config_lib
+from studies.configs import common
+from studies.configs import rows
 
 
 def get_config(arg=None):
@@ -58,9 +58,9 @@ def get_config(arg=None):
                          quick=False)
   if not arg.ckpt or not arg.train:
     raise ValueError(
-        "configs/math.py needs ckpt=DIR (a local Hugging Face Qwen3 directory) and "
+        "studies/configs/math.py needs ckpt=DIR (a local Hugging Face Qwen3 directory) and "
         "train=FILE (DAPO-Math-17k or MATH-style prompts), e.g. --config "
-        "configs/math.py:ckpt=/ckpt/Qwen3-1.7B,train=/data/dapo.parquet,eval=/data/evals")
+        "studies/configs/math.py:ckpt=/ckpt/Qwen3-1.7B,train=/data/dapo.parquet,eval=/data/evals")
   config = config_lib.default_config()
   config.seed = arg.seed
   config.num_steps = arg.steps
@@ -100,7 +100,7 @@ def get_config(arg=None):
   config.learner.num_minibatches = 1
   if arg.pack:
     if arg.micro:
-      raise ValueError("configs/math.py: micro= is for unpacked rows; with pack=True "
+      raise ValueError("studies/configs/math.py: micro= is for unpacked rows; with pack=True "
                        "a micro-batch is one packed row per data-parallel device "
                        "(--config.learner.pack_rows=... to change it).")
     # Rows of one full-length response each at most; short responses share

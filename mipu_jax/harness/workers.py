@@ -23,7 +23,7 @@ from typing import Optional, Sequence
 import tqdm
 
 from mipu_jax import config as config_lib
-from mipu_jax.reproduce import runs
+from mipu_jax.harness import runs
 from mipu_jax.rl import console
 
 ONE_THREAD = "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"

@@ -4,7 +4,7 @@ a learning rate that is right for the full-precision run?
 Cells are (precision, lr): `fp32` is the tables' `control` row (no
 mismatch), `int4_all` their uncorrected `baseline` row (int4 weights, FP8
 activations, FP8 KV cache, quantized LM head), at the same lr, seed, task
-and budget (`configs/table.py`; checked like with like). Per cell, over its
+and budget (`studies/configs/table.py`; checked like with like). Per cell, over its
 seeds: final and peak Avg. with the percentile bootstrap and t intervals,
 Stable and collapsed counts, `k3_kl` over the last quarter, and the learner's
 π evaluated at full precision beside the deployed μ (`eval.pi`). The
@@ -22,8 +22,8 @@ from typing import Mapping, Optional, Sequence
 
 import numpy as np
 
-from mipu_jax.reproduce import stats
-from mipu_jax.reproduce.spec import RunSummary
+from mipu_jax.harness import stats
+from mipu_jax.harness.summary import RunSummary
 
 PRECISION_OF_ROW = {"control": "fp32", "baseline": "int4_all"}
 ROWS = tuple(PRECISION_OF_ROW)

@@ -1,10 +1,10 @@
 r"""One row of the sources' tables on the small CPU task, under a high-mismatch sampler.
 
-    python experiments/train.py --config configs/table.py:mipu --workdir /tmp/mipu
-    python experiments/train.py --config configs/table.py:random_rollback,p=0.25,seed=1 \
+    python -m experiments.train --config studies/configs/table.py:mipu --workdir /tmp/mipu
+    python -m experiments.train --config studies/configs/table.py:random_rollback,p=0.25,seed=1 \
         --workdir /tmp/rr1
 
-The argument is `row[,option...]` with `row` one of `configs/rows.py:ROWS`
+The argument is `row[,option...]` with `row` one of `studies/configs/rows.py:ROWS`
 (default `baseline`) and options `seed=N`, `steps=N`, `prompts=N` (prompts per
 step), `p=P` (random-rollback probability), `probe=N` (MIPU Step 2's probe
 prompts, default 8), `precision=` / `lr=` (another setting of the mismatch
@@ -13,7 +13,7 @@ study, e.g. the earlier table's `precision=int4_all,lr=1e-3` for
 experiment under other float sums) and `quick` (a smoke budget for tests and Colab).
 Every table at once, several seeds, with the results table and figures:
 
-    python experiments/reproduce_tables.py --workdir results/small_cpu_lr2e-4
+    python -m experiments.reproduce_tables --workdir results/small_cpu_lr2e-4
 
 Task: multi-operand addition (`mipu_jax.tasks.arithmetic`), trained on the
 harder tiers 4-5 and evaluated on five held-out tiers standing in for MATH /
@@ -28,7 +28,7 @@ that excludes 0. The earlier tables' settings: `lr=7e-4` (results/small_cpu,
 where the fp32 control itself is Stable in only 5 of 10 seeds) and
 `lr=1e-3,steps=60` (results/small_cpu_lr1e-3).
 The `control` row is the same run with an fp32 sampler (no mismatch).
-Everything else is `configs/base.py` (docs/method.md defaults: GRPO, clip
+Everything else is `studies/configs/base.py` (docs/method.md defaults: GRPO, clip
 0.2 / 0.28, token-mean, AdamW wd 0.01, clip 1, temperature 1). LR-decay
 halves the rate every `T_decay` = round(1.8 x the surge step) steps, down to
 0.1 x lr (docs/method.md §6), the surge step measured per lr (`SURGE_STEPS`).
@@ -42,11 +42,11 @@ and random rollback 174-177 s, MIPU 213-215 s, MIS 237-241 s); at lr 7e-4 about
 groups). `results/README.md` has the measured times and the results.
 """
 
-from configs import base
-from configs import common
-from configs import mismatch
-from configs import rows
 from mipu_jax import schedules
+from studies.configs import base
+from studies.configs import common
+from studies.configs import mismatch
+from studies.configs import rows
 
 # The tables' setting: the highest-mismatch sampler of the mismatch studies
 # (results/mismatch_sweep/README.md), the harder tiers 4-5, 120 steps, and the
@@ -72,7 +72,7 @@ BASELINE_RUNS = {2e-4: ("results/lr_study/runs/baseline_lr0.0002_s{seed}", range
 # runs among them).
 COMMITTED = {2e-4: "results/small_cpu_lr2e-4", 7e-4: "results/small_cpu",
              1e-3: "results/small_cpu_lr1e-3"}
-# Rows that run LR-decay's schedule or match its rates (configs/rows.py), and
+# Rows that run LR-decay's schedule or match its rates (studies/configs/rows.py), and
 # the slow-decay row's period: 10x the surge step instead of 1.8x.
 DECAY_ROWS = ("lr_decay", "control_lr_decay", "lr_decay_long", "baseline_lr_mean",
               "baseline_lr_floor")
@@ -103,7 +103,7 @@ def get_config(arg=None):
     config.optim.length_surge.mode = "fixed"
     if arg.lr not in SURGE_STEPS:
       raise ValueError(f"row {arg.row!r} needs the surge step measured at lr {arg.lr:g}; "
-                       f"measured at {sorted(SURGE_STEPS)} (configs/table.py SURGE_STEPS).")
+                       f"measured at {sorted(SURGE_STEPS)} (studies/configs/table.py SURGE_STEPS).")
     surge = SURGE_STEPS[arg.lr]
     config.optim.length_surge.decay_period = (
         LONG_PERIOD_FACTOR * surge if arg.row == "lr_decay_long"

@@ -1,16 +1,16 @@
 r"""One cell of the mismatch study on the small CPU task: a sampler precision x a setting.
 
-    python experiments/train.py --config configs/mismatch.py:precision=int4_all,lr=1e-3 \
+    python -m experiments.train --config studies/configs/mismatch.py:precision=int4_all,lr=1e-3 \
         --workdir /tmp/cell
-    python experiments/mismatch_sweep.py --workdir results/mismatch_sweep   # the grid
+    python -m experiments.mismatch_sweep --workdir results/mismatch_sweep   # the grid
 
-Options (`configs/common.parse_arg`): `precision` (a key of `PRECISIONS`),
+Options (`studies/configs/common.parse_arg`): `precision` (a key of `PRECISIONS`),
 `lr` (learning rate), `temperature` (sampling and evaluation), `steps`,
 `seed`, `correction` (a preset; `none` is the uncorrected baseline the study
 is about), `tiers` (training tiers as digits, e.g. `123`), `max_new`
 (response budget), `eval_every` (evaluation and checkpoint period; the
 second study's cells use the tables' 20), `quick` (a smoke budget). Everything else is
-`configs/base.py`: the shipped base policy, GRPO, 16 prompts x 8 responses
+`studies/configs/base.py`: the shipped base policy, GRPO, 16 prompts x 8 responses
 per step, two optimizer updates per step, AdamW, fp32 learner.
 
 Hardware: 2 CPU cores. Time: about 1 s per step on idle cores plus
@@ -18,8 +18,8 @@ evaluations (every 25 steps: 32 problems x 4 samples per tier); a 200-step
 cell is 5-10 minutes. Result: `results/mismatch_sweep/README.md`.
 """
 
-from configs import base
-from configs import common
+from studies.configs import base
+from studies.configs import common
 
 # Sampler precision modes (`mipu_jax.sampler.Sampler` keyword arguments), from
 # no mismatch to the most the sampler can make.

@@ -1,7 +1,7 @@
 """The rows of the sources' tables, each a small function of a base ConfigDict.
 
-Not a job by itself: `configs/table.py` (the small CPU task) and
-`configs/pod_qwen3_*.py` (TPU pods) apply one of these to their base. A row
+Not a job by itself: `studies/configs/table.py` (the small CPU task) and
+`studies/configs/pod_qwen3_*.py` (TPU pods) apply one of these to their base. A row
 changes only what distinguishes it (the correction preset, the schedule, the
 MIPU Step 2 switches), so every row shares the rest of its base.
 
@@ -18,19 +18,19 @@ MIPU Step 2 switches), so every row shares the rest of its base.
 | `random_rollback` | Random rollback | Step 1 + rollback with probability p (§5) |
 | `mipu_probe32` | (ablation) | MIPU with Step 2 probing 32 prompts instead of the base's |
 | `control_lr_decay` | (isolating LR-decay) | LR-decay on the no-mismatch control |
-| `lr_decay_long` | (isolating LR-decay) | LR-decay with the period the base config sets for it (`configs/table.py`: 10x the surge step) |
+| `lr_decay_long` | (isolating LR-decay) | LR-decay with the period the base config sets for it (`studies/configs/table.py`: 10x the surge step) |
 | `baseline_lr_mean` | (isolating LR-decay) | the baseline at a constant rate equal to LR-decay's mean over the run |
 | `baseline_lr_floor` | (isolating LR-decay) | the baseline at LR-decay's floor, `min_ratio` x lr, from step 1 |
 
 The four isolating rows ask whether LR-decay helps because of the mismatch
 or because it lowers the step size: the rate-matched baselines take LR-decay's
 period from `optim.length_surge` of the base config (which must set `fixed`
-mode and `decay_period`, as `configs/table.py` does) and compute the schedule's
+mode and `decay_period`, as `studies/configs/table.py` does) and compute the schedule's
 rates with `schedules.fixed_rates`.
 
 `tis` and `step1` are the same computation: docs/method.md §5 defines Step 1 as the
 decoupled mode with token TIS (`mipu_step1` has exactly `token_tis`'s fields).
-Both rows are kept because both tables name them; `mipu_jax.reproduce` runs
+Both rows are kept because both tables name them; `studies.reproduce` runs
 such rows once and reports the result under both names.
 
 The random-rollback row is MIPU with Step 2's inference-gap test replaced by a
@@ -40,15 +40,24 @@ rollback" figure does; it refuses to run without that `p`.
 
 MIPU Step 2 is configured through `config.mipu`: `step2`, `c` (or
 `c_noise_multiple`), `probe`, `num_probe_prompts`, `random_rollback_p`.
-Row labels (one table): `mipu_jax.reproduce.LABELS`.
+Row labels (one table): `LABELS`.
 """
 
 from typing import Callable
 
 from ml_collections import config_dict
 
-from mipu_jax.reproduce import LABELS
-
+# The one table of row names and their labels in the sources' tables.
+LABELS = {
+    "control": "No mismatch (fp32 sampler)", "baseline": "Baseline", "tis": "TIS", "mis": "MIS", "lr_decay": "LR-decay",
+    "mipu": "Ours (MIPU)", "step1": "+ Step 1", "step2": "+ Step 2",
+    "random_rollback": "Random rollback",
+    "mipu_probe32": "Ours (MIPU), 32 probe prompts",
+    "control_lr_decay": "LR-decay, no mismatch (fp32 sampler)",
+    "lr_decay_long": "LR-decay, period 10x the surge step",
+    "baseline_lr_mean": "Baseline at LR-decay's mean rate",
+    "baseline_lr_floor": "Baseline at LR-decay's floor rate",
+}
 ROWS = tuple(LABELS)
 
 
@@ -129,7 +138,7 @@ def random_rollback(config, p: float | None = None):
   """Step 1 + i.i.d. rollback with probability `p`, Step 2 off (docs/method.md §5).
 
   `p` must be the rejection rate MIPU measured on the same setting (its
-  run's `mipu/rollback_rate`; `mipu_jax.reproduce` passes it): any other
+  run's `mipu/rollback_rate`; `studies.reproduce` passes it): any other
   value compares Step 2 with a different amount of sparsification.
   """
   if p is None:
@@ -152,7 +161,7 @@ def control_lr_decay(config):
 
 def lr_decay_long(config):
   """LR-decay with the longer period the base config sets for this row
-  (`configs/table.py`): whether the gain survives a schedule that decays slowly."""
+  (`studies/configs/table.py`): whether the gain survives a schedule that decays slowly."""
   return lr_decay(config)
 
 
@@ -204,7 +213,7 @@ def apply(config: config_dict.ConfigDict, row: str,
   """`config` changed into table row `row` (in place; also returned).
 
   Args:
-    config: a base ConfigDict (`configs/base.py` or `configs/pod_base.py`).
+    config: a base ConfigDict (`studies/configs/base.py` or `studies/configs/pod_base.py`).
     row: one of `ROWS`.
     p: the random-rollback probability (only, and required, for
       `random_rollback`).

@@ -4,7 +4,7 @@
     print(result.markdown)
 
 `make_config(row, seed, p)` returns the ConfigDict (or `TrainConfig`) of one
-table row (`configs/table.py` for the small CPU task); `p` is the
+table row (`studies/configs/table.py` for the small CPU task); `p` is the
 random-rollback probability, set to the rejection rate that the MIPU row
 measured with the same seed (docs/method.md §5), which is why seeds are the outer
 loop and `mipu` runs before `random_rollback`. Each run goes through
@@ -48,49 +48,40 @@ over seeds, min-max band) and, when a row ran MIPU Step 2, `gap_post.png`
 rate).
 """
 
-from mipu_jax.reproduce.report import claims_markdown
-from mipu_jax.reproduce.report import per_seed_markdown
-from mipu_jax.reproduce.report import perturbation_markdown
-from mipu_jax.reproduce.report import placement_markdown
-from mipu_jax.reproduce.report import plot_curves
-from mipu_jax.reproduce.report import plot_gap
-from mipu_jax.reproduce.report import plot_lr_decay
-from mipu_jax.reproduce.report import tables_markdown
-from mipu_jax.reproduce.runs import check_like_with_like
-from mipu_jax.reproduce.runs import committed_placement
-from mipu_jax.reproduce.runs import enable_compilation_cache
-from mipu_jax.reproduce.runs import order_rows
-from mipu_jax.reproduce.runs import perturbation_report
-from mipu_jax.reproduce.runs import run_label
-from mipu_jax.reproduce.runs import run_one
-from mipu_jax.reproduce.runs import run_table
-from mipu_jax.reproduce.spec import ABLATION_ROWS
-from mipu_jax.reproduce.spec import ISOLATE_ROWS
-from mipu_jax.reproduce.spec import COLLAPSE_DROP
-from mipu_jax.reproduce.spec import collapse_step
-from mipu_jax.reproduce.spec import COMPARE_ROWS
-from mipu_jax.reproduce.spec import COMPARE_TABLES
-from mipu_jax.reproduce.spec import LABELS
-from mipu_jax.reproduce.spec import MAIN_ROWS
-from mipu_jax.reproduce.spec import MakeConfig
-from mipu_jax.reproduce.spec import PANELS
-from mipu_jax.reproduce.spec import PRECISION_FIELDS
-from mipu_jax.reproduce.spec import ROLLBACK_ROWS
-from mipu_jax.reproduce.spec import ROW_FIELDS
-from mipu_jax.reproduce.spec import RunSummary
-from mipu_jax.reproduce.spec import SOURCE_TABLES
-from mipu_jax.reproduce.spec import STABLE_SES
-from mipu_jax.reproduce.spec import summarize
-from mipu_jax.reproduce.spec import TableResult
-from mipu_jax.reproduce.workers import Job
-from mipu_jax.reproduce.workers import train_in_workers
+from studies.reproduce.report import claims_markdown
+from studies.reproduce.report import per_seed_markdown
+from studies.reproduce.report import perturbation_markdown
+from studies.reproduce.report import placement_markdown
+from studies.reproduce.report import plot_curves
+from studies.reproduce.report import plot_gap
+from studies.reproduce.report import plot_lr_decay
+from studies.reproduce.report import tables_markdown
+from studies.reproduce.runs import check_like_with_like
+from studies.reproduce.runs import committed_placement
+from studies.reproduce.runs import order_rows
+from studies.reproduce.runs import perturbation_report
+from studies.reproduce.runs import run_table
+from studies.reproduce.spec import ABLATION_ROWS
+from studies.reproduce.spec import CLAIMS
+from studies.reproduce.spec import COMPARE_ROWS
+from studies.reproduce.spec import COMPARE_TABLES
+from studies.reproduce.spec import ISOLATE_CLAIMS
+from studies.reproduce.spec import ISOLATE_ROWS
+from studies.reproduce.spec import LABELS
+from studies.reproduce.spec import MAIN_ROWS
+from studies.reproduce.spec import MakeConfig
+from studies.reproduce.spec import PANELS
+from studies.reproduce.spec import PRECISION_FIELDS
+from studies.reproduce.spec import ROLLBACK_ROWS
+from studies.reproduce.spec import ROW_FIELDS
+from studies.reproduce.spec import SOURCE_TABLES
+from studies.reproduce.spec import TABLE_SEEDS
+from studies.reproduce.spec import TableResult
 
 __all__ = [
-    "ABLATION_ROWS", "COLLAPSE_DROP", "ISOLATE_ROWS", "Job", "COMPARE_ROWS", "COMPARE_TABLES", "LABELS", "MAIN_ROWS",
+    "ABLATION_ROWS", "CLAIMS", "ISOLATE_CLAIMS", "TABLE_SEEDS", "ISOLATE_ROWS", "COMPARE_ROWS", "COMPARE_TABLES", "LABELS", "MAIN_ROWS",
     "MakeConfig", "PANELS", "PRECISION_FIELDS", "ROLLBACK_ROWS", "ROW_FIELDS",
-    "RunSummary", "SOURCE_TABLES", "STABLE_SES", "TableResult",
-    "check_like_with_like", "claims_markdown", "committed_placement", "collapse_step",
-    "enable_compilation_cache", "order_rows", "per_seed_markdown", "placement_markdown", "plot_curves",
-    "plot_gap", "plot_lr_decay", "run_label", "run_one", "run_table", "summarize", "tables_markdown",
-    "train_in_workers",
-]
+    "SOURCE_TABLES", "TableResult",
+    "check_like_with_like", "claims_markdown", "committed_placement", "order_rows", "per_seed_markdown", "placement_markdown", "plot_curves",
+    "plot_gap", "plot_lr_decay", "run_table", "tables_markdown",
+    ]

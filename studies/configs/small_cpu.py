@@ -1,7 +1,7 @@
 r"""One GRPO run on the arithmetic task, on CPU (the README's single-run command;
 the main job is `experiments/compare.py`).
 
-    python experiments/train.py --config configs/small_cpu.py --workdir /tmp/small_cpu
+    python -m experiments.train --config studies/configs/small_cpu.py --workdir /tmp/small_cpu
 
 Hardware: 2 CPU cores. Expected time: under 10 minutes, compilation included
 (6 min 46 s wall, 3 min 5 s CPU, on 2 cores shared with other jobs at load
@@ -19,7 +19,7 @@ Override anything from the command line, e.g. a high-mismatch sampler:
     --config.sampling.weight_quant=fp8_e4m3 --config.sampling.act_quant=fp8
 """
 
-from configs import base
+from studies.configs import base
 
 
 def get_config():

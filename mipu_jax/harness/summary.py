@@ -1,74 +1,24 @@
-"""What a reproduced table is: its rows and labels, what rows may differ in,
-the tables and their panels, a run's summary and the Stable criterion
-(the package docstring has the whole procedure)."""
+"""A run reduced to its evaluations: final and peak pass@1, the Stable flag, collapse.
+
+Stable (fixed before the tables' ten-seed runs): each of the run's last two
+evaluations reaches the best evaluation up to it minus `STABLE_SES` standard
+errors of that best evaluation (`eval/avg_se`, the sampling noise of pass@1),
+and no metric went non-finite. A run still rising at the end is Stable; one
+that fell back from an earlier peak by more than the peak's noise is not.
+Collapse: the first evaluation more than `COLLAPSE_DROP` below the best so far.
+"""
 
 import dataclasses
 import math
-from typing import Any, Callable, Mapping, Optional, Sequence
+from typing import Any, Mapping, Optional, Sequence
 
 import numpy as np
 
-# The one table of row names and their labels in the sources' tables
-# (`configs/rows.py` builds one config per row).
-LABELS = {
-    "control": "No mismatch (fp32 sampler)", "baseline": "Baseline", "tis": "TIS", "mis": "MIS", "lr_decay": "LR-decay",
-    "mipu": "Ours (MIPU)", "step1": "+ Step 1", "step2": "+ Step 2",
-    "random_rollback": "Random rollback",
-    "mipu_probe32": "Ours (MIPU), 32 probe prompts",
-    "control_lr_decay": "LR-decay, no mismatch (fp32 sampler)",
-    "lr_decay_long": "LR-decay, period 10x the surge step",
-    "baseline_lr_mean": "Baseline at LR-decay's mean rate",
-    "baseline_lr_floor": "Baseline at LR-decay's floor rate",
-}
-# What a row may change relative to the others (dotted config paths): the
-# settings the tables compare. Everything else must be equal across rows; the
-# no-mismatch control also changes the sampler's precision.
-ROW_FIELDS = ("loss.correction", "optim.schedule", "optim.length_surge",
-              "mipu.step2", "mipu.random_rollback_p")
-PRECISION_FIELDS = ("sampling.dtype", "sampling.weight_quant", "sampling.act_quant",
-                    "sampling.kv_cache_dtype", "sampling.quant_lm_head")
-_ROW_EXTRA_FIELDS = {"control": PRECISION_FIELDS,
-                     "control_lr_decay": PRECISION_FIELDS,
-                     "mipu_probe32": ("mipu.num_probe_prompts",),
-                     "baseline_lr_mean": ("optim.learning_rate",),
-                     "baseline_lr_floor": ("optim.learning_rate",)}
-# The sources' tables: MIPU's main table (plus TIS), its ablation, and the
-# "Step 2 is not random rollback" comparison.
-MAIN_ROWS = ("control", "baseline", "tis", "mis", "lr_decay", "mipu")
-ABLATION_ROWS = ("baseline", "step1", "step2", "mipu", "mipu_probe32")
-ROLLBACK_ROWS = ("mipu", "random_rollback", "step2")
-# Whether LR-decay's gain is about the mismatch or a smaller step size
-# (configs/rows.py): LR-decay with and without mismatch, a slower decay, and
-# the baseline at LR-decay's mean and floor rates.
-ISOLATE_ROWS = ("control", "control_lr_decay", "baseline", "lr_decay", "lr_decay_long",
-                "baseline_lr_mean", "baseline_lr_floor")
-# The main job's side-by-side comparison (`experiments/compare.py`).
-COMPARE_ROWS = ("control", "baseline", "tis", "mipu")
-# (file key, title, rows) of each table; each gets `curves_<key>.png`.
-SOURCE_TABLES = (
-    ("main", "Main results (MIPU table, + TIS)", MAIN_ROWS),
-    ("ablation", "Ablation (Step 1 and Step 2)", ABLATION_ROWS),
-    ("rollback", "Step 2 is not random rollback", ROLLBACK_ROWS),
-    ("isolate", "What LR-decay's gain is made of", ISOLATE_ROWS),
-)
-COMPARE_TABLES = (
-    ("compare", "Side by side under a high-mismatch sampler", COMPARE_ROWS),)
-PANELS = (
-    ("rollout/reward_mean", "training reward"),
-    ("eval/avg", "eval pass@1 (Avg of 5 tiers; dashed: π at full precision)"),
-    ("rollout_corr/k3_kl", "k3_kl (sampler vs learner)"),
-    ("rollout/response_length_mean", "response length"),
-    ("actor/grad_norm", "grad norm"),
-    ("actor/lr", "learning rate"),
-    ("mipu/rollback_rate", "rollback rate"),
-)
 STABLE_SES = 2.0
 # Collapse (fixed before the mismatch study's runs): the first evaluation more
 # than COLLAPSE_DROP (15 points of pass@1, several times the evaluation's
 # standard error) below the best evaluation so far.
 COLLAPSE_DROP = 0.15
-
-MakeConfig = Callable[[str, int, Optional[float]], Any]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -76,7 +26,7 @@ class RunSummary:
   """One (row, seed) run, reduced to what the tables need.
 
   Attributes:
-    row: table row name.
+    row: the run's label (a table row, a study cell).
     seed: run seed.
     workdir: the run's directory (or the one it shares with a twin row).
     final: `{tier: pass@1, "avg": ...}` at the last evaluation.
@@ -110,15 +60,6 @@ class RunSummary:
   note: str = ""
   final_pi: Optional[float] = None
   peak_pi: Optional[float] = None
-
-
-@dataclasses.dataclass
-class TableResult:
-  """What `run_table` returns: per-run summaries, pending rows, outputs."""
-  runs: list[RunSummary]
-  pending: dict[str, str]
-  markdown: str
-  files: dict[str, str]
 
 
 def collapse_step(rows: Sequence[Mapping[str, float]],

@@ -29,9 +29,9 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from mipu_jax import rl
-from mipu_jax.reproduce import stats
-from mipu_jax.reproduce.spec import LABELS
-from mipu_jax.reproduce.spec import RunSummary
+from mipu_jax.harness import stats
+from mipu_jax.harness.summary import RunSummary
+from studies.reproduce.spec import LABELS
 
 QUANTITIES = ("next_reward_change", "probe_minus_reward")
 

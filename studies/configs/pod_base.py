@@ -1,16 +1,16 @@
-r"""Shared TPU-pod settings of the Qwen3-1.7B / Qwen3-4B table rows: `configs/math.py` at pod scale.
+r"""Shared TPU-pod settings of the Qwen3-1.7B / Qwen3-4B table rows: `studies/configs/math.py` at pod scale.
 
 Not a job by itself: `pod_qwen3_1p7b.py` and `pod_qwen3_4b.py` call
 `get_config(preset, arg)`. Every row trains the sources' experiment, math RL
 of a local Qwen3 checkpoint on DAPO / MATH prompts with benchmark evaluation
-(`configs/math.py`, its hyperparameters: lr 1e-6, AdamW wd 0.01, grad clip 1,
+(`studies/configs/math.py`, its hyperparameters: lr 1e-6, AdamW wd 0.01, grad clip 1,
 RLOO, 16 responses x 64 prompts, one PPO epoch over one mini-batch, clip
 0.2 / 0.28, TIS / MIS bound 2, min LR ratio 0.1, temperature 1, dynamic
 sampling, 8192-token responses, FP8 rollout, fp32 master weights with bf16
 matmuls and per-layer remat). Multi-host launch, mesh shapes per pod size:
 `docs/pods.md`.
 
-Options after the row (`--config configs/pod_qwen3_4b.py:mipu,chips=32,ckpt=...,train=...,eval=...`):
+Options after the row (`--config studies/configs/pod_qwen3_4b.py:mipu,chips=32,ckpt=...,train=...,eval=...`):
   chips=N      data-parallel devices, chips / tensor (default 16, e.g. v5p-32);
                a micro-batch is one packed (1024 + 8192)-token row per
                data-parallel device (pack=False: one response row per device).
@@ -23,8 +23,8 @@ Options after the row (`--config configs/pod_qwen3_4b.py:mipu,chips=32,ckpt=...,
   seed=N, steps=N, p=P (random-rollback probability), pack=True|False.
 """
 
-from configs import common
-from configs import math
+from studies.configs import common
+from studies.configs import math
 
 ROWS_PER_PROMPT = 16
 PROMPTS_PER_STEP = 64

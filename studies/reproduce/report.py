@@ -7,14 +7,16 @@ from typing import Mapping, Optional, Sequence
 import numpy as np
 
 from mipu_jax import rl
-from mipu_jax.reproduce import stats
-from mipu_jax.reproduce.spec import COLLAPSE_DROP
-from mipu_jax.reproduce.spec import LABELS
-from mipu_jax.reproduce.spec import PANELS
-from mipu_jax.reproduce.spec import RunSummary
-from mipu_jax.reproduce.spec import SOURCE_TABLES
-from mipu_jax.reproduce.spec import STABLE_SES
+from mipu_jax.harness import stats
+from mipu_jax.harness.summary import COLLAPSE_DROP
+from mipu_jax.harness.summary import RunSummary
+from mipu_jax.harness.summary import STABLE_SES
 from mipu_jax.rl import report
+from studies.reproduce.spec import CLAIMS
+from studies.reproduce.spec import ISOLATE_CLAIMS
+from studies.reproduce.spec import LABELS
+from studies.reproduce.spec import PANELS
+from studies.reproduce.spec import SOURCE_TABLES
 
 # --- Table -----------------------------------------------------------------
 
@@ -102,12 +104,12 @@ def placement_markdown(runs: Sequence[RunSummary],
 
 def claims_markdown(runs: Sequence[RunSummary]) -> str:
   """One verdict line per claim of the sources whose two rows ran
-  (`stats.CLAIMS`, paired by seed on final Avg.)."""
+  (`spec.CLAIMS`, paired by seed on final Avg.)."""
   finals: dict[str, dict[int, float]] = {}
   for r in runs:
     finals.setdefault(r.row, {})[r.seed] = r.final["avg"]
-  lines = [c.line() for c in stats.claim_results(finals)]
-  isolate = stats.claim_results(finals, stats.ISOLATE_CLAIMS)  # its own Holm family
+  lines = [c.line() for c in stats.claim_results(finals, CLAIMS)]
+  isolate = stats.claim_results(finals, ISOLATE_CLAIMS)  # its own Holm family
   if isolate:
     lines += ["", "What LR-decay's gain is made of (a Holm family of its own):"]
     lines += [c.line() for c in isolate]
@@ -175,7 +177,7 @@ def tables_markdown(runs: Sequence[RunSummary], pending: Mapping[str, str],
               f"verdicts at {stats.ALPHA:g} on p adjusted by Holm's correction "
               "across the claims below (raw p beside it); 95% intervals of the "
               "mean difference: percentile bootstrap and Student t "
-              "(`mipu_jax/reproduce/stats.py`).", "", claims, ""]
+              "(`mipu_jax/harness/stats.py`).", "", claims, ""]
   if len(seeds) > 1:
     lines += ["### Final Avg. per seed", "",
               "(*: not Stable; ↓: collapsed)", "", per_seed_markdown(runs), ""]

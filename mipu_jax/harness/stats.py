@@ -1,41 +1,18 @@
-"""The tables' statistics, fixed before the ten-seed runs: per-row intervals and
-one paired test per claim of the sources.
+"""Statistics over seeds: intervals of a mean and paired tests of claims.
 
-Per row (over seeds): the mean final eval Avg., two 95% intervals of that
-mean — the percentile bootstrap (`bootstrap_ci`) and Student's t interval
-(`t_ci`) — and the fractions of seeds that are Stable and that collapsed
-(`spec.summarize`, `spec.collapse_step`). At n = 10 the percentile bootstrap
-undercovers: the resampled means spread by sd·√((n-1)/n)/√n, and its
-percentiles sit near the normal ±1.96 of that, about ±1.86 sd/√n, while the
-t interval is ±2.262 sd/√n (9 degrees of freedom) and has its nominal
-coverage when the seeds' values are roughly normal. Both are printed; the t
-interval is the one to read at ten seeds.
+Per setting (over seeds): the mean final eval Avg. and two 95% intervals of
+it, the percentile bootstrap (`bootstrap_ci`) and Student's t (`t_ci`). At
+n = 10 the bootstrap undercovers (its half-width is about 1.86 sd/√n against
+t's 2.262 sd/√n), so the t interval is the one to read at ten seeds.
 
-Per claim (`CLAIMS`): the runs of the two rows are paired by seed (the same
-seed is the same initial policy, training prompts and evaluation problems), and
-the paired differences `d_s = A_s - B_s` of final eval Avg. go through an exact
-sign-flip permutation test (`paired_test`): under the null hypothesis that the
-row label does not matter, each `d_s` is as likely to be `+|d_s|` as `-|d_s|`,
-so the p-value is the fraction of the `2^n` sign patterns whose mean is at
-least as extreme as the observed one. It is exact, needs no normality, and is
-deterministic. Its smallest possible p-value is `2^-n` one-sided (`2^(1-n)`
-two-sided): 3 seeds can never reach 0.05, 10 seeds can (1/1024).
-
-Effect size: the mean paired difference in points of pass@1, its 95%
-bootstrap and t intervals, and Cohen's `d_z = mean(d) / sd(d)`.
-
-Multiple claims: a table tests several claims at once, so the verdicts use
-Holm's step-down correction across the table's claims (`holm`; Holm 1979,
-"A simple sequentially rejective multiple test procedure"), which keeps the
-family-wise error rate at `ALPHA` under any dependence between the claims.
-The raw p is printed beside the adjusted one.
-
-Verdict, at `ALPHA` = 0.05 on Holm-adjusted p: a directional claim `A > B` is
-**supported** when its adjusted one-sided p < 0.05, **contradicted** when the
-adjusted opposite one-sided p < 0.05 (the opposite p's are adjusted as a
-family of their own), and **not shown** otherwise; a two-sided claim `A ≠ B`
-is supported when its adjusted two-sided p < 0.05. With too few seeds to ever
-reach 0.05 the verdict says so.
+Per claim (`Claim`: `a` greater than, less than or different from `b`): runs
+are paired by seed and the paired differences go through an exact sign-flip
+permutation test (`sign_flip_p`): exact, no normality assumed, deterministic;
+its smallest one-sided p is `2^-n`, so 3 seeds can never reach 0.05. Several
+claims tested together are adjusted with Holm's step-down correction (`holm`;
+Holm 1979), which keeps the family-wise error at `ALPHA` under any dependence.
+A directional claim is **supported** when its adjusted p < `ALPHA`,
+**contradicted** when the adjusted opposite p is, **not shown** otherwise.
 """
 
 import dataclasses
@@ -49,12 +26,11 @@ ALPHA = 0.05
 CI_LEVEL = 0.95
 N_BOOT = 10_000
 BOOT_SEED = 0
-TABLE_SEEDS = tuple(range(10))  # seeds per row of the tables
 
 
 @dataclasses.dataclass(frozen=True)
 class Claim:
-  """A claim of the sources about two rows: `a` `direction` `b`.
+  """A claim about two settings (e.g. table rows): `a` `direction` `b`.
 
   `direction` is "greater" (a > b), "less" (a < b) or "two-sided" (a ≠ b).
   With `minus = (c, d)` the claim is about a difference of differences:
@@ -70,31 +46,6 @@ class Claim:
   @property
   def rows(self) -> tuple[str, ...]:
     return (self.a, self.b) + (self.minus or ())
-
-
-# The sources' claims, each tested on final eval Avg. paired by seed. "+ Step 1"
-# is token TIS (configs/rows.py), so its line repeats TIS vs baseline.
-CLAIMS = (
-    Claim("mipu", "baseline", "greater", "MIPU > baseline"),
-    Claim("mipu", "tis", "greater", "MIPU > TIS"),
-    Claim("mipu", "mis", "greater", "MIPU > MIS"),
-    Claim("mis", "baseline", "less", "MIS < baseline"),
-    Claim("lr_decay", "baseline", "greater", "LR-decay > baseline"),
-    Claim("mipu", "random_rollback", "two-sided",
-          "Step 2 ≠ random rollback at the same rate (MIPU vs random rollback)"),
-    Claim("step1", "baseline", "greater", "+ Step 1 > baseline"),
-    Claim("step2", "baseline", "greater", "+ Step 2 > baseline"),
-)
-# What LR-decay's gain is made of (issue 28's isolating rows, configs/rows.py),
-# a family of its own: fixed before those rows ran.
-ISOLATE_CLAIMS = (
-    Claim("lr_decay", "baseline_lr_mean", "greater",
-          "LR-decay > the baseline at a constant rate of LR-decay's mean"),
-    Claim("lr_decay", "baseline", "greater",
-          "LR-decay's gain with mismatch > its gain without "
-          "((LR-decay − baseline) − (LR-decay fp32 − control))",
-          minus=("control_lr_decay", "control")),
-)
 
 
 def bootstrap_ci(values: Sequence[float], *, level: float = CI_LEVEL,
@@ -286,7 +237,7 @@ def paired_test(claim: Claim, a: Mapping[int, float],
 
 
 def claim_results(finals: Mapping[str, Mapping[int, float]],
-                  claims: Sequence[Claim] = CLAIMS) -> list[ClaimResult]:
+                  claims: Sequence[Claim]) -> list[ClaimResult]:
   """Every claim whose two rows both ran (`finals`: row -> seed -> final Avg.),
   with Holm's correction across them and verdicts on the adjusted p."""
   raw = [paired_test(c, *(finals[r] for r in c.rows)) for c in claims
