@@ -22,7 +22,6 @@ import optax
 from flax import nnx
 
 from mipu_jax import losses
-from mipu_jax import mipu
 from mipu_jax import schedules
 from mipu_jax.learner.batch import Batch
 from mipu_jax.learner import packing
@@ -172,7 +171,7 @@ def learner_step(state: LearnerState, batch: Batch, *, graphdef: nnx.GraphDef,
     def skip(operands):
       # Only the schedule's state is taken from the update (XLA drops the rest).
       _, new_opt_state = optimizer_update(operands)
-      return operands[1], mipu.resolve_opt_state(False, new_opt_state, operands[2])
+      return operands[1], schedules.keep_schedule_state(operands[2], new_opt_state)
 
     # Non-finite guard (docs/reliability.md): an update whose loss or gradient
     # is NaN / inf leaves the parameters and moments as they were (bitwise);

@@ -145,11 +145,8 @@ def resolve_opt_state(accepted: bool | jax.Array, candidate: Any, previous: Any)
   candidate's learning-rate schedule state, which counts every RL step the
   sampler saw, rejected ones included (docs/method.md §6).
 
-  Used by Step 2's rollback (`resolve_update`) and by the learner's skip of a
-  non-finite update (docs/reliability.md).
+  Used by Step 2's rollback (`resolve_update`); the learner's skip of a
+  non-finite update keeps the schedule's state the same way
+  (`schedules.keep_schedule_state`, docs/reliability.md).
   """
-  opt_state = select_tree(accepted, candidate, previous)
-  if schedules.has_schedule_state(candidate):
-    opt_state = schedules.replace_schedule_state(
-        opt_state, schedules.find_schedule_state(candidate))
-  return opt_state
+  return schedules.keep_schedule_state(select_tree(accepted, candidate, previous), candidate)

@@ -16,6 +16,7 @@ from mipu_jax.schedules.baselines import ScheduleState
 from mipu_jax.schedules.factory import current_learning_rate
 from mipu_jax.schedules.factory import find_schedule_state
 from mipu_jax.schedules.factory import has_schedule_state
+from mipu_jax.schedules.factory import keep_schedule_state
 from mipu_jax.schedules.factory import make_schedule
 from mipu_jax.schedules.factory import replace_schedule_state
 from mipu_jax.schedules.factory import schedule_metrics
@@ -34,6 +35,7 @@ __all__ = [
     "decay_period_from_surge",
     "find_schedule_state",
     "has_schedule_state",
+    "keep_schedule_state",
     "length_surge",
     "make_schedule",
     "measured_surge_step",

@@ -83,6 +83,15 @@ def replace_schedule_state(opt_state: Any, schedule_state: Any) -> Any:
                       opt_state, is_leaf=_is_schedule_state)
 
 
+def keep_schedule_state(opt_state: Any, candidate: Any) -> Any:
+  """`opt_state` with `candidate`'s learning-rate schedule state: the schedule
+  counts every RL step, an update rolled back or skipped included
+  (docs/method.md §6)."""
+  if has_schedule_state(candidate):
+    return replace_schedule_state(opt_state, find_schedule_state(candidate))
+  return opt_state
+
+
 def current_learning_rate(opt_state: Any) -> jax.Array:
   """The rate in force: the one the schedule used for its last RL step."""
   return find_schedule_state(opt_state).learning_rate
