@@ -48,7 +48,7 @@ def step_spec(cfg: TrainConfig) -> step_lib.StepSpec:
   s = cfg.sampling
   return step_lib.StepSpec(
       loss=cfg.loss,
-      scoring=logprobs_lib.Scoring(s.temperature, s.top_k, s.top_p),
+      scoring=logprobs_lib.Scoring(s.temperature, s.top_k, s.top_p, s.true_on_policy),
       ppo_epochs=cfg.learner.ppo_epochs,
       num_minibatches=cfg.learner.num_minibatches,
       num_microbatches=cfg.learner.num_microbatches,

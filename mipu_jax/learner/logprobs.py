@@ -2,7 +2,9 @@
 
 The learner must score the distribution the sampler drew from (docs/method.md §0):
 the same temperature, and, when top-k / top-p truncation is on, the truncated
-and renormalised distribution (`mipu_jax.sampler.truncated_logprobs`).
+and renormalised distribution (`mipu_jax.sampler.truncated_logprobs`). In the
+true on-policy mode both `lp` and `lp_old` are the sampler's arithmetic
+(`mipu_jax.models.invariant`), bitwise its `lp_mu` (docs/method.md §7).
 """
 
 import dataclasses
@@ -14,6 +16,8 @@ from flax import nnx
 
 from mipu_jax import models
 from mipu_jax.learner import packing
+from mipu_jax.models import invariant
+from mipu_jax.models import qwen3
 from mipu_jax.sampler import sampling
 
 
@@ -25,10 +29,13 @@ class Scoring:
     temperature: the sampler's temperature.
     top_k: 0 for off.
     top_p: 1.0 for off.
+    true_on_policy: score with the sampler's batch-invariant forward
+      (`invariant_logprobs`; docs/method.md §7).
   """
   temperature: float = 1.0
   top_k: int = 0
   top_p: float = 1.0
+  true_on_policy: bool = False
 
   @property
   def truncates(self) -> bool:
@@ -64,6 +71,11 @@ def policy_logprobs(model, tokens_BT: jax.Array, mask_BT: jax.Array,
   Returns:
     float32 `[B, T]` log-probs, or `(log-probs, entropy)`.
   """
+  if scoring.true_on_policy:
+    out = invariant_logprobs(model, tokens_BT, mask_BT, scoring, entropy_grad=entropy_grad,
+                             logits_chunk=logits_chunk, segment_ids_BT=segment_ids_BT,
+                             positions_BT=positions_BT)
+    return out if with_entropy else out[0]
   # U: the T - 1 positions that have a next token (targets shifted by one).
   targets_BU = tokens_BT[:, 1:]
   kwargs = dict(mask_BT=mask_BT, segment_ids_BT=segment_ids_BT,
@@ -91,6 +103,64 @@ def policy_logprobs(model, tokens_BT: jax.Array, mask_BT: jax.Array,
   if not with_entropy:
     return lp_BT
   return lp_BT, jnp.pad(ent_BU, ((0, 0), (1, 0)))
+
+
+def invariant_logprobs(model, tokens_BT: jax.Array, mask_BT: jax.Array, scoring: Scoring,
+                       *, entropy_grad: bool = False, logits_chunk: int = 0,
+                       segment_ids_BT: jax.Array | None = None,
+                       positions_BT: jax.Array | None = None):
+  """`(log-probs, entropy)` as `policy_logprobs`, from the batch-invariant forward
+  the sampler runs in the true on-policy mode (docs/method.md §7).
+
+  The values are that forward's, bitwise the sampler's `lp_mu` at the same
+  weights; the gradient is the standard forward's (`policy_logprobs` with the
+  mode off, recomputed in the backward pass as under remat): the same function,
+  differentiable, where the invariant one loops over data-dependent key
+  blocks. On a mesh the forward runs replicated: a contraction split over
+  devices would sum in another order.
+  """
+  graphdef, state = nnx.split(model)
+  mask_BT = mask_BT.astype(bool)
+  if positions_BT is None:  # `Qwen3`'s default: real tokens before each position
+    positions_BT = jnp.maximum(jnp.cumsum(mask_BT, axis=1) - 1, 0)
+  standard = dataclasses.replace(scoring, true_on_policy=False)
+
+  def forward(state, tokens_BT, mask_BT, positions_BT):
+    state, tokens_BT, mask_BT, positions_BT = invariant.replicated(
+        (state, tokens_BT, mask_BT, positions_BT))
+    model = nnx.merge(graphdef, state)
+    b, t = tokens_BT.shape
+    h_BTD = model(tokens_BT, mask_BT=mask_BT, positions_BT=positions_BT,
+                  inference=qwen3.Inference(invariant=True), logits=False).hidden
+    m = b * (t - 1)
+    _, lp_M, ent_M = invariant.head_logprobs(
+        model.logits, h_BTD[:, :-1].reshape(m, -1),
+        jnp.full((m,), scoring.temperature, jnp.float32), tokens_BT[:, 1:].reshape(m))
+    pad = lambda x_M: jnp.pad(x_M.reshape(b, t - 1), ((0, 0), (1, 0)))
+    return pad(lp_M), pad(ent_M)
+
+  def reference(state, tokens_BT, mask_BT, segment_ids_BT, positions_BT):
+    return policy_logprobs(nnx.merge(graphdef, state), tokens_BT, mask_BT, standard,
+                           with_entropy=True, entropy_grad=entropy_grad,
+                           logits_chunk=logits_chunk, segment_ids_BT=segment_ids_BT,
+                           positions_BT=positions_BT)
+
+  @jax.custom_vjp
+  def scored(state, tokens_BT, mask_BT, segment_ids_BT, positions_BT):
+    del segment_ids_BT  # a packed segment is contiguous: its positions suffice
+    return forward(state, tokens_BT, mask_BT, positions_BT)
+
+  def scored_fwd(state, tokens_BT, mask_BT, segment_ids_BT, positions_BT):
+    out = forward(state, tokens_BT, mask_BT, positions_BT)
+    return out, (state, tokens_BT, mask_BT, segment_ids_BT, positions_BT)
+
+  def scored_bwd(residuals, cotangents):
+    state, *rest = residuals
+    _, vjp = jax.vjp(lambda s: reference(s, *rest), state)
+    return (vjp(cotangents)[0], None, None, None, None)
+
+  scored.defvjp(scored_fwd, scored_bwd)
+  return scored(state, tokens_BT, mask_BT, segment_ids_BT, positions_BT)
 
 
 def chunked_logprobs(graphdef: nnx.GraphDef, params: Any, tokens_BT: jax.Array,

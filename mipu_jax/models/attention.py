@@ -39,6 +39,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
+from mipu_jax.models import invariant
 from mipu_jax.models import kv_cache
 from mipu_jax.models import paged_pallas
 from mipu_jax.models import paged_tpu
@@ -305,8 +306,9 @@ def _splash(q_BTNH, k_BSKH, v_BSKH, mask: AttentionMask, block_q: int,
 
 class DecodeImpl(NamedTuple):
   """Attention over a KV cache as the engine resolved it: `name` "paged"
-  (`paged`), "pallas" (`paged_pallas.decode`), "pallas_tpu" (`paged_tpu.decode`)
-  or "dense" (the reference); `interpret`: the kernel runs in Pallas'
+  (`paged`), "pallas" (`paged_pallas.decode`), "pallas_tpu" (`paged_tpu.decode`),
+  "invariant" (`invariant.attend_paged`, the true on-policy mode) or "dense"
+  (the reference); `interpret`: the kernel runs in Pallas'
   interpreter (off the device it is written for)."""
   name: str = "paged"
   interpret: bool = False
@@ -321,6 +323,8 @@ def decode(q_BTNH: jax.Array, cache: kv_cache.LayerCache, impl: DecodeImpl,
   tiles fit (`paged_pallas.supports`, `paged_tpu.takes`); otherwise `paged`.
   Returns `[B, T, N, H]` in `dtype`, the compute dtype K/V are dequantized to.
   """
+  if impl.name == "invariant":  # the true on-policy mode (docs/method.md §7)
+    return invariant.attend_paged(q_BTNH, cache, dtype)
   pools = (cache.k, cache.v, cache.k_scale, cache.v_scale, cache.page_ids_BJ)
   _, t, _, h = q_BTNH.shape
   j, g = cache.page_ids_BJ.shape[1], cache.k.shape[2]

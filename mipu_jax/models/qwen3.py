@@ -21,6 +21,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from mipu_jax.models import attention
+from mipu_jax.models import invariant
 from mipu_jax.models import kv_cache
 from mipu_jax.models import quantized
 from mipu_jax.models.config import Qwen3Config
@@ -41,12 +42,17 @@ class Inference:
     kv_round: a float dtype the new K/V are rounded through before they are
       written to a cache of another dtype (a float8 cache kept as float32
       values: bitwise the same attention; `SamplerConfig.kv_cache_storage`).
+    invariant: the true on-policy mode's batch-invariant arithmetic
+      (`mipu_jax.models.invariant`, docs/method.md §7): per-token work on fixed
+      row tiles, attention by fixed key blocks; with a cache, `decode` must be
+      the "invariant" attention. The learner's forward in the mode sets it too.
   """
 
   decode: attention.DecodeImpl = attention.DecodeImpl()
   act_quant: ActQuant = None
   quant_lm_head: bool = True
   kv_round: Any = None
+  invariant: bool = False
 
 
 class Output(NamedTuple):
@@ -123,6 +129,15 @@ def _layer(cfg: Qwen3Config, x_BTD, w, positions_BT, act_quant, attend):
   returns with the new K/V written. Returns the new hidden state and that.
   """
   x_BTD = shard_rows(x_BTD)
+  q_BTNH, k_BTKH, v_BTKH = _attention_in(cfg, w, x_BTD, positions_BT, act_quant)
+  attn_BTNH, layer_cache = attend(q_BTNH, k_BTKH, v_BTKH)
+  mlp_in = _gated_mlp_in_recomputed if _recompute_mlp_in(cfg) else _gated_mlp_in
+  x_BTD = _attention_out_mlp(cfg, w, x_BTD, attn_BTNH, act_quant, mlp_in)
+  return shard_rows(x_BTD), layer_cache
+
+
+def _attention_in(cfg: Qwen3Config, w, x_BTD, positions_BT, act_quant):
+  """The layer up to its attention: normed, projected, q/k-normed, rotated q, k, v."""
   h_BTD = rms_norm(x_BTD, w["attn_norm"], cfg.rms_eps)
   hq_BTD = _aq(h_BTD, act_quant)
   q_BTNH = _proj("BTD,DNH->BTNH", h_BTD, hq_BTD, w["q"], 1)
@@ -130,18 +145,40 @@ def _layer(cfg: Qwen3Config, x_BTD, w, positions_BT, act_quant, attend):
   v_BTKH = _proj("BTD,DKH->BTKH", h_BTD, hq_BTD, w["v"], 1)
   q_BTNH = rope(rms_norm(q_BTNH, w["q_norm"], cfg.rms_eps), positions_BT, cfg.rope_theta)
   k_BTKH = rope(rms_norm(k_BTKH, w["k_norm"], cfg.rms_eps), positions_BT, cfg.rope_theta)
-  attn_BTNH, layer_cache = attend(q_BTNH, k_BTKH, v_BTKH)
+  return q_BTNH, k_BTKH, v_BTKH
 
+
+def _attention_out_mlp(cfg: Qwen3Config, w, x_BTD, attn_BTNH, act_quant, mlp_in):
+  """The layer after its attention: output projection, residual, the MLP, residual."""
   o_BTD = _proj("BTNH,NHD->BTD", attn_BTNH, _aq(attn_BTNH, act_quant), w["o"], 2)
   x_BTD = x_BTD + o_BTD.astype(x_BTD.dtype)
 
   h_BTD = rms_norm(x_BTD, w["mlp_norm"], cfg.rms_eps)
   hq_BTD = _aq(h_BTD, act_quant)
-  mlp_in = _gated_mlp_in_recomputed if _recompute_mlp_in(cfg) else _gated_mlp_in
   act_BTF = mlp_in(h_BTD, hq_BTD, w["gate"], w["up"])
   down_BTD = _proj("BTF,FD->BTD", act_BTF, _aq(act_BTF, act_quant), w["down"], 1)
-  x_BTD = x_BTD + down_BTD.astype(x_BTD.dtype)
-  return shard_rows(x_BTD), layer_cache
+  return x_BTD + down_BTD.astype(x_BTD.dtype)
+
+
+def _invariant_layer(cfg: Qwen3Config, x_BTD, w, positions_BT, attend):
+  """`_layer` in the true on-policy mode: the same per-token arithmetic, run on
+  fixed row tiles (`invariant.map_rows`) so a token's bits do not depend on the
+  batch (docs/method.md §7)."""
+  b, t, d = x_BTD.shape
+  flat = lambda a: a.reshape((b * t,) + a.shape[2:])
+  unflat = lambda a: a.reshape((b, t) + a.shape[1:])
+
+  def attention_in(x_tD, pos_t):
+    q, k, v = _attention_in(cfg, w, x_tD[None], pos_t[None], None)
+    return q[0], k[0], v[0]
+
+  def attention_out_mlp(x_tD, attn_tNH):
+    return _attention_out_mlp(cfg, w, x_tD[None], attn_tNH[None], None, _gated_mlp_in)[0]
+
+  q, k, v = invariant.map_rows(attention_in, flat(x_BTD), flat(positions_BT))
+  attn_BTNH, layer_cache = attend(unflat(q), unflat(k), unflat(v))
+  x_BTD = invariant.map_rows(attention_out_mlp, flat(x_BTD), flat(attn_BTNH))
+  return unflat(x_BTD), layer_cache
 
 
 def _gated_mlp_in(h_BTD, hq_BTD, w_gate, w_up):
@@ -276,16 +313,27 @@ class Qwen3(nnx.Module):
     weights = self.layers.stacked(cfg.dtype)
     act_quant = inference.act_quant
 
+    if inference.invariant:
+      if act_quant is not None or (cache is not None and inference.decode.name != "invariant"):
+        raise ValueError("the batch-invariant forward takes no activation quantizer, and "
+                         "over a cache the 'invariant' decode attention.")
+      weights = invariant.replicated(weights)
+      run_layer = lambda x, w, attend: _invariant_layer(cfg, x, w, positions_BT, attend)
+    else:
+      run_layer = lambda x, w, attend: _layer(cfg, x, w, positions_BT, act_quant, attend)
+
     if cache is None:
       attn_mask = attention.row_mask(mask_BT, segment_ids_BT)
 
       def attend(q, k, v):
+        if inference.invariant:  # packed segments: per-segment positions suffice
+          return invariant.attend_rows(q, k, v, positions_BT), None
         return attention.attend(
             q, k, v, attn_mask, implementation=cfg.attention, block_q=cfg.attention_block,
             block_k=cfg.attention_block, prefix_rows=segment_ids_BT is None), None
 
       def body(x, w):
-        return _layer(cfg, x, w, positions_BT, act_quant, attend)[0], None
+        return run_layer(x, w, attend)[0], None
 
       x_BTD, _ = jax.lax.scan(remat(body, cfg.remat), x_BTD, weights)
       new_cache = None
@@ -306,7 +354,7 @@ class Qwen3(nnx.Module):
           new = view.append(k, v, mask_BT, inference.kv_round)
           return attention.decode(q, new, inference.decode, cfg.dtype), new
 
-        x, view = _layer(cfg, x, w, positions_BT, act_quant, attend)
+        x, view = run_layer(x, w, attend)
         return (x, (view.k, view.v, view.k_scale, view.v_scale)), None
 
       pools = (cache.k, cache.v, cache.k_scale, cache.v_scale)
@@ -315,7 +363,13 @@ class Qwen3(nnx.Module):
       new_cache = KVCache(k=k, v=v, k_scale=k_s, v_scale=v_s, pages=cache.pages,
                           index=index_B + jnp.sum(mask_BT, axis=1, dtype=jnp.int32))
 
-    h_BTD = rms_norm(x_BTD, self.final_norm[...], cfg.rms_eps)
+    if inference.invariant:
+      b, t, d = x_BTD.shape
+      h_BTD = invariant.map_rows(
+          lambda x_tD: rms_norm(x_tD, self.final_norm[...], cfg.rms_eps),
+          x_BTD.reshape(b * t, d)).reshape(b, t, d)
+    else:
+      h_BTD = rms_norm(x_BTD, self.final_norm[...], cfg.rms_eps)
     logits_BTV = None
     if logits:
       logits_BTV = self.logits(h_BTD, act_quant if inference.quant_lm_head else None)

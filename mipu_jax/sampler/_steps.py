@@ -1,8 +1,10 @@
 """Pure prefill / insert / decode functions of the engine (jitted in `engine.py`).
 
 Every sampled token — the first one (drawn in `insert`) and every later one
-(drawn in `advance`) — goes through `sampling.sample_logits`, so all log-probs
-come from one function. Layout conventions are in `state.py`.
+(drawn in `advance`) — goes through `_head` and `_draw`, so all log-probs
+come from one function (`sampling.sample_logits`, or in the true on-policy
+mode the batch-invariant head the learner runs; docs/method.md §7). Layout
+conventions are in `state.py`.
 """
 
 import dataclasses
@@ -12,6 +14,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from mipu_jax.models import invariant
 from mipu_jax.models import kv_cache
 from mipu_jax.models.kv_cache import KVCache, init_cache
 from mipu_jax.models.qwen3 import Inference
@@ -46,6 +49,29 @@ def build_model(spec: DecodeSpec, params):
   return nnx.merge(spec.graphdef, quant.dequantize_tree(params))
 
 
+def _head(spec: DecodeSpec, model, h_BD, temperature_B):
+  """The logits a draw starts from: the LM head's, or in the true on-policy mode
+  the batch-invariant head's log-probs of the tempered distribution
+  (`invariant.head_logprobs`, the learner's arithmetic; docs/method.md §7)."""
+  if spec.inference.invariant:
+    b = h_BD.shape[0]
+    return invariant.head_logprobs(model.logits, h_BD, temperature_B,
+                                   jnp.zeros((b,), jnp.int32))[0]
+  head_quant = spec.inference.act_quant if spec.inference.quant_lm_head else None
+  return model.logits(h_BD[:, None], head_quant)[:, 0]
+
+
+def _draw(spec: DecodeSpec, logits_BV, keys_B, temperature_B, top_k_B, top_p_B):
+  """`sample_logits`; in the true on-policy mode `logits_BV` are already the
+  tempered log-probs (`_head`): drawn at temperature 1 (greedy stays greedy),
+  the token's log-prob read from them, not recomputed."""
+  if not spec.inference.invariant:
+    return sample_logits(logits_BV, keys_B, temperature_B, top_k_B, top_p_B, spec.truncation)
+  unit_B = jnp.where(temperature_B > 0, 1.0, 0.0).astype(jnp.float32)
+  tokens_B, _ = sample_logits(logits_BV, keys_B, unit_B, top_k_B, top_p_B, False)
+  return tokens_B, jnp.take_along_axis(logits_BV, tokens_B[:, None], axis=-1)[:, 0]
+
+
 def _fold(keys, data_B):
   return jax.vmap(jax.random.fold_in)(keys, data_B)
 
@@ -74,18 +100,16 @@ def prefill(spec: DecodeSpec, params, tokens_RP, true_length_R, keys_R, temperat
   cache = out.cache
   # Only each prompt's last position's logits are needed (P times fewer
   # LM-head FLOPs than the model's own [R, P, V]).
-  head_quant = spec.inference.act_quant if spec.inference.quant_lm_head else None
   last_R11 = (true_length_R - 1)[:, None, None]
   h_R1D = jnp.take_along_axis(out.hidden, last_R11, axis=1)
-  logits_RV = model.logits(h_R1D, head_quant)[:, 0]
+  logits_RV = _head(spec, model, h_R1D[:, 0], temperature_R)
   prefix = Prefix(cache=cache, logits_RV=logits_RV, keys_R=keys_R,
                   true_length_R=true_length_R, temperature_R=temperature_R, top_k_R=top_k_R,
                   top_p_R=top_p_R, max_new_R=max_new_R)
   if not sample_first:
     return prefix, None, None
   first_keys_R = _fold(_fold(keys_R, jnp.zeros((r,), jnp.int32)), jnp.zeros((r,), jnp.int32))
-  tokens_R, lp_R = sample_logits(prefix.logits_RV, first_keys_R, temperature_R, top_k_R, top_p_R,
-                                 spec.truncation)
+  tokens_R, lp_R = _draw(spec, prefix.logits_RV, first_keys_R, temperature_R, top_k_R, top_p_R)
   return prefix, tokens_R, lp_R
 
 
@@ -183,8 +207,8 @@ def insert(spec: DecodeSpec, prefix: Prefix, ds: DecodeState, slots_M, rows_M,
   temperature_M = prefix.temperature_R[rows_M]
   top_k_M, top_p_M = prefix.top_k_R[rows_M], prefix.top_p_R[rows_M]
   max_new_M = prefix.max_new_R[rows_M]
-  tokens_M, lp_M = sample_logits(prefix.logits_RV[rows_M], _fold(keys_M, jnp.zeros_like(samples_M)),
-                                 temperature_M, top_k_M, top_p_M, spec.truncation)
+  tokens_M, lp_M = _draw(spec, prefix.logits_RV[rows_M], _fold(keys_M, jnp.zeros_like(samples_M)),
+                         temperature_M, top_k_M, top_p_M)
   stop_M = _is_stop(tokens_M, ds.stop_ids_E)
   n = ds.tokens_BN.shape[1]
   done_M = stop_M | (jnp.minimum(max_new_M, n) <= 1)
@@ -252,10 +276,11 @@ def advance(spec: DecodeSpec, params, ds: DecodeState):
   model = build_model(spec, params)
   live_B = live_slots(ds)
   out = model(ds.last_token_B[:, None], mask_BT=live_B[:, None], cache=ds.cache,
-              inference=spec.inference)
+              inference=spec.inference, logits=False)
   cache = out.cache
-  tokens_B, lp_B = sample_logits(out.logits[:, 0], _fold(ds.keys_B, ds.num_generated_B),
-                                 ds.temperature_B, ds.top_k_B, ds.top_p_B, spec.truncation)
+  logits_BV = _head(spec, model, out.hidden[:, 0], ds.temperature_B)
+  tokens_B, lp_B = _draw(spec, logits_BV, _fold(ds.keys_B, ds.num_generated_B),
+                         ds.temperature_B, ds.top_k_B, ds.top_p_B)
   b, n = ds.tokens_BN.shape
   at_B = jnp.where(live_B, ds.num_generated_B, n)  # n: out of range, dropped
   num_generated_B = ds.num_generated_B + live_B.astype(jnp.int32)

@@ -13,6 +13,7 @@ from typing import Any, Optional
 
 import jax.numpy as jnp
 
+from mipu_jax.models import invariant
 from mipu_jax.models import paged_pallas
 from mipu_jax.models import paged_tpu
 from mipu_jax.models.config import DTYPE_NAMES, as_dtype
@@ -80,6 +81,14 @@ class SamplerPrecision:
     max_concurrent_decodes: decode slots of an engine: the most samples decoding
       at once; more run through the same slots as earlier ones finish
       (continuous batching).
+    true_on_policy: the sampler's log-probs bitwise equal to the learner's
+      (docs/method.md §7): both sides run the batch-invariant arithmetic of
+      `mipu_jax.models.invariant`. Needs float weights, activations and KV
+      cache in the compute dtype, the learner computing in that dtype, no
+      top-k / top-p and an unsplit contraction (`tensor = 1`); the KV-cache
+      pages are the attention's key blocks (`invariant.KEY_BLOCK` slots),
+      whatever `page_size` says, and on CPU the engine's programs compile with
+      jax's default options, as the learner's.
   """
 
   dtype: Any = "float32"
@@ -89,6 +98,7 @@ class SamplerPrecision:
   quant_lm_head: bool = False
   quant_compute: str = "emulated"
   max_concurrent_decodes: int = 256
+  true_on_policy: bool = False
 
   def __post_init__(self):
     if as_dtype(self.dtype) not in _COMPUTE_DTYPES:
@@ -101,6 +111,15 @@ class SamplerPrecision:
     if self.max_concurrent_decodes <= 0:
       raise ValueError(
           f"max_concurrent_decodes must be positive, got {self.max_concurrent_decodes}.")
+    if self.true_on_policy:
+      kv = None if self.kv_cache_dtype is None else kv_dtype(self.kv_cache_dtype)
+      if self.weight_quant or self.act_quant or (kv is not None and kv != as_dtype(self.dtype)):
+        raise ValueError(
+            "true_on_policy needs the sampler's weights, activations and KV cache in its "
+            f"compute dtype ({as_dtype(self.dtype)}), as the learner computes; got "
+            f"weight_quant={self.weight_quant!r}, act_quant={self.act_quant!r}, "
+            f"kv_cache_dtype={self.kv_cache_dtype!r}. A quantized sampler cannot match "
+            "a learner that trains the float weights.")
 
   def precision_kwargs(self) -> dict[str, Any]:
     """The precision fields as keyword arguments of `SamplerConfig` or `Sampler`."""
@@ -175,6 +194,17 @@ class SamplerConfig(SamplerPrecision):
     if self.decode_attention not in DECODE_ATTENTIONS:
       raise ValueError(f"decode_attention must be one of {DECODE_ATTENTIONS}, got "
                        f"{self.decode_attention!r}.")
+    if self.true_on_policy:
+      if self.decode_attention != "auto":
+        raise ValueError(f"true_on_policy runs its own decode attention (the learner's "
+                         f"key blocks); decode_attention={self.decode_attention!r} "
+                         "would sum in another order. Leave it 'auto'.")
+      for name in ("min_prefill_bucket", "min_decode_bucket"):
+        if getattr(self, name) % invariant.KEY_BLOCK:
+          raise ValueError(f"true_on_policy: {name}={getattr(self, name)} must be a "
+                           f"multiple of the key block ({invariant.KEY_BLOCK} slots): "
+                           "each page is one block.")
+      object.__setattr__(self, "page_size", invariant.KEY_BLOCK)
     object.__setattr__(self, "stop_ids", tuple(int(i) for i in self.stop_ids))
     if len(self.stop_ids) > self.max_stop_ids:
       raise ValueError(
@@ -218,6 +248,8 @@ class SamplerConfig(SamplerPrecision):
     the TPU kernel cannot serve (`paged_tpu.unsupported`, checked where
     `kv_dtype` is given) is an error by name, "paged" with a warning under
     "auto", as are rows split over devices (no page pool per device yet)."""
+    if self.true_on_policy:
+      return "invariant"
     asked = self.decode_attention
     if asked == "pallas" and (missing := paged_pallas.missing_backend()):
       raise RuntimeError(f'decode_attention="pallas" cannot run: {missing}; the kernel '
@@ -251,12 +283,18 @@ class SamplerConfig(SamplerPrecision):
     return dataclasses.replace(self, **kwargs)
 
   def prefill_bucket(self, prompt_len: int) -> int:
-    return bucket(prompt_len, minimum=self.min_prefill_bucket,
-                  maximum=self.max_prefill_length, what="Prompt length")
+    return self._blocks(bucket(prompt_len, minimum=self.min_prefill_bucket,
+                               maximum=self.max_prefill_length, what="Prompt length"))
 
   def decode_bucket(self, max_new_tokens: int) -> int:
-    return bucket(max_new_tokens, minimum=self.min_decode_bucket,
-                  maximum=self.max_decode_length, what="max_new_tokens")
+    return self._blocks(bucket(max_new_tokens, minimum=self.min_decode_bucket,
+                               maximum=self.max_decode_length, what="max_new_tokens"))
+
+  def _blocks(self, size: int) -> int:
+    """In the true on-policy mode a buffer holds whole key blocks (pages)."""
+    if not self.true_on_policy:
+      return size
+    return -(-size // invariant.KEY_BLOCK) * invariant.KEY_BLOCK
 
   def slot_bucket(self, num_sequences: int) -> int:
     return bucket(num_sequences, minimum=self.min_slot_bucket)

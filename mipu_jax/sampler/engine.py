@@ -127,7 +127,10 @@ class Engine:
     abstract = nnx.eval_shape(lambda: Qwen3(self.model_config, rngs=nnx.Rngs(0)))
     self._reference = jax.eval_shape(lambda: weights.learner_params(model))
     native = config.quant_compute == "native"  # the weights quantize their own inputs
-    self.cpu_compile = platform == "cpu"  # `Program`'s CPU compilation
+    # `Program`'s CPU compilation; not in the true on-policy mode, whose
+    # programs must compile as the learner's do (LLVM's level and XLA:CPU's
+    # emitters change how float sums are rounded).
+    self.cpu_compile = platform == "cpu" and not config.true_on_policy
     # Resolved once, here, where the platform, the mesh and the cache dtype are
     # known; a kernel off its device runs in Pallas' interpreter.
     rows = 1 if mesh is None else math.prod(mesh.shape.get(a, 1) for a in ("data", "fsdp"))
@@ -141,7 +144,8 @@ class Engine:
         inference=Inference(
             decode=attention.DecodeImpl(decode, interpret=platform != device),
             act_quant=None if native else quant.make_act_quant(config.act_quant),
-            quant_lm_head=config.quant_lm_head, kv_round=kv_round),
+            quant_lm_head=config.quant_lm_head, kv_round=kv_round,
+            invariant=config.true_on_policy),
         pad_id=config.pad_id, page_size=config.page_size)
     self._quant_kwargs = dict(
         weight_quant=config.weight_quant, compute_dtype=config.dtype,
@@ -201,7 +205,7 @@ class Engine:
     if tokens.ndim != 2:
       raise ValueError(f"padded_tokens must be [P] or [R, P], got shape {tokens.shape}.")
     r, p = tokens.shape
-    if p > self.config.max_prefill_length:
+    if p > self.config.prefill_bucket(self.config.max_prefill_length):
       raise ValueError(f"Prompt bucket {p} exceeds max_prefill_length "
                        f"{self.config.max_prefill_length}.")
     lengths = np.asarray(lengths_R, np.int32).reshape(-1) if np.ndim(lengths_R) else \
@@ -218,6 +222,9 @@ class Engine:
       rng = jax.random.wrap_key_data(rng)  # legacy uint32 key data
     if rng.ndim and rng.shape != (r,):
       raise ValueError(f"rng must be one key or one per request ({r}), got shape {rng.shape}.")
+    if self.config.true_on_policy and (np.any(np.asarray(top_k) > 0)
+                                       or np.any(np.asarray(top_p) < 1.0)):
+      raise ValueError("true_on_policy samples the full distribution: no top-k / top-p.")
     max_new = self.config.max_decode_length if max_new_tokens is None else max_new_tokens
     return self._run(
         "prefill" if sample_first else "prefill_prefix",
@@ -315,7 +322,8 @@ class Engine:
     stop_E = jnp.asarray(list(stop) + [-1] * (cfg.max_stop_ids - len(stop)), jnp.int32)
     return self._constrained(PROGRAMS["init_decode_state"](
         self.cpu_compile, self._spec, self.model_config, num_slots or cfg.max_concurrent_decodes,
-        prefill_length or cfg.max_prefill_length, decode_length or cfg.max_decode_length,
+        prefill_length or cfg.prefill_bucket(cfg.max_prefill_length),
+        decode_length or cfg.decode_bucket(cfg.max_decode_length),
         stop_E, prompt_blocks))
 
   def _spec_for(self, truncation: bool) -> _steps.DecodeSpec:

@@ -132,7 +132,11 @@ class Sampler:
     if temperature < 0 or (top_k is not None and top_k < 1) or (
         top_p is not None and not 0 < top_p <= 1):
       raise ValueError("Need temperature ≥ 0, top_k ≥ 1 and 0 < top_p ≤ 1.")
-    if top_k is not None or (top_p is not None and top_p < 1):
+    truncates = top_k is not None or (top_p is not None and top_p < 1)
+    if truncates and cfg.true_on_policy:
+      raise ValueError("true_on_policy samples the full distribution: the learner's "
+                       "log-softmax has no top-k / top-p (docs/method.md §7).")
+    if truncates:
       warnings.warn(
           "top-k/top-p sampling: lp_mu is the log-prob of the truncated, renormalised "
           "distribution; compute lp_old with mipu_jax.sampler.truncated_logprobs, and note "

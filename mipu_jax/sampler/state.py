@@ -34,7 +34,8 @@ class Prefix(NamedTuple):
   Attributes:
     cache: contiguous KV cache of the R prompts, each at slots `[0, length)`
       of its row of P (the rest padding, never attended), `index` the lengths.
-    logits_RV: float32 logits predicting the first new token.
+    logits_RV: float32 logits predicting the first new token (in the true
+      on-policy mode, their tempered log-probs: `_steps._head`).
     keys_R: typed PRNG key of each request; sample `j` of request `r` draws with
       `fold_in(keys_R[r], j)`, then `fold_in(·, t)` for its t-th token.
     true_length_R: prompt lengths.
