@@ -31,7 +31,7 @@ import numpy as np
 from mipu_jax import config as config_lib
 from mipu_jax import harness
 from mipu_jax import rl
-from mipu_jax.rl import report
+from mipu_jax.rl import run_report
 from studies import reproduce
 
 COLLAPSE_DROP = harness.COLLAPSE_DROP
@@ -264,4 +264,4 @@ def plot_sweep(results: Sequence[CellResult], workdir: str, path: str) -> str:
     ax.grid(alpha=0.3)
   axes[1, 1].set_yscale("symlog", linthresh=1e-5)
   axes[1, 0].legend(fontsize=6, ncol=2)
-  return report.save_figure(fig, path, "mismatch study on the small task")
+  return run_report.save_figure(fig, path, "mismatch study on the small task")

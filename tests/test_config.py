@@ -133,10 +133,10 @@ def test_init_perturb_ulps_moves_every_weight_by_exactly_that():
   import jax  # pylint: disable=g-import-not-at-top
   import numpy as np  # pylint: disable=g-import-not-at-top
   from flax import nnx  # pylint: disable=g-import-not-at-top
-  from mipu_jax.rl import setup  # pylint: disable=g-import-not-at-top
+  from mipu_jax.rl import build  # pylint: disable=g-import-not-at-top
   from mipu_jax.tasks import arithmetic  # pylint: disable=g-import-not-at-top
   tok = arithmetic.make_tokenizer()
-  leaves = lambda n: jax.tree.leaves(nnx.state(setup.make_policy(
+  leaves = lambda n: jax.tree.leaves(nnx.state(build.make_policy(
       config_lib.ModelConfig(preset="tiny", init_perturb_ulps=n), tok), nnx.Param))
   base, one, two = leaves(0), leaves(1), leaves(2)
   for b, o, t in zip(base, one, two):
@@ -146,3 +146,24 @@ def test_init_perturb_ulps_moves_every_weight_by_exactly_that():
     np.testing.assert_array_equal(np.asarray(t), np.nextafter(want, np.inf, dtype=b.dtype))
   with pytest.raises(ValueError, match="init_perturb_ulps"):
     config_lib.ModelConfig(init_perturb_ulps=-1)
+
+
+def test_eval_flags_and_the_old_eval_package_name(monkeypatch):
+  """The package `mipu_jax.eval` is `mipu_jax.math_eval` now: the config's `eval`
+  section and its flags are unchanged; a grader named in the old package fails
+  with the new spelling; a saved run naming it reads back as the same config."""
+  fv = flags.FlagValues()
+  config_flags.DEFINE_config_file("config", None, "", flag_values=fv, lock_config=True)
+  path = os.path.join(os.path.dirname(__file__), os.pardir, "studies", "configs", "small_cpu.py")
+  argv = ["train", f"--config={path}", "--config.eval.every=5", "--config.eval.n_per_tier=3",
+          "--config.eval.pi=True"]
+  monkeypatch.setattr(sys, "argv", argv)
+  fv(argv)
+  cfg = config_lib.from_config_dict(fv.config)
+  assert (cfg.eval.every, cfg.eval.n_per_tier, cfg.eval.pi) == (5, 3, True)
+  assert cfg.data.reward_grader == "mipu_jax.math_eval.grading:grade"
+  with pytest.raises(ValueError, match=r"'mipu_jax\.math_eval\.grading:grade'"):
+    config_lib.from_config_dict(_cd(data={"reward_grader": "mipu_jax.eval.grading:grade"}))
+  saved = config_lib.as_json(cfg)
+  saved["data"]["reward_grader"] = "mipu_jax.eval.grading:grade"
+  assert config_lib.resume_differences(saved, cfg) == {}

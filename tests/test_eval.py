@@ -1,4 +1,4 @@
-"""Tests for mipu_jax.eval on hand-written fixtures in the benchmarks' HF schemas."""
+"""Tests for mipu_jax.math_eval on hand-written fixtures in the benchmarks' HF schemas."""
 
 import json
 import pathlib
@@ -7,7 +7,7 @@ import sys
 import numpy as np
 import pytest
 
-from mipu_jax import eval as ev
+from mipu_jax import math_eval as ev
 from mipu_jax import tasks
 
 FIXTURES = pathlib.Path(__file__).parent / "fixtures" / "benchmarks"

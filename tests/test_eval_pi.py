@@ -5,8 +5,8 @@ import dataclasses
 
 from mipu_jax import config as config_lib
 from mipu_jax import rl
+from mipu_jax.rl import build
 from mipu_jax.rl import evaluation
-from mipu_jax.rl import setup
 from mipu_jax.testing import tiny_run_config
 
 _QUANTIZED = dict(weight_quant="int4", act_quant="fp8", kv_cache_dtype="fp8",
@@ -33,9 +33,9 @@ def test_pi_is_the_learners_policy_at_full_precision_and_changes_no_training_num
     assert a["perf/eval_pi_seconds"] > 0 and a["perf/eval_seconds"] > 0
   # π's evaluation is an fp32, unquantized sampler's (the control's μ) on the
   # learner's final parameters: the same problems and the same seeds.
-  full = setup.full_precision(cfg)
+  full = build.full_precision(cfg)
   assert full.sampling.weight_quant is None and full.sampling.dtype == "float32"
-  run = setup.build_run(dataclasses.replace(full, eval=dataclasses.replace(cfg.eval, pi=False)))
+  run = build.build_run(dataclasses.replace(full, eval=dataclasses.replace(cfg.eval, pi=False)))
   assert run.pi_sampler is None
   run.sampler.update_weights(with_pi.state.params)
   e = cfg.eval
@@ -48,7 +48,7 @@ def test_pi_is_the_learners_policy_at_full_precision_and_changes_no_training_num
 
 def test_an_fp32_sampler_is_evaluated_once_for_both(tmp_path):
   cfg = tiny_run_config(num_steps=1, checkpoint=dict(enabled=False), eval=dict(pi=True))
-  run = setup.build_run(cfg)
+  run = build.build_run(cfg)
   assert run.pi_sampler is run.sampler  # μ is already π at full precision
   result = rl.train(cfg, str(tmp_path / "fp32"))
   for row in (result.rows[0], result.rows[-1]):

@@ -10,9 +10,9 @@ from mipu_jax import config as config_lib
 from mipu_jax import schedules
 from mipu_jax import testing
 from mipu_jax.learner import LearnerState
+from mipu_jax.rl import build
 from mipu_jax.rl import gates
 from mipu_jax.rl import step as step_lib
-from mipu_jax.rl import setup
 
 
 def _bytes(tree) -> list[bytes]:
@@ -36,7 +36,7 @@ def tiny_config(**mipu) -> config_lib.TrainConfig:
 @pytest.fixture(scope="module")
 def run_and_state():
   cfg = tiny_config(step2=True, num_probe_prompts=4)
-  run = setup.build_run(cfg, donate=False)
+  run = build.build_run(cfg, donate=False)
   params = nnx.to_pure_dict(nnx.state(run.model, nnx.Param))
   state = run.learner.init_state(params, cfg.seed)
   run.sampler.update_weights(state.params)

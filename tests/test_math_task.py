@@ -14,12 +14,12 @@ import pytest
 from flax import nnx
 
 from mipu_jax import config as config_lib
-from mipu_jax import eval as eval_lib
+from mipu_jax import math_eval
 from mipu_jax import models
 from mipu_jax import rl
 from mipu_jax import tasks
+from mipu_jax.rl import build
 from mipu_jax.rl import evaluation as rl_evaluation
-from mipu_jax.rl import setup
 from mipu_jax.tasks import chat
 from mipu_jax.tasks import math_data
 from mipu_jax.tasks import math_task
@@ -107,24 +107,24 @@ def test_a_checkpoint_with_another_tokenizer_is_refused(ckpt, tmp_path):
   arith = config_lib.default_config()
   arith.model.init_from = ckpt  # a Qwen3 dir with its own tokenizer.json
   with pytest.raises(ValueError, match="character tokenizer"):
-    setup.make_task(config_lib.from_config_dict(arith))
+    build.make_task(config_lib.from_config_dict(arith))
   base_policy = os.path.join(os.path.dirname(tasks.__file__), "assets", "base_policy")
   cfg = _cfg(ckpt)
   with pytest.raises(ValueError, match="no tokenizer.json"):
-    setup.make_task(cfg.__class__(**{**cfg.__dict__, "model": config_lib.ModelConfig(
+    build.make_task(cfg.__class__(**{**cfg.__dict__, "model": config_lib.ModelConfig(
         init_from=base_policy)}))
   # A checkpoint whose vocabulary cannot hold the tokenizer's ids.
   small = tmp_path / "small_vocab"
   tiny.write_tiny_qwen3(str(small), vocab_size=128)
   with pytest.raises(ValueError, match="does not fit the task tokenizer"):
-    setup.make_policy(config_lib.ModelConfig(init_from=str(small)),
+    build.make_policy(config_lib.ModelConfig(init_from=str(small)),
                       HFTokenizer.from_dir(str(small)))
 
 
 def test_a_preset_unlike_the_checkpoint_is_warned_about(ckpt, caplog):
   tok = HFTokenizer.from_dir(ckpt)
-  with caplog.at_level(logging.INFO, logger="mipu_jax.rl.setup"):
-    model = setup.make_policy(config_lib.ModelConfig(init_from=ckpt, preset="qwen3_0p6b"),
+  with caplog.at_level(logging.INFO, logger="mipu_jax.rl.build"):
+    model = build.make_policy(config_lib.ModelConfig(init_from=ckpt, preset="qwen3_0p6b"),
                               tok)
   assert model.config.num_layers == 2  # the checkpoint's architecture runs
   (warning,) = [r for r in caplog.records if r.levelno == logging.WARNING]
@@ -134,8 +134,8 @@ def test_a_preset_unlike_the_checkpoint_is_warned_about(ckpt, caplog):
     assert diff in warning.message
   # The default preset, left as is by a config that loads a checkpoint: a note.
   caplog.clear()
-  with caplog.at_level(logging.INFO, logger="mipu_jax.rl.setup"):
-    setup.make_policy(config_lib.ModelConfig(init_from=ckpt), tok)
+  with caplog.at_level(logging.INFO, logger="mipu_jax.rl.build"):
+    build.make_policy(config_lib.ModelConfig(init_from=ckpt), tok)
   assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
   assert any("vocab_size 256 vs" in r.message for r in caplog.records)
 
@@ -163,7 +163,7 @@ def test_prompt_files_in_both_schemas_and_clear_errors(tmp_path):
 
 
 def test_long_prompts_are_dropped_and_counted(ckpt):
-  task = setup.make_task(_cfg(ckpt, max_prompt_tokens=150))
+  task = build.make_task(_cfg(ckpt, max_prompt_tokens=150))
   lengths = [len(task.encode(p)) for p in math_data.load_problems(DAPO)]
   assert task.dropped_long == sum(n > 150 for n in lengths) > 0
   assert all(len(task.encode(p)) <= 150 for p in task.train + task.probe)
@@ -180,7 +180,7 @@ def test_missing_benchmarks_are_skipped_and_long_problems_left_out(ckpt, tmp_pat
           "unique_id": "test/long.json"}
   (tmp_path / "math500.jsonl").write_text("\n".join(rows + [json.dumps(long)]) + "\n")
   with caplog.at_level(logging.WARNING, logger="mipu_jax.tasks.math_task"):
-    found = math_task.find_benchmarks(str(tmp_path), eval_lib.BENCHMARKS)
+    found = math_task.find_benchmarks(str(tmp_path), math_eval.BENCHMARKS)
     assert list(found) == ["math500", "aime24"]
     task = tasks.MathTask(HFTokenizer.from_dir(ckpt), DAPO, max_prompt_tokens=150,
                           num_probe=2, benchmark_dir=str(tmp_path))
@@ -198,7 +198,7 @@ def test_missing_benchmarks_are_skipped_and_long_problems_left_out(ckpt, tmp_pat
 
 
 def test_prompt_ids_are_not_mixed_up_when_an_object_id_is_reused(ckpt):
-  task = setup.make_task(_cfg(ckpt))
+  task = build.make_task(_cfg(ckpt))
   for i in range(20):  # CPython reuses a freed object's id at once
     problem = math_data.MathProblem(id=str(i), answer="2", question=f"What is {i} + {i}?")
     assert task.encode(problem) == tuple(task.tokenizer.encode(task.render(problem)))
@@ -207,7 +207,7 @@ def test_prompt_ids_are_not_mixed_up_when_an_object_id_is_reused(ckpt):
 
 def test_data_order_is_a_pure_function_of_seed_and_step(ckpt):
   cfg = _cfg(ckpt)
-  a, b = setup.make_task(cfg), setup.make_task(cfg)
+  a, b = build.make_task(cfg), build.make_task(cfg)
   n = 3
   steps = range(1, 8)
   first = [[p.id for p in a.sample(n, seed=0, step=k)] for k in steps]
@@ -234,7 +234,7 @@ def test_reward_pool_time_limit_errors_and_crashes(ckpt):
   assert pool.grade(["\\boxed{4}"], ["4"]).tolist() == [True]  # workers replaced
   pool.close()
   # Through the task: counted in the step's metrics, scored as wrong.
-  task = setup.make_task(_cfg(ckpt, reward_grader="mipu_jax.testing.graders:stubborn",
+  task = build.make_task(_cfg(ckpt, reward_grader="mipu_jax.testing.graders:stubborn",
                               reward_timeout_s=5.0, reward_wrong=-1.0,
                               truncated="filter"))
   problems = task.train[:3]

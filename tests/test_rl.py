@@ -11,8 +11,8 @@ from mipu_jax import config as config_lib
 from mipu_jax import losses
 from mipu_jax import rl
 from mipu_jax.learner import LearnerState
+from mipu_jax.rl import build
 from mipu_jax.rl import rollout as rollout_lib
-from mipu_jax.rl import setup
 from mipu_jax.tasks import Problem
 
 
@@ -53,7 +53,7 @@ def test_dynamic_sampling_tops_up_after_max_rounds_and_can_be_off():
 
 def test_pack_aligns_responses_after_their_prompts():
   r = _rollout([[1, 0]], lengths=[2, 4], prompts=[(2, 7, 8)])
-  tokens, input_mask, loss_mask, lp_mu = rl.pack(r, length=9)
+  tokens, input_mask, loss_mask, lp_mu = rl.pad_and_concat(r, length=9)
   np.testing.assert_array_equal(tokens[1, :3], [2, 7, 8])
   np.testing.assert_array_equal(tokens[1, 3:7], r.tokens_RT[1, :4])
   np.testing.assert_array_equal(input_mask.sum(1), [5, 7])
@@ -63,7 +63,7 @@ def test_pack_aligns_responses_after_their_prompts():
   batch = rl.make_batch(r, 9, "rloo", response_length=3.0)
   np.testing.assert_allclose(batch.advantages_B, [1.0, -1.0])
   with pytest.raises(ValueError, match="exceed"):
-    rl.pack(r, length=7)
+    rl.pad_and_concat(r, length=7)
 
 
 class _FakeSampler:
@@ -117,9 +117,9 @@ def test_rl_step_with_a_rejecting_gate_rolls_back_learner_and_sampler():
   cfg = config_lib.TrainConfig(
       data=config_lib.DataConfig(prompts_per_step=4, group_size=2, train_tiers=("tier1",)),
       sampling=config_lib.SamplingConfig(max_new_tokens=16))
-  task = setup.make_task(cfg)
+  task = build.make_task(cfg)
   sampler = _FakeSampler(task.tokenizer)
-  run = setup.Run(cfg=cfg, task=task, model=None, mesh=None, learner=_FakeLearner(),
+  run = build.Run(cfg=cfg, task=task, model=None, mesh=None, learner=_FakeLearner(),
                   sampler=sampler, seq_len=32)
   state = LearnerState(params=jnp.zeros(3), opt_state=(), step=jnp.int32(0), rng=None)
   before = sampler.params

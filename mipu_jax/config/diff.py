@@ -32,6 +32,10 @@ def as_json(cfg: Any) -> dict[str, Any]:
 # The base policies shipped in the package: a run records their absolute
 # path, which differs between clones (and worktrees) of the same repository.
 _PACKAGED = "/mipu_jax/tasks/assets/"
+# Values that name library code which has since moved: a saved run reads back
+# as the same config under the new name.
+RENAMED = {"data.reward_grader": {"mipu_jax.eval.grading:grade":
+                                  "mipu_jax.math_eval.grading:grade"}}
 
 
 def flatten(cfg: Any) -> dict[str, Any]:
@@ -39,7 +43,8 @@ def flatten(cfg: Any) -> dict[str, Any]:
 
   `model.init_from` inside the package's own assets is compared from the
   package on (`mipu_jax/tasks/assets/...`), so a committed run reads back in
-  any clone; any other checkpoint path stays as it is.
+  any clone; any other checkpoint path stays as it is. `RENAMED` values are
+  read under their new names.
   """
   if dataclasses.is_dataclass(cfg):
     cfg = as_json(cfg)
@@ -47,6 +52,9 @@ def flatten(cfg: Any) -> dict[str, Any]:
   path = flat.get("model.init_from")
   if isinstance(path, str) and _PACKAGED in path:
     flat["model.init_from"] = "mipu_jax/tasks/assets/" + path.split(_PACKAGED, 1)[1]
+  for key, names in RENAMED.items():
+    if flat.get(key) in names:
+      flat[key] = names[flat[key]]
   return flat
 
 

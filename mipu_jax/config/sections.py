@@ -5,7 +5,7 @@ import os
 import warnings
 from typing import Any
 
-from mipu_jax import eval as eval_lib
+from mipu_jax import math_eval
 from mipu_jax.models import config as model_config
 from mipu_jax.sampler import config as sampler_config
 from mipu_jax.tasks import arithmetic
@@ -42,7 +42,7 @@ class ModelConfig:
     init_perturb_ulps: every float parameter of the base policy moved this
       many ulps toward +inf before training (0: none). The same experiment
       under float sums that differ from the first step on, as another host's
-      would (issue 28 item 8: do the tables' conclusions survive that?).
+      would: do a study's conclusions survive other float sums?
   """
   preset: str = "tiny"
   init_from: str = ""
@@ -161,7 +161,7 @@ class DataConfig:
   prompt_key: str | None = None
   answer_key: str | None = None
   prompt_template: str = "chat"
-  instruction: str = eval_lib.PROMPT_TEMPLATE
+  instruction: str = math_eval.PROMPT_TEMPLATE
   max_prompt_tokens: int = 1024
   probe_holdout: int = 64
   reward_correct: float = 1.0
@@ -180,6 +180,10 @@ class DataConfig:
                        f"{self.prompts_per_step}, {self.group_size}.")
     if self.max_sampling_rounds < 1:
       raise ValueError("data.max_sampling_rounds must be >= 1.")
+    if self.reward_grader.startswith("mipu_jax.eval."):
+      raise ValueError(f"data.reward_grader {self.reward_grader!r}: the package "
+                       "mipu_jax.eval is now mipu_jax.math_eval; use "
+                       f"{self.reward_grader.replace('mipu_jax.eval.', 'mipu_jax.math_eval.')!r}.")
     if self.task == "arithmetic":
       _check_tiers("data.train_tiers", self.train_tiers)
       return

@@ -22,14 +22,12 @@ from mipu_jax.losses.corrections import CRITERIA
 from mipu_jax.losses.corrections import IS_LEVELS
 from mipu_jax.losses.corrections import IS_MODES
 from mipu_jax.losses.corrections import parse_criteria
-from mipu_jax.losses.metrics import actor_metrics
 from mipu_jax.losses.metrics import CORRECTION_METRIC_NAMES
 from mipu_jax.losses.metrics import IS_METRIC_NAMES
 from mipu_jax.losses.metrics import MISMATCH_METRIC_NAMES
 from mipu_jax.losses.metrics import mismatch_metrics
 from mipu_jax.losses.metrics import PROBABILITY_METRIC_NAMES
 from mipu_jax.losses.metrics import probability_metrics
-from mipu_jax.losses.metrics import rollout_metrics
 from mipu_jax.losses.policy import correct_batch
 from mipu_jax.losses.policy import Corrected
 from mipu_jax.losses.policy import denominator_mask
@@ -41,6 +39,8 @@ from mipu_jax.losses.policy import token_coefficients
 from mipu_jax.losses.ppo import kl_estimate
 from mipu_jax.losses.ppo import KL_ESTIMATORS
 from mipu_jax.losses.ppo import ppo_token_loss
+from mipu_jax.losses.training_metrics import actor_metrics
+from mipu_jax.losses.training_metrics import rollout_metrics
 
 __all__ = [
     "ADVANTAGE_ESTIMATORS",

@@ -32,6 +32,7 @@ from mipu_jax.losses import config as config_lib
 from mipu_jax.losses import corrections
 from mipu_jax.losses import metrics as metrics_lib
 from mipu_jax.losses import ppo
+from mipu_jax.losses import training_metrics
 
 
 def reference_logprobs(cfg: config_lib.LossConfig, lp_old: Optional[jax.Array],
@@ -99,7 +100,7 @@ def token_coefficients(keep_BT: jax.Array, denom_BT: jax.Array,
 
 class MicroTerms(NamedTuple):
   """Sums over one micro-batch; divided by token counts after accumulation
-  (`metrics.actor_metrics`)."""
+  (`training_metrics.actor_metrics`)."""
   loss: jax.Array
   pg_loss: jax.Array
   clipped: jax.Array
@@ -199,7 +200,7 @@ def policy_loss(
 
   Returns:
     `(loss, metrics)`: the scalar loss; the learner's `actor/*` metrics of one
-    update (`metrics.actor_metrics`; `actor/kl_loss` only with a KL term,
+    update (`training_metrics.actor_metrics`; `actor/kl_loss` only with a KL term,
     `actor/entropy` only when `entropy` is given) and the `rollout_corr/*`
     metrics.
 
@@ -221,7 +222,7 @@ def policy_loss(
   loss, sums = micro_loss(lp, entropy, reference_logprobs(cfg, lp_old, lp_mu), adv,
                           corrected.weights_BT, corrected.keep_BT, coef, mask,
                           lp_ref_model, cfg)
-  metrics = metrics_lib.actor_metrics(jax.tree.map(lambda x: x[None], sums))
+  metrics = training_metrics.actor_metrics(jax.tree.map(lambda x: x[None], sums))
   if entropy is None:
     del metrics["actor/entropy"]
   if cfg.kl_coef == 0:

@@ -12,7 +12,7 @@ from mipu_jax.learner import batch as batch_lib
 from mipu_jax.rl.rollout import Rollout
 
 
-def pack(rollout: Rollout, length: int):
+def pad_and_concat(rollout: Rollout, length: int):
   """Token rows and aligned masks / log-probs.
 
   Returns:
@@ -56,7 +56,7 @@ def make_batch(rollout: Rollout, length: int, estimator: str, *,
     estimator: advantage estimator name.
     response_length: the step's mean response length, for the schedule.
   """
-  tokens_BT, input_mask_BT, loss_mask_BT, lp_mu_BT = pack(rollout, length)
+  tokens_BT, input_mask_BT, loss_mask_BT, lp_mu_BT = pad_and_concat(rollout, length)
   return batch_lib.host_batch(tokens_BT, input_mask_BT, loss_mask_BT, lp_mu_BT,
                               advantages(rollout, estimator),
                               response_length=response_length)

@@ -15,7 +15,7 @@ from typing import Any, Mapping, Optional, Sequence
 
 import numpy as np
 
-from mipu_jax.eval import grading
+from mipu_jax.math_eval import grading
 from mipu_jax.rl.rollout import sample_groups
 from mipu_jax.tasks import base
 

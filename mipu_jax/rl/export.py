@@ -27,7 +27,7 @@ def export_policy(run: Any, params: Any, path: str) -> str:
   """Writes `params` (a learner parameter tree) as a checkpoint at `path`.
 
   Args:
-    run: the `setup.Run` (its model gives the architecture, its config the
+    run: the `build.Run` (its model gives the architecture, its config the
       base checkpoint whose tokenizer files are copied).
     params: the learner's parameter pure dict (sharded arrays are gathered).
     path: the output directory (replaced if it exists).

@@ -1,10 +1,11 @@
 """Update gates of the RL loop: MIPU Step 2 and the random-rollback baseline (docs/method.md §5).
 
-Both implement `hooks.UpdateGate`; the formulas (gap, margin, decision,
+Both implement `UpdateGate`; the formulas (gap, margin, decision,
 rollback, counters) are `mipu_jax.mipu`'s, the gates only gather the probe.
 The loop has already synced the candidate θ_{k+1} into the sampler (μ_{k+1})
-when it calls the gate; on rejection it puts the sampler's pre-update weights
-back itself. A rollback (`mipu.resolve_update`) returns the `previous`
+when it calls `gate(run, candidate, previous, step)`; on rejection it puts the
+sampler's pre-update weights back itself (the saved tree itself, bitwise). With
+a gate the learner does not donate its input state, so `previous` is alive. A rollback (`mipu.resolve_update`) returns the `previous`
 state's parameter and optimizer-moment trees themselves, so they are bitwise
 the pre-update ones; the update counter `step`, the shuffling RNG and the
 learning-rate schedule's state come from the candidate, i.e. they advance, as
@@ -31,7 +32,7 @@ Probes:
 """
 
 import time
-from typing import Any, Mapping, Optional
+from typing import Any, Mapping, NamedTuple, Optional, Protocol
 
 import jax
 import numpy as np
@@ -41,10 +42,41 @@ from mipu_jax import mipu
 from mipu_jax.config import MipuConfig, TrainConfig
 from mipu_jax.learner import LearnerState
 from mipu_jax.rl import batching
-from mipu_jax.rl import hooks
 from mipu_jax.rl import rollout as rollout_lib
 from mipu_jax.rl import seeds
 from mipu_jax.tasks import base
+
+class GateDecision(NamedTuple):
+  """What a gate decided.
+
+  Attributes:
+    state: the learner state to continue from.
+    accepted: whether the candidate (and the sampler's new weights) stand.
+    metrics: scalars to log (e.g. `mipu/gap_post`).
+  """
+  state: LearnerState
+  accepted: bool
+  metrics: Mapping[str, float]
+
+
+class UpdateGate(Protocol):
+  """Accepts or rolls back a candidate update (docs/method.md §5).
+
+  A gate's state (e.g. its decision counters) is checkpointed with the run:
+  `state_dict()` returns it as JSON-serialisable data and `load_state_dict`
+  puts it back on resume, so a resumed run decides as an uninterrupted one.
+  """
+
+  def __call__(self, run: Any, candidate: LearnerState, previous: LearnerState,
+               step: int) -> GateDecision:
+    ...
+
+  def state_dict(self) -> Mapping[str, Any]:
+    ...
+
+  def load_state_dict(self, state: Mapping[str, Any]) -> None:
+    ...
+
 
 # Stream tags keeping the gate's randomness apart from the loop's.
 _PROBE_STREAM = base.PROBE_STREAM
@@ -56,7 +88,7 @@ class _CountingGate:
 
   Counters are `mipu.MipuCounters` (`update_counters`, `counter_metrics`),
   checkpointed as JSON by the loop (`state_dict` / `load_state_dict`, the
-  `hooks.UpdateGate` protocol); the state to continue from is
+  `UpdateGate` protocol); the state to continue from is
   `mipu.resolve_update`'s.
   """
 
@@ -73,13 +105,13 @@ class _CountingGate:
 
   def _decide(self, accepted: bool, candidate: LearnerState,
               previous: LearnerState, metrics: dict[str, float],
-              ) -> hooks.GateDecision:
+              ) -> GateDecision:
     """Counts the decision; returns the state to continue from (docs/method.md §5)."""
     self.counters = mipu.update_counters(self.counters, accepted)
     metrics.update({k: float(v) for k, v in
                     mipu.counter_metrics(self.counters, accepted).items()})
     state = mipu.resolve_update(accepted, candidate, previous)
-    return hooks.GateDecision(state, accepted, metrics)
+    return GateDecision(state, accepted, metrics)
 
 
 class MipuGate(_CountingGate):
@@ -113,7 +145,7 @@ class MipuGate(_CountingGate):
   def gap(self, run: Any, params: Any, probe: rollout_lib.Rollout,
           ) -> tuple[float, dict[str, float]]:
     """`T̂_post` of `probe` under the learner's `params` (docs/method.md §5)."""
-    tokens_BT, input_mask_BT, loss_mask_BT, lp_mu_BT = batching.pack(
+    tokens_BT, input_mask_BT, loss_mask_BT, lp_mu_BT = batching.pad_and_concat(
         probe, run.seq_len)
     b = tokens_BT.shape[0]
     padded = _row_multiple(run, b)
@@ -126,7 +158,7 @@ class MipuGate(_CountingGate):
     return float(t_post), {k: float(v) for k, v in metrics.items()}
 
   def __call__(self, run: Any, candidate: LearnerState, previous: LearnerState,
-               step: int) -> hooks.GateDecision:
+               step: int) -> GateDecision:
     t0 = time.perf_counter()
     probe = self.probe(run, step)
     t1 = time.perf_counter()
@@ -159,7 +191,7 @@ class RandomRollbackGate(_CountingGate):
     self._key = jax.random.key(seeds.seed(self.seed, _COIN_STREAM))
 
   def __call__(self, run: Any, candidate: LearnerState, previous: LearnerState,
-               step: int) -> hooks.GateDecision:
+               step: int) -> GateDecision:
     del run
     accepted = bool(_coin(jax.random.fold_in(self._key, int(step)), self.p))
     return self._decide(accepted, candidate, previous, {})
@@ -177,7 +209,7 @@ def _row_multiple(run: Any, b: int) -> int:
   return -(-b // unit) * unit
 
 
-def from_config(cfg: TrainConfig) -> Optional[hooks.UpdateGate]:
+def from_config(cfg: TrainConfig) -> Optional[UpdateGate]:
   """The run's gate: `MipuGate`, `RandomRollbackGate`, or None (docs/method.md §5)."""
   m = cfg.mipu
   if m.step2:

@@ -1,34 +1,21 @@
 """The job guard: a lost, stuck or preempted process ends the job in bounded time.
 
-JAX's own heartbeat (`distributed.initialize(heartbeat_timeout_s=...)`) ends
-the other processes of a job when one dies, but from C++, with an abort that
-says nothing of the checkpoints; and a process that is alive but stuck (a
-reward call that never returns, blocked I/O, a stalled device) keeps beating,
-so the others wait in their next collective forever (jax-ml/jax#38503). The
-guard is a watchdog thread in every process of `rl.train`:
+JAX's own heartbeat ends the other processes when one dies, but with an abort
+that says nothing of the checkpoints; and a process alive but stuck (a reward
+call that never returns, blocked I/O, a stalled device) keeps beating while the
+others wait in a collective forever (jax-ml/jax#38503). The guard is a
+watchdog thread in every process of `rl.train`:
 
-- **Lost process.** Every `poll_s` it publishes a sign of life (a counter, the
-  step and the phase) in the coordination service's key-value store and
-  reads the others'. A process whose sign has not changed for
-  `peer_timeout_s` is lost: this process prints which one, where it was last
-  seen and the newest committed checkpoint, and exits with `EXIT_PEER_LOST`.
-  When the store itself cannot be reached for as long, process 0 (which hosts
-  it) is the lost one.
+- **Lost process.** Every `poll_s` each process publishes a sign of life (a
+  counter, the step, the phase) in the coordination service's key-value store;
+  one whose sign has not changed for `peer_timeout_s` is lost, and the others
+  exit with `EXIT_PEER_LOST`, naming it and the newest committed checkpoint
+  (process 0, which hosts the store, is the lost one when it is unreachable).
 - **Stuck step.** A phase of a step (`phase(name, step)`: rollout, learner
   step, Step 2's probe, evaluation, checkpoint save, step boundary) that has
   lasted `step_timeout_s` ends the process with `EXIT_STUCK` and a message
-  naming the phase, unless another process is the stuck one and this one
-  only waits for it: a process behind it (fewer phases entered), or, in the
-  same phase, one running its own code while this one waits inside JAX (a
-  computation's result, a collective, a barrier: read from the loop
-  thread's innermost Python frame outside the standard library, and
-  published with each sign of life). Time between phases counts from the
-  last phase's end.
-  Every watchdog has the same limit, so without that rule a process waiting
-  in a collective for the stuck one could end first and be blamed. The
-  waiting process defers for at most another `step_timeout_s`; when every
-  process waits inside JAX (a stalled device, a collective that never
-  completes) each ends, saying so.
+  naming the phase, unless another process is the stuck one and this one only
+  waits for it (`_stuck.stuck_verdict` says which).
 - **Preemption notice.** SIGTERM sets a flag; at every step boundary the
   processes exchange their flags (`stop_requested`), so all of them stop
   after the same step, which the loop checkpoints before returning. If the
@@ -60,6 +47,8 @@ from typing import Callable, Iterator, Optional
 import jax
 
 from mipu_jax import distributed
+from mipu_jax.rl._stuck import is_collective_error
+from mipu_jax.rl._stuck import stuck_verdict
 
 _log = logging.getLogger(__name__)
 
@@ -221,7 +210,7 @@ class JobGuard:
     if self._count == 1:
       return
     where = self._where()
-    if _is_collective(error):
+    if is_collective_error(error):
       # A failed collective usually means a lost peer: let the watchdog find
       # and name it (it ends the process), with room for a loaded machine.
       time.sleep(2 * self.limits.peer_timeout_s + 5 * self.limits.poll_s)
@@ -401,41 +390,6 @@ class JobGuard:
     os._exit(code)  # pylint: disable=protected-access
 
 
-def stuck_verdict(age: float, progress: int, waits: bool, peers: list[str],
-                  step_timeout_s: float) -> Optional[str]:
-  """Whether a process whose phase has lasted `age` > `step_timeout_s` is the
-  stuck one: None when it should defer to a peer, else the end of its message.
-
-  Args:
-    age: how long this process's current phase has lasted.
-    progress: how many phase entries and exits this process has made.
-    waits: whether its loop now waits inside JAX / for the others.
-    peers: the other processes' latest signs of life,
-      "beat progress step run|wait phase".
-    step_timeout_s: the limit.
-  """
-  parsed = [v.split(" ", 4) for v in peers]
-  if any(int(p[1]) < progress for p in parsed):
-    return None  # a process behind this one: it is the stuck one (or slow)
-  if not waits:
-    return " in its own code, not waiting for another process."
-  # A process ahead has passed what this one waits in; one in the same phase
-  # running its own code is the stuck one when it never arrives.
-  running = [p for p in parsed if int(p[1]) == progress and p[3] == "run"]
-  if running and age <= 2 * step_timeout_s:
-    return None  # waiting (in a collective) for a process running its own code
-  if running:
-    return (" waiting inside JAX while another process runs its own code past "
-            "twice the limit; ending this one.")
-  if not parsed:
-    return " waiting inside JAX for a computation's result: a stalled device."
-  if any(p[3] == "run" for p in parsed):
-    return (" waiting inside JAX; no process in its phase runs its own code (those "
-            "running are ahead of it).")
-  return (" waiting inside JAX (a computation's result or a collective) like every "
-          "other process: a stalled device, or a collective that never completes.")
-
-
 @contextlib.contextmanager
 def phase(name: str, step: int) -> Iterator[None]:
   """`JobGuard.phase` of the running guard; nothing when none runs (custom loops)."""
@@ -444,10 +398,3 @@ def phase(name: str, step: int) -> Iterator[None]:
   else:
     with _active.phase(name, step):
       yield
-
-
-def _is_collective(error: BaseException) -> bool:
-  """Whether `error` looks like a failed cross-process collective."""
-  text = str(error)
-  return any(s in text for s in ("Gloo", "gloo", "Connection reset", "UNAVAILABLE",
-                                 "DEADLINE_EXCEEDED", "Barrier", "barrier"))

@@ -21,16 +21,15 @@ from mipu_jax import config as config_lib
 from mipu_jax import distributed
 from mipu_jax.config import TrainConfig
 from mipu_jax.learner import LearnerState
+from mipu_jax.rl import build
 from mipu_jax.rl import console
 from mipu_jax.rl import evaluation
 from mipu_jax.rl import export
 from mipu_jax.rl import gates as gates_lib
 from mipu_jax.rl import guard as guard_lib
 from mipu_jax.rl import health
-from mipu_jax.rl import hooks
-from mipu_jax.rl import report
 from mipu_jax.rl import resume
-from mipu_jax.rl import setup
+from mipu_jax.rl import run_report
 from mipu_jax.rl import step as step_lib
 from mipu_jax.rl import writer as writer_lib
 
@@ -57,7 +56,7 @@ class RunResult:
   stopped_at: Optional[int] = None
 
 
-def _evaluate(run: setup.Run, sets, step: int, params) -> dict[str, float]:
+def _evaluate(run: build.Run, sets, step: int, params) -> dict[str, float]:
   cfg = run.cfg
   if not sets:
     return {}
@@ -68,8 +67,8 @@ def _evaluate(run: setup.Run, sets, step: int, params) -> dict[str, float]:
         max_new_tokens=cfg.sampling.max_new_tokens, seed=cfg.eval.seed)
 
 
-def _restore(ckpt, run: setup.Run, state: LearnerState,
-             gate: Optional[hooks.UpdateGate] = None):
+def _restore(ckpt, run: build.Run, state: LearnerState,
+             gate: Optional[gates_lib.UpdateGate] = None):
   """(state, step, metadata) from the newest readable checkpoint, or the fresh start."""
   if ckpt is None or ckpt.latest_step() is None:
     return state, 0, {}
@@ -88,10 +87,10 @@ class _Loop:
   from step to step (rows logged, the best evaluation, the pending save time)."""
   cfg: TrainConfig
   workdir: str
-  run: setup.Run
+  run: build.Run
   writer: writer_lib.MetricWriter | writer_lib.NullWriter
   ckpt: Optional[checkpoint.Checkpointer]
-  gate: Optional[hooks.UpdateGate]
+  gate: Optional[gates_lib.UpdateGate]
   streak: resume.NonFiniteStreak
   guard: guard_lib.JobGuard
   files: dict[str, str]
@@ -155,7 +154,7 @@ class _Loop:
       # Every process learns whether any got a preemption notice (SIGTERM):
       # all of them stop after this step, with a checkpoint of it.
       stop = self.guard.stop_requested(step) and step < cfg.num_steps
-      if self.ckpt is not None and (stop or hooks.should_save(step, cfg.num_steps,
+      if self.ckpt is not None and (stop or resume.should_save(step, cfg.num_steps,
                                                               cfg.checkpoint)):
         self.save(step, state)
       if stop:
@@ -213,7 +212,7 @@ def _write_error(e: OSError, workdir: str, ckpt) -> OSError:
 
 
 def train(cfg: TrainConfig, workdir: str, *,
-          gate: Optional[hooks.UpdateGate] = None,
+          gate: Optional[gates_lib.UpdateGate] = None,
           allow_config_change: bool = False,
           limits: Optional[guard_lib.JobLimits] = None) -> RunResult:
   """Runs `cfg.num_steps` RL steps; writes metrics, table, plots, checkpoints.
@@ -267,13 +266,13 @@ def _train(cfg, workdir, gate, allow_config_change, guard) -> RunResult:
            "table": os.path.join(workdir, "results.md")}
   if gate is None:  # MIPU Step 2 / random rollback from `cfg.mipu` (docs/method.md §5)
     gate = gates_lib.from_config(cfg)
-  run = setup.build_run(cfg, donate=gate is None)
+  run = build.build_run(cfg, donate=gate is None)
   params = nnx.to_pure_dict(nnx.state(run.model, nnx.Param))
   state = run.learner.init_state(params, cfg.seed)
   # Sync the sharded learner copy now: the sampler then compiles once, for
   # the parameter shardings that every later sync produces.
   run.sampler.update_weights(state.params)
-  ckpt = hooks.open_checkpoints(workdir, cfg.checkpoint)
+  ckpt = resume.open_checkpoints(workdir, cfg.checkpoint)
   with guard_lib.phase("restore", 0):
     state, start, meta = _restore(ckpt, run, state, gate)
   diff = {}
@@ -322,12 +321,12 @@ def _train(cfg, workdir, gate, allow_config_change, guard) -> RunResult:
   if cfg.export.final:
     files["export_final"] = export.export_policy(
         run, state.params, os.path.join(workdir, "export", "final"))
-  table = report.results_table(rows, run.task.eval_names)
+  table = run_report.results_table(rows, run.task.eval_names)
   if not main:
     return RunResult(state=state, rows=rows, table=table, files={})
   with open(files["table"], "w") as f:
     f.write(table + "\n")
   if cfg.logging.plots:
-    files["plots"] = report.plot_run(rows, os.path.join(workdir, "plots.png"),
+    files["plots"] = run_report.plot_run(rows, os.path.join(workdir, "plots.png"),
                                      title=os.path.basename(os.path.abspath(workdir)))
   return RunResult(state=state, rows=rows, table=table, files=files)

@@ -1,4 +1,11 @@
-"""What a resumed run checks and repairs before its first step (docs/reliability.md).
+"""The run's checkpoints: where and when they are saved, and what a resumed run
+checks and repairs before its first step (docs/reliability.md).
+
+- **Saving**: through `mipu_jax.checkpoint` (orbax) into `<workdir>/checkpoints`
+  (`open_checkpoints`), every `checkpoint.every` steps and at the last
+  (`should_save`): the learner state plus JSON metadata (data position,
+  sampler-sync count, config). The sampler's weights are not saved: they are a
+  function of the parameters and are re-synced.
 
 - **Its config**: the checkpoint's saved config against the new one
   (`check_config`); a difference that changes what the run computes is an
@@ -14,14 +21,30 @@
 import json
 import logging
 import os
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Optional
 
+from mipu_jax import checkpoint
 from mipu_jax import config as config_lib
 from mipu_jax.rl import writer as writer_lib
 
 _log = logging.getLogger(__name__)
 
 CHANGES_FILE = "config_changes.json"
+
+
+def open_checkpoints(workdir: str, cfg: config_lib.CheckpointConfig,
+                     ) -> Optional[checkpoint.Checkpointer]:
+  """The run's `mipu_jax.checkpoint.Checkpointer`, or None when disabled."""
+  if not cfg.enabled:
+    _log.info("Checkpoints are disabled (checkpoint.enabled=False).")
+    return None
+  return checkpoint.Checkpointer(os.path.join(workdir, "checkpoints"),
+                                 max_to_keep=cfg.keep)
+
+
+def should_save(step: int, num_steps: int, cfg: config_lib.CheckpointConfig) -> bool:
+  """Every `cfg.every` steps (if > 0) and at the last step."""
+  return step == num_steps or (cfg.every > 0 and step % cfg.every == 0)
 
 
 class ConfigChangedError(ValueError):

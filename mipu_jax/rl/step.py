@@ -24,14 +24,14 @@ from mipu_jax import distributed
 from mipu_jax import losses
 from mipu_jax.learner import LearnerState
 from mipu_jax.rl import batching
+from mipu_jax.rl import build
+from mipu_jax.rl import gates
 from mipu_jax.rl import guard as guard_lib
-from mipu_jax.rl import hooks
 from mipu_jax.rl import rollout as rollout_lib
 from mipu_jax.rl import seeds
-from mipu_jax.rl import setup
 
 
-def collect(run: setup.Run, step: int):
+def collect(run: build.Run, step: int):
   """Step `step`'s groups: sample, reward, dynamic-sampling filter (docs/method.md §1).
 
   Returns:
@@ -53,7 +53,7 @@ def collect(run: setup.Run, step: int):
       max_rounds=data.max_sampling_rounds)
 
 
-def learner_batch(run: setup.Run, state: LearnerState,
+def learner_batch(run: build.Run, state: LearnerState,
                   chosen: rollout_lib.Rollout, response_length: float):
   """The learner batch: packed rows, advantages, `lp_old` (docs/method.md §0–2).
 
@@ -73,8 +73,8 @@ def learner_batch(run: setup.Run, state: LearnerState,
   return batch
 
 
-def update(run: setup.Run, state: LearnerState, batch, step: int,
-           gate: Optional[hooks.UpdateGate] = None,
+def update(run: build.Run, state: LearnerState, batch, step: int,
+           gate: Optional[gates.UpdateGate] = None,
            ) -> tuple[LearnerState, dict[str, float]]:
   """Learner step → weight sync → optional gate, with sampler rollback."""
   sampler = run.sampler
@@ -98,8 +98,8 @@ def update(run: setup.Run, state: LearnerState, batch, step: int,
   return decision.state, metrics
 
 
-def rl_step(run: setup.Run, state: LearnerState, step: int,
-            gate: Optional[hooks.UpdateGate] = None,
+def rl_step(run: build.Run, state: LearnerState, step: int,
+            gate: Optional[gates.UpdateGate] = None,
             ) -> tuple[LearnerState, dict[str, float]]:
   """One RL step (`collect` → `learner_batch` → `update`) and its metrics."""
   if gate is not None and run.learner.donate:

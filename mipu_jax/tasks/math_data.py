@@ -28,8 +28,8 @@ from typing import Any
 
 import numpy as np
 
-from mipu_jax.eval import _io
-from mipu_jax.eval import grading
+from mipu_jax.math_eval import _io
+from mipu_jax.math_eval import grading
 
 SCHEMAS = ("auto", "dapo", "math")
 _DEFAULT_FIELDS = {

@@ -2,7 +2,7 @@
 worker processes with a per-item time limit.
 
 `RewardPool.grade(completions, golds)` sends each pair to an idle worker
-(`_reward_worker`, one process each, running `mipu_jax.eval.grading.grade`:
+(`_reward_worker`, one process each, running `mipu_jax.math_eval.grading.grade`:
 the last `\\boxed{}` answer, math-verify equivalence, string fallback). An
 item that takes longer than `timeout_s` has its worker killed and replaced and
 scores as wrong; a grading error or a crashed worker scores as wrong too. Both
@@ -22,7 +22,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-DEFAULT_GRADE = "mipu_jax.eval.grading:grade"
+DEFAULT_GRADE = "mipu_jax.math_eval.grading:grade"
 
 
 class _Worker:

@@ -22,7 +22,7 @@ math-verify, in a pool of worker processes with a per-item time limit
 cut at the token budget can be graded as usual (`keep`), scored as wrong
 (`wrong`) or left out of the loss (`filter`), and is counted.
 
-Evaluation: the benchmark files (`mipu_jax.eval`) found in a directory, named
+Evaluation: the benchmark files (`mipu_jax.math_eval`) found in a directory, named
 `<benchmark>.jsonl` / `.json` / `.parquet` (`math500`, `aime24`, `amc23`,
 `minerva_math`, `olympiadbench`); a missing one is skipped and said so.
 """
@@ -35,7 +35,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from mipu_jax import eval as eval_lib
+from mipu_jax import math_eval
 from mipu_jax.tasks import base
 from mipu_jax.tasks import chat
 from mipu_jax.tasks import math_data
@@ -59,7 +59,7 @@ def find_benchmarks(directory: str, names: Sequence[str]) -> dict[str, str]:
     raise ValueError(f"eval.benchmark_dir={directory!r} is not a directory.")
   found = {}
   for name in names:
-    key = eval_lib.canonical_name(name)
+    key = math_eval.canonical_name(name)
     paths = [os.path.join(directory, key + ext) for ext in _EXTENSIONS]
     present = [p for p in paths if os.path.isfile(p)]
     if present:
@@ -69,7 +69,7 @@ def find_benchmarks(directory: str, names: Sequence[str]) -> dict[str, str]:
                    "/".join(key + e for e in _EXTENSIONS), directory)
   if not found:
     raise ValueError(f"{directory!r} holds none of the benchmark files "
-                     f"{[eval_lib.canonical_name(n) + '.jsonl' for n in names]} "
+                     f"{[math_eval.canonical_name(n) + '.jsonl' for n in names]} "
                      f"(or .json / .parquet).")
   return found
 
@@ -101,12 +101,12 @@ class MathTask:
   def __init__(self, tokenizer, train_file: str, *, schema: str = "auto",
                prompt_key: str | None = None, answer_key: str | None = None,
                prompt_template: str = "chat",
-               instruction: str = eval_lib.PROMPT_TEMPLATE,
+               instruction: str = math_eval.PROMPT_TEMPLATE,
                max_prompt_tokens: int = 1024, seed: int = 0, max_rounds: int = 1,
                num_probe: int = 16, reward_correct: float = 1.0,
                reward_wrong: float = 0.0, truncated: str = "keep",
                pool: math_reward.RewardPool | None = None,
-               benchmark_dir: str = "", benchmarks: Sequence[str] = eval_lib.BENCHMARKS,
+               benchmark_dir: str = "", benchmarks: Sequence[str] = math_eval.BENCHMARKS,
                max_eval_problems: int = 0):
     if truncated not in TRUNCATED_POLICIES:
       raise ValueError(f"unknown truncated policy {truncated!r}; choose one of "
@@ -146,7 +146,7 @@ class MathTask:
     self.eval_dropped_long = 0
     if benchmark_dir:
       for key, path in find_benchmarks(benchmark_dir, benchmarks).items():
-        items = eval_lib.load_benchmark(key, path)
+        items = math_eval.load_benchmark(key, path)
         if max_eval_problems:
           items = items[:max_eval_problems]
         fit = [p for p in items if len(self.encode(p)) <= self.prompt_budget]

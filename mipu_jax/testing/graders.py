@@ -3,7 +3,7 @@
 `parity(completion, gold)` calls a completion right when its length is even:
 a deterministic grader that gives a random policy mixed rewards, so a tiny
 end-to-end run has groups with nonzero advantages. `stubborn(completion,
-gold)` grades like `mipu_jax.eval.grading.grade` but
+gold)` grades like `mipu_jax.math_eval.grading.grade` but
 hangs on a completion containing `HANG`, raises on one containing `RAISE` and
 kills its own process on one containing `EXIT`: the three ways a
 pathological answer can misbehave in a worker.
@@ -12,7 +12,7 @@ pathological answer can misbehave in a worker.
 import os
 import time
 
-from mipu_jax.eval import grading
+from mipu_jax.math_eval import grading
 
 
 def stubborn(completion: str, gold: str) -> bool:

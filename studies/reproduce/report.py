@@ -11,7 +11,7 @@ from mipu_jax.harness import stats
 from mipu_jax.harness.summary import COLLAPSE_DROP
 from mipu_jax.harness.summary import RunSummary
 from mipu_jax.harness.summary import STABLE_SES
-from mipu_jax.rl import report
+from mipu_jax.rl import run_report
 from studies.reproduce.spec import CLAIMS
 from studies.reproduce.spec import ISOLATE_CLAIMS
 from studies.reproduce.spec import LABELS
@@ -244,7 +244,7 @@ def plot_curves(runs: Sequence[RunSummary], names: Sequence[str],
   handles, labels = axes.flat[0].get_legend_handles_labels()
   axes.flat[-1].axis("off")
   axes.flat[-1].legend(handles, labels, loc="center", fontsize=11)
-  return report.save_figure(fig, path, title)
+  return run_report.save_figure(fig, path, title)
 
 
 def plot_gap(runs: Sequence[RunSummary], path: str) -> Optional[str]:
@@ -282,7 +282,7 @@ def plot_gap(runs: Sequence[RunSummary], path: str) -> Optional[str]:
   axes[0].legend(fontsize=8)
   axes[1].axvline(0.0, color="k", lw=0.8)
   axes[1].set_title("T̂_post / SE(T̂_post) (SE over probe groups)", fontsize=10)
-  return report.save_figure(fig, path, "MIPU Step 2: the post-update gap on the probes")
+  return run_report.save_figure(fig, path, "MIPU Step 2: the post-update gap on the probes")
 
 
 def plot_lr_decay(runs: Sequence[RunSummary], path: str) -> Optional[str]:
@@ -312,7 +312,7 @@ def plot_lr_decay(runs: Sequence[RunSummary], path: str) -> Optional[str]:
     ax.grid(alpha=0.3)
   axes[0].set_yscale("log")
   axes[0].legend(fontsize=9)
-  return report.save_figure(fig, path, "LR-decay (period from the measured surge step) "
+  return run_report.save_figure(fig, path, "LR-decay (period from the measured surge step) "
                             "vs the baseline, every seed")
 
 

@@ -10,10 +10,12 @@ import math
 import re
 import threading
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from mipu_jax.tasks import base
+if TYPE_CHECKING:  # an annotation only: the tasks import this package, not the reverse
+  from mipu_jax.tasks import base
 
 _BOX_COMMANDS = ("\\boxed", "\\fbox")
 

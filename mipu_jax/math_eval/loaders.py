@@ -27,7 +27,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from mipu_jax.eval import _io
+from mipu_jax.math_eval import _io
 
 # The instruction the sources' models (Qwen-Math / DeepSeek-R1 style) are
 # evaluated with; the chat template, if any, is applied by the caller.
