@@ -2,14 +2,14 @@
 # The GPU checks in one device call (run from the repository root;
 # results under $OUT). Wheels the image lacks (qwix, ml_collections,
 # tensorboardX) travel in .whl/ (bench/README.md, "GPU figures").
-#   bash bench/gpu_checks.sh kernel   # the kernel's tests, bench/decode.py, int8 GEMM tests
-#   bash bench/gpu_checks.sh plans    # the kernel's launch plans (bench/paged_kernel.py:
+#   bash bench/gpu_checks.sh kernel   # the kernel's tests, bench/perf/decode.py, int8 GEMM tests
+#   bash bench/gpu_checks.sh plans    # the kernel's launch plans (bench/gpu/paged_kernel.py:
 #                                     # 48 page-gather and 8 slot-gather plans at full fill,
 #                                     # the best at every fill), ~3 min
 #   bash bench/gpu_checks.sh sampler  # the sampler table with PLAN=... (else the best of a
 #                                     # 4-plan sweep), the tests on the GPU
 #   bash bench/gpu_checks.sh verify   # the kernel's comparison tests, the native-vs-emulated
-#                                     # gap (bench/native_gap.py), FP8 weights at a 1.7B shape
+#                                     # gap (bench/probes/native_gap.py), FP8 weights at a 1.7B shape
 #   bash bench/gpu_checks.sh window   # the accelerator window: everything below in order of
 #                                     # value within BUDGET seconds (default 420), each part
 #                                     # under its own timeout; TINY=1 smoke-runs it on a CPU
@@ -53,23 +53,23 @@ case "${1:-kernel}" in
     fi
     rm -f "$OUT/window.txt"
     # The sampler against its bound, Qwen3-0.6B, 64 x (1,024 + 1,024): bf16, FP8 KV.
-    part sampler_0p6b 170 python3 bench/accelerator.py "${acc[@]}" --parts sampler \
+    part sampler_0p6b 170 python3 -m bench.gpu.accelerator "${acc[@]}" --parts sampler \
       --sampler_modes "bf16,bf16 + fp8 KV" --out "$OUT/sampler_0p6b"
     # The weight-bound shape, Qwen3-1.7B, 16 x (256 + 256): bf16 against FP8 native weights.
-    part sampler_1p7b 130 python3 bench/accelerator.py "${acc[@]}" --preset qwen3_1p7b \
+    part sampler_1p7b 130 python3 -m bench.gpu.accelerator "${acc[@]}" --preset qwen3_1p7b \
       --parts sampler --sampler_modes "bf16,fp8 native" --sampler_seqs 16 \
       --sampler_prompt 256 --sampler_new 256 --out "$OUT/sampler_1p7b"
     # studies/configs/math.py for 2 RL steps on a random Qwen3-0.6B checkpoint, phases by the loop's timers.
-    part math 130 python3 bench/accelerator.py "${acc[@]}" --parts math --out "$OUT/math"
+    part math 130 python3 -m bench.gpu.accelerator "${acc[@]}" --parts math --out "$OUT/math"
     # The GPU tests, file by file, stopping a file at its first failure.
     for f in test_kv_cache test_gpu_decode_fallback test_native_quant test_sampler_scale; do
       [ -f "tests/$f.py" ] && part "$f" 75 python3 -m pytest -q -x -p no:cacheprovider \
         "${collect[@]}" "tests/$f.py"
     done
     # If time is left: the XLA paged path beside the kernel, then the launch-plan sweep.
-    part sampler_xla 70 python3 bench/accelerator.py "${acc[@]}" --parts sampler \
+    part sampler_xla 70 python3 -m bench.gpu.accelerator "${acc[@]}" --parts sampler \
       --sampler_modes "bf16 paged XLA" --out "$OUT/sampler_xla"
-    [ -z "${TINY:-}" ] && part plans 120 python3 bench/paged_kernel.py \
+    [ -z "${TINY:-}" ] && part plans 120 python3 -m bench.gpu.paged_kernel \
       --json "$OUT/paged_kernel.json"
     echo "window: $(( $(date +%s) - START )) s of ${BUDGET:-420}"
     ;;
@@ -77,11 +77,11 @@ case "${1:-kernel}" in
     JAX_PLATFORMS=cuda timeout 150 python3 -m pytest -q -x -p no:cacheprovider tests/test_kv_cache.py \
       -k "pallas or in_place or auto" 2>&1 | tail -25 > "$OUT/tests_kv_cache.txt"
     tail -3 "$OUT/tests_kv_cache.txt"
-    timeout 150 python3 bench/decode.py --rows 64 --slots 2048 --prompt 1024 \
+    timeout 150 python3 -m bench.perf.decode --rows 64 --slots 2048 --prompt 1024 \
       --preset qwen3_0p6b --dtype bfloat16 --json "$OUT/decode_bf16.json" \
       > "$OUT/decode_bf16.md" 2>&1
     tail -12 "$OUT/decode_bf16.md"
-    timeout 100 python3 bench/decode.py --rows 64 --slots 2048 --prompt 1024 \
+    timeout 100 python3 -m bench.perf.decode --rows 64 --slots 2048 --prompt 1024 \
       --preset qwen3_0p6b --dtype bfloat16 --kv_cache_dtype fp8 --impls pallas,paged \
       --json "$OUT/decode_fp8kv.json" > "$OUT/decode_fp8kv.md" 2>&1
     tail -8 "$OUT/decode_fp8kv.md"
@@ -90,7 +90,7 @@ case "${1:-kernel}" in
     tail -3 "$OUT/tests_native_quant.txt"
     ;;
   plans)
-    timeout 330 python3 bench/paged_kernel.py --json "$OUT/paged_kernel.json" \
+    timeout 330 python3 -m bench.gpu.paged_kernel --json "$OUT/paged_kernel.json" \
       > "$OUT/paged_kernel.md" 2> "$OUT/paged_kernel.log"
     cat "$OUT/paged_kernel.md"; tail -3 "$OUT/paged_kernel.log"
     ;;
@@ -98,7 +98,7 @@ case "${1:-kernel}" in
     best=${PLAN:-}
     if [ -z "$best" ]; then
       rm -f "$OUT/paged_kernel.json"
-      timeout 100 python3 bench/paged_kernel.py --ppb 1 --splits 4,8 --warps 4 --stages 2,3 \
+      timeout 100 python3 -m bench.gpu.paged_kernel --ppb 1 --splits 4,8 --warps 4 --stages 2,3 \
         --json "$OUT/paged_kernel.json" > "$OUT/paged_kernel.md" 2> "$OUT/paged_kernel.log"
       cat "$OUT/paged_kernel.md"
       best=$(python3 -c "import json; print(json.load(open('$OUT/paged_kernel.json')).get('best_plan', ''))" 2>/dev/null)
@@ -106,7 +106,7 @@ case "${1:-kernel}" in
     [ -z "$best" ] && echo "no plan measured: the sampler runs the default plan"
     echo "plan: ${best:-default}" > "$OUT/plan.txt"
     MIPU_PALLAS_DECODE_PLAN=$best \
-    timeout "${SAMPLER_TIMEOUT:-220}" python3 bench/accelerator.py --parts sampler \
+    timeout "${SAMPLER_TIMEOUT:-220}" python3 -m bench.gpu.accelerator --parts sampler \
       --sampler_modes "${MODES:-bf16,bf16 + fp8 KV,bf16 paged XLA}" --out "$OUT/accelerator" \
       > "$OUT/accelerator.log" 2>&1
     tail -5 "$OUT/accelerator.log"; cat "$OUT/accelerator/accelerator.md"
@@ -120,15 +120,15 @@ case "${1:-kernel}" in
     JAX_PLATFORMS=cuda timeout 90 python3 -m pytest -v -p no:cacheprovider tests/test_kv_cache.py \
       -k "not sample_the_same" 2>&1 | tail -40 > "$OUT/tests_kv_cache.txt"
     tail -3 "$OUT/tests_kv_cache.txt"
-    timeout 110 python3 bench/native_gap.py --json "$OUT/native_gap.json" 2>&1 \
+    timeout 110 python3 -m bench.probes.native_gap --json "$OUT/native_gap.json" 2>&1 \
       | grep -v Warn > "$OUT/native_gap.txt"
     cat "$OUT/native_gap.txt"
-    timeout 210 python3 bench/accelerator.py --preset qwen3_1p7b --parts sampler \
+    timeout 210 python3 -m bench.gpu.accelerator --preset qwen3_1p7b --parts sampler \
       --sampler_modes "bf16,fp8 native" --sampler_seqs 16 --sampler_prompt 256 \
       --sampler_new 256 --dump_hlo /tmp/hlo17 --out "$OUT/accelerator_1p7b" \
       > "$OUT/accelerator_1p7b.log" 2>&1
     tail -3 "$OUT/accelerator_1p7b.log"; cat "$OUT/accelerator_1p7b/accelerator.md"
-    XLA_FLAGS=--xla_gpu_enable_triton_gemm=false timeout 80 python3 bench/native_gap.py \
+    XLA_FLAGS=--xla_gpu_enable_triton_gemm=false timeout 80 python3 -m bench.probes.native_gap \
       --json "$OUT/native_gap_no_triton.json" 2>&1 | grep -v Warn > "$OUT/native_gap_no_triton.txt"
     cat "$OUT/native_gap_no_triton.txt"
     JAX_PLATFORMS=cuda timeout 70 python3 -m pytest -v -p no:cacheprovider tests/test_native_quant.py \
@@ -140,7 +140,7 @@ case "${1:-kernel}" in
       tests/test_native_quant.py -k "barrier or int4_values or log_probs or untied" 2>&1 \
       | tail -60 > "$OUT/tests_native_quant.txt"
     grep -E "PASS|FAIL|Error|assert|Mismatch|Max abs" "$OUT/tests_native_quant.txt" | head -40
-    timeout 100 python3 bench/native_gap.py --precisions highest --json "$OUT/native_gap.json" \
+    timeout 100 python3 -m bench.probes.native_gap --precisions highest --json "$OUT/native_gap.json" \
       2>&1 | grep -v Warn > "$OUT/native_gap.txt"
     cat "$OUT/native_gap.txt"
     ;;

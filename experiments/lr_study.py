@@ -2,7 +2,7 @@ r"""The lr × sampler precision study, and the rows that isolate LR-decay: resum
 
     python -m experiments.lr_study --workdir results/lr_study            # train + report
     python -m experiments.lr_study --workdir results/lr_study --report_only
-    python -m experiments.lr_study --workdir results/lr_study --isolate  # + issue 28's rows
+    python -m experiments.lr_study --workdir results/lr_study --isolate  # + the isolating rows
 
 Cells: the tables' no-mismatch `control` (fp32 sampler) and uncorrected
 `baseline` (int4_all sampler) at each lr of `--lrs`, ten seeds each, every

@@ -6,7 +6,7 @@ for its model preset on the current devices, from abstract parameters
 (`ShapeDtypeStruct`s carrying their shardings: nothing is materialised), and
 return `compiled.memory_analysis()` of each: argument, output, temporary and
 aliased bytes per device. `tests/test_pod.py` asserts budgets with them;
-`bench/memory.py` prints the before / after table of `docs/pods.md`.
+`bench/perf/memory.py` prints the before / after table of `docs/pods.md`.
 
 On CPU these are XLA:CPU's buffer assignments; a TPU or GPU compile assigns
 differently (it usually reuses buffers more), so read them as estimates of a

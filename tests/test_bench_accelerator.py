@@ -1,4 +1,4 @@
-"""bench/accelerator.py runs on CPU at a tiny shape, every part, so it cannot rot."""
+"""bench/gpu/accelerator.py runs on CPU at a tiny shape, every part, so it cannot rot."""
 
 import json
 import os
@@ -11,7 +11,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 def test_accelerator_bench_tiny(tmp_path):
   out = tmp_path / "acc"
   proc = subprocess.run(
-      [sys.executable, os.path.join(ROOT, "bench", "accelerator.py"), "--tiny", "--out",
+      [sys.executable, "-m", "bench.gpu.accelerator", "--tiny", "--out",
        str(out), "--sampler_modes", "bf16,fp8 native", "--dump_hlo", str(tmp_path / "hlo")],
       capture_output=True, text=True, check=False, cwd=ROOT,
       env={**os.environ, "JAX_PLATFORMS": "cpu"}, timeout=900)

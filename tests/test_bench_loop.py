@@ -1,4 +1,4 @@
-"""bench/loop.py's checks: the before code is the revision asked for, and
+"""bench/perf/loop.py's checks: the before code is the revision asked for, and
 "results unchanged" means bitwise the same metrics at every step."""
 
 import functools
@@ -15,7 +15,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 @functools.cache  # its absl flags can be defined once per process
 def _loop():
-  spec = importlib.util.spec_from_file_location("bench_loop", os.path.join(ROOT, "bench",
+  spec = importlib.util.spec_from_file_location("bench_loop", os.path.join(ROOT, "bench", "perf",
                                                                           "loop.py"))
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)
@@ -43,8 +43,8 @@ def test_extract_is_the_revision(tmp_path):
                     check=False).returncode:
     pytest.skip("not a git checkout")
   out = _loop()._extract("HEAD", str(tmp_path))
-  want = subprocess.run(["git", "-C", ROOT, "show", "HEAD:bench/loop.py"], capture_output=True,
+  want = subprocess.run(["git", "-C", ROOT, "show", "HEAD:bench/perf/loop.py"], capture_output=True,
                         check=True, text=True).stdout
-  with open(os.path.join(out, "bench", "loop.py")) as f:
+  with open(os.path.join(out, "bench", "perf", "loop.py")) as f:
     assert f.read() == want
   assert os.path.exists(os.path.join(out, "mipu_jax", "rl", "loop.py"))

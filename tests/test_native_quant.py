@@ -128,7 +128,7 @@ def float_log_probs(model):
     pytest.param("int4", "fp8", False, marks=pytest.mark.xfail(
         jax.default_backend() == "gpu", strict=False,
         reason="on an H200 (jax 0.11.2) this case's FP8 dots become cuBLASLt FP8 GEMMs "
-        "(bench/native_gap.py), 1.3e-4 from float32 sums in log-probs; the other FP8 "
+        "(bench/probes/native_gap.py), 1.3e-4 from float32 sums in log-probs; the other FP8 "
         "cases' dots are Triton fusions, within 1e-6. cuBLASLt's FP8 accumulation is "
         "suspected (Hopper's FP8 tensor cores do not accumulate in full float32), not proven")),
     ("int4", "int8", False),

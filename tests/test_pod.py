@@ -7,7 +7,7 @@ per device per micro-batch, blockwise attention, chunked log-probs, per-layer
 remat; the sampler's KV cache sharded over the slots). Per-device memory from
 `compiled.memory_analysis()` is printed (`pytest tests/test_pod.py -s`) and
 asserted ≤ 16 GiB; it is XLA:CPU's buffer assignment, an estimate of a TPU
-compile's, and is quoted in `docs/pods.md` (`bench/memory.py` prints the
+compile's, and is quoted in `docs/pods.md` (`bench/perf/memory.py` prints the
 before / after table).
 """
 

@@ -1,5 +1,5 @@
 """Peaked random Qwen3s and their prefill log-probs, for the sampler's tests and
-`bench/native_gap.py` (one definition, so the bench measures what the tests check)."""
+`bench/probes/native_gap.py` (one definition, so the bench measures what the tests check)."""
 
 from typing import Sequence
 
@@ -12,7 +12,7 @@ from mipu_jax.models import Qwen3
 from mipu_jax.models.config import Qwen3Config, get_config
 
 # The sampler tests' model: prime-ish dims, shared by every sampler test file
-# (and bench/native_gap.py) so jit caches are shared too. One layer: XLA
+# (and bench/probes/native_gap.py) so jit caches are shared too. One layer: XLA
 # compiles a one-step layer scan ~2.5x faster on CPU, and compiling dominates
 # those tests; the stacked [L, ...] layout is unchanged.
 SAMPLER_CFG = get_config("tiny", vocab_size=61, hidden_size=40, num_layers=1, num_heads=4,

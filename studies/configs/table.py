@@ -9,7 +9,7 @@ The argument is `row[,option...]` with `row` one of `studies/configs/rows.py:ROW
 step), `p=P` (random-rollback probability), `probe=N` (MIPU Step 2's probe
 prompts, default 8), `precision=` / `lr=` (another setting of the mismatch
 study, e.g. the earlier table's `precision=int4_all,lr=1e-3` for
-`bench/loop.py`), `ulp=N` (the base policy's weights moved N ulps: the same
+`bench/perf/loop.py`), `ulp=N` (the base policy's weights moved N ulps: the same
 experiment under other float sums) and `quick` (a smoke budget for tests and Colab).
 Every table at once, several seeds, with the results table and figures:
 
@@ -21,8 +21,8 @@ AIME / Olympiad / Minerva / AMC23. Sampler μ with int4 weights, FP8
 activations, an FP8 KV cache and a quantized LM head; learner π in fp32;
 lr 2e-4; 120 RL steps of 16 prompts x 8 responses, two optimizer updates
 each; evaluation every 20 steps (32 problems x 4 samples per tier) of μ and π.
-The lr is the one the lr x precision study chose (results/lr_study/study.md,
-issue 28): the best for the fp32 control (Stable in 10 of 10 seeds), where the
+The lr is the one the lr x precision study chose (results/lr_study/study.md):
+the best for the fp32 control (Stable in 10 of 10 seeds), where the
 uncorrected quantized baseline is still worse by 4.3 points with an interval
 that excludes 0. The earlier tables' settings: `lr=7e-4` (results/small_cpu,
 where the fp32 control itself is Stable in only 5 of 10 seeds) and
@@ -96,7 +96,7 @@ def get_config(arg=None):
     base.quick(config)
   if arg.prompts:
     config.data.prompts_per_step = arg.prompts
-  # The float sums perturbed (issue 28 item 8): the base policy's weights moved
+  # The float sums perturbed: the base policy's weights moved
   # by `ulp` ulps (`model.init_perturb_ulps`).
   config.model.init_perturb_ulps = arg.ulp
   if arg.row in DECAY_ROWS:

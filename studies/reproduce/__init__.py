@@ -26,10 +26,7 @@ reaches the best evaluation up to it minus `STABLE_SES` (2) standard errors
 of that best evaluation (`eval/avg_se`: the sampling noise of pass@1 over the
 eval problems, `mipu_jax.rl.evaluation`), and no metric went non-finite. A run
 that peaks early and then falls back by more than its eval noise is not
-stable; a run still rising at the end is (until issue 28 the reference was
-the run's overall peak, which marked a run still rising by more than 2 SEs
-between its last two evaluations as not Stable). A row is stable when every
-seed is.
+stable; a run still rising at the end is. A row is stable when every seed is.
 
 Like with like. Every row of a table must hold every setting equal except the
 one it is about (the correction preset, the LR schedule, the MIPU switches):

@@ -20,7 +20,7 @@ call (compilation included) separately. No
 generation stops early: mipu_jax and tunix get no reachable EOS, transformers
 gets `min_new_tokens=64`.
 
-  python bench/sampler.py            # ~3-5 min on 2 CPU cores
+  python -m bench.perf.sampler            # ~3-5 min on 2 CPU cores
 """
 
 import json

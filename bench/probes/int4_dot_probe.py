@@ -1,6 +1,6 @@
 r"""Which jitted int4 dots XLA computes exactly, per shape, precision and workaround.
 
-    python bench/int4_dot_probe.py     # prints one line per (variant, shape)
+    python -m bench.probes.int4_dot_probe     # prints one line per (variant, shape)
 
 A probe, not a bench: `x @ table.T` with integer inputs (every product and sum
 exact in float32) and the int4 `table` converted inside the jitted program in

@@ -1,8 +1,8 @@
 r"""RL steps per CPU-minute of the table's rows, before and after a code change, in one run.
 
-    python bench/loop.py                       # 4 rows x {before, after}, 8 steps each
-    python bench/loop.py --steps 12 --workers 2 --rows baseline,mipu
-    python bench/loop.py --before_rev 9182d53 --setting lr=7e-4   # the defaults
+    python -m bench.perf.loop                       # 4 rows x {before, after}, 8 steps each
+    python -m bench.perf.loop --steps 12 --workers 2 --rows baseline,mipu
+    python -m bench.perf.loop --before_rev HEAD --setting lr=7e-4   # the defaults
 
 `before` is the repository at `--before_rev` (extracted with `git archive`
 into a temporary directory and imported from there), `after` the code this
@@ -48,7 +48,7 @@ import time
 
 import numpy as np
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from absl import app  # pylint: disable=g-import-not-at-top,wrong-import-position
 from absl import flags  # pylint: disable=g-import-not-at-top,wrong-import-position
@@ -57,7 +57,7 @@ _STEPS = flags.DEFINE_integer("steps", 8, "RL steps per run.")
 _WORKERS = flags.DEFINE_integer("workers", 1, "Runs at once (one CPU thread each).")
 _ROWS = flags.DEFINE_list("rows", ["control", "baseline", "tis", "mipu"], "Table rows.")
 # The commit before the sampler's KV-cache storage change (kv_cache_storage).
-_BEFORE = flags.DEFINE_string("before_rev", "9182d53",
+_BEFORE = flags.DEFINE_string("before_rev", "HEAD",
                               "Git revision of the `before` code ('' for none).")
 _SETTING = flags.DEFINE_string("setting", "lr=7e-4",
                                "studies/configs/table.py options shared by every run.")

@@ -1,6 +1,6 @@
 r"""Learner throughput vs the machine's fp32 matmul peak and tunix; correction overhead.
 
-    python bench/learner.py [--batch 16 --seq 128 --hidden 256 --layers 4 --repeats 7]
+    python -m bench.perf.learner [--batch 16 --seq 128 --hidden 256 --layers 4 --repeats 7]
 
 Measures, in one run on the same machine (fp32, single device):
   * the machine's fp32 matmul peak (a large jitted `a @ b`);
@@ -15,7 +15,7 @@ Measures, in one run on the same machine (fp32, single device):
     coefficients, jitted on the same `[B, L]` arrays), as a bound on that overhead.
 Every time is the fastest of `--repeats` runs after a warm-up (the machine may be
 shared; the minimum is the least disturbed measurement).
-Achieved GFLOP/s count matmul FLOPs only (`bench/model.py`'s formula).
+Achieved GFLOP/s count matmul FLOPs only (`bench/perf/model.py`'s formula).
 """
 
 import argparse
@@ -30,8 +30,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from model import matmul_peak_gflops  # bench/model.py: one FLOP model per project.
-from model import train_flops_per_token
+from bench.perf.model import matmul_peak_gflops  # bench/perf/model.py: one FLOP model per project.
+from bench.perf.model import train_flops_per_token
 from mipu_jax import config as config_lib
 from mipu_jax import losses
 from mipu_jax import models

@@ -1,6 +1,6 @@
 r"""Checkpoint cost of a Qwen3-4B-shaped learner state: save, restore, fingerprint.
 
-    python bench/checkpoint.py --json /tmp/ckpt.json      # ~1 min on 2 CPU cores
+    python -m bench.perf.checkpoint --json /tmp/ckpt.json      # ~1 min on 2 CPU cores
 
 The learner state is fp32 parameters plus Adam's two moments, 12 bytes per
 parameter: 48 GB for Qwen3-4B, twice this machine's memory. So the bench
@@ -35,7 +35,6 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
   os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
                              + " --xla_force_host_platform_device_count=8").strip()
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import jax  # pylint: disable=g-import-not-at-top,wrong-import-position
 import jax.numpy as jnp  # pylint: disable=wrong-import-position

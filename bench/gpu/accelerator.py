@@ -1,9 +1,9 @@
 r"""The first command on a new GPU or TPU VM: how fast and how big, in one table.
 
-    python bench/accelerator.py                        # Qwen3-0.6B shape, everything
-    python bench/accelerator.py --preset qwen3_1p7b    # or qwen3_4b
-    python bench/accelerator.py --parts sampler,learner --out /tmp/acc
-    python bench/accelerator.py --tiny                 # CPU smoke test (what the suite runs)
+    python -m bench.gpu.accelerator                        # Qwen3-0.6B shape, everything
+    python -m bench.gpu.accelerator --preset qwen3_1p7b    # or qwen3_4b
+    python -m bench.gpu.accelerator --parts sampler,learner --out /tmp/acc
+    python -m bench.gpu.accelerator --tiny                 # CPU smoke test (what the suite runs)
 
 Any backend, no edits. It writes a randomly initialised Hugging Face checkpoint
 of a real Qwen3 shape (`--preset`) with the project's test tokenizer
@@ -14,7 +14,7 @@ of a real Qwen3 shape (`--preset`) with the project's test tokenizer
   (sampling, math-verify rewards, learner, sync, MIPU Step 2, evaluation,
   checkpoint, HF export), with the wall time of each phase as the loop's own
   timers log it (`perf/*`), in a child process;
-- `sampler` (`bench/sampler_table.py`): generated tokens/s of
+- `sampler` (`bench/gpu/sampler_table.py`): generated tokens/s of
   `Sampler.generate` at bf16, FP8 emulated, FP8 native, int8 native and those
   with an FP8 KV cache, 64 sequences × (1,024 prompt + 1,024 new) tokens (no
   stop token: every sequence decodes all 1,024), with the first call (compile
@@ -53,12 +53,10 @@ import time
 # Each part allocates what it uses (the learner and math parts run in child
 # processes, which must find the device memory free).
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from sampler_table import DEFAULT_SAMPLER_MODES, SAMPLER_MODES, bench_sampler  # noqa: E402
-from attention import _best_time  # noqa: E402  (bench/ is on sys.path above)
+from bench.gpu.sampler_table import DEFAULT_SAMPLER_MODES, SAMPLER_MODES, bench_sampler  # noqa: E402
+from bench.perf.attention import _best_time  # noqa: E402
 
 PARTS = ("learner", "math", "attention", "sampler")  # children first: see XLA_PYTHON_CLIENT_PREALLOCATE
 
@@ -115,7 +113,7 @@ def learner_child(args, attention_impl: str) -> dict:
   import jax  # pylint: disable=g-import-not-at-top
 
   from mipu_jax import memory_plan  # pylint: disable=g-import-not-at-top
-  from model import one_row_learner, train_flops_per_token  # pylint: disable=g-import-not-at-top
+  from bench.perf.model import one_row_learner, train_flops_per_token  # pylint: disable=g-import-not-at-top
 
   prompt, response = args.learner_prompt, args.learner_response
   t = prompt + response
@@ -275,11 +273,11 @@ def math_child(args) -> dict:
 
 
 def _child(args, what: str) -> dict:
-  cmd = [sys.executable, os.path.abspath(__file__), "--child", what] + _forward_args(args)
+  cmd = [sys.executable, "-m", "bench.gpu.accelerator", "--child", what] + _forward_args(args)
   env = dict(os.environ)  # the children do not dump HLO (--dump_hlo is the sampler's)
   env["XLA_FLAGS"] = " ".join(f for f in env.get("XLA_FLAGS", "").split()
                               if not f.startswith("--xla_dump"))
-  proc = subprocess.run(cmd, capture_output=True, text=True, check=False, env=env)
+  proc = subprocess.run(cmd, capture_output=True, text=True, check=False, env=env, cwd=ROOT)
   for line in proc.stdout.splitlines():
     if line.startswith("RESULT "):
       return json.loads(line[len("RESULT "):])
@@ -314,7 +312,7 @@ def _table(rows: list[dict], columns: list[str]) -> str:
 
 def report(result: dict) -> str:
   d = result["device"]
-  out = [f"# bench/accelerator.py — {d['device_kind']} ({d['platform']} x{d['devices']}), "
+  out = [f"# bench/gpu/accelerator.py — {d['device_kind']} ({d['platform']} x{d['devices']}), "
          f"jax {d['jax']}, driver {d.get('driver', '-')}, load average {d['load_average']}",
          f"\nModel shape: `{result['preset']}`; measured matmul peak "
          f"{result.get('peak_tflops', 0):.1f} TFLOP/s "

@@ -1,7 +1,7 @@
 r"""The learner step of a table row with and without the recomputed MLP, in one run.
 
-    python bench/learner_mlp.py                     # baseline row, 9 rounds
-    python bench/learner_mlp.py --row mipu --rounds 15 --trace
+    python -m bench.perf.learner_mlp                     # baseline row, 9 rounds
+    python -m bench.perf.learner_mlp --row mipu --rounds 15 --trace
 
 On XLA:CPU without a remat policy, each decoder layer computes its gate and up
 projections and SwiGLU under `jax.checkpoint` (`models.qwen3._recompute_mlp_in`):
@@ -31,14 +31,12 @@ import glob
 import gzip
 import json
 import os
-import sys
 import tempfile
 import time
 
 os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_cpu_multi_thread_eigen"
                            "=false intra_op_parallelism_threads=1").strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import jax  # pylint: disable=g-import-not-at-top,wrong-import-position
 import numpy as np  # pylint: disable=g-import-not-at-top,wrong-import-position
@@ -109,11 +107,11 @@ def main(argv):
   from mipu_jax.learner import Learner  # pylint: disable=g-import-not-at-top
   from mipu_jax.models import qwen3  # pylint: disable=g-import-not-at-top
   from mipu_jax.rl import step as step_lib  # pylint: disable=g-import-not-at-top
-  from mipu_jax.rl import setup  # pylint: disable=g-import-not-at-top
+  from mipu_jax.rl import build  # pylint: disable=g-import-not-at-top
   logging.set_verbosity(logging.WARNING)
   load0 = " ".join(f"{x:.2f}" for x in os.getloadavg())
   cfg = config_lib.from_config_dict(table.get_config(_ROW.value))
-  run = setup.build_run(cfg, donate=False)
+  run = build.build_run(cfg, donate=False)
   if not qwen3._recompute_mlp_in(run.model.config):  # pylint: disable=protected-access
     raise SystemExit("the recompute is on only on CPU without a remat policy: "
                      f"remat={cfg.model.remat!r}, backend {jax.default_backend()}.")

@@ -1,6 +1,6 @@
-"""tunix's Qwen3 forward+backward timing; run by `bench/learner.py` in tunix's venv.
+"""tunix's Qwen3 forward+backward timing; run by `bench/perf/learner.py` in tunix's venv.
 
-    /tmp/tunix-venv/bin/python bench/_tunix_qwen3.py '<json config>'
+    /tmp/tunix-venv/bin/python -m bench.perf._tunix_qwen3 '<json config>'
 
 Prints one JSON line: {"seconds": median step time, "compile_seconds": ...}.
 The loss is the same as the mipu_jax side: mean token log-prob of the batch

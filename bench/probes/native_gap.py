@@ -1,7 +1,7 @@
 r"""How far the native low-precision sampler is from the emulated one, per case, and why.
 
-    python bench/native_gap.py --json /tmp/gap.json            # any platform
-    XLA_FLAGS=--xla_gpu_enable_triton_gemm=false python bench/native_gap.py
+    python -m bench.probes.native_gap --json /tmp/gap.json            # any platform
+    XLA_FLAGS=--xla_gpu_enable_triton_gemm=false python -m bench.probes.native_gap
 
 tests/test_native_quant.py asks the native path (`quant_compute="native"`:
 int8 / FP8 GEMMs, weights converted next to the dot) to give the emulated
@@ -19,7 +19,6 @@ import argparse
 import json
 import os
 import shutil
-import sys
 import tempfile
 
 _DUMP = tempfile.mkdtemp(prefix="native_gap_hlo_")
@@ -28,16 +27,13 @@ os.environ["XLA_FLAGS"] = (_USER_FLAGS + f" --xla_dump_to={_DUMP}"
                            " --xla_dump_hlo_as_text"
                            " --xla_dump_hlo_module_re=.*prefill.*").strip()
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-
 import jax  # pylint: disable=g-import-not-at-top
 import jax.numpy as jnp
 import numpy as np
 
-from mipu_jax.testing import models  # pylint: disable=g-import-not-at-top
 from mipu_jax.sampler import Sampler
-from sampler_table import _hlo_files, dot_kernels  # pylint: disable=g-import-not-at-top
+from mipu_jax.testing import models  # pylint: disable=g-import-not-at-top
+from bench.gpu.sampler_table import _hlo_files, dot_kernels
 
 # The sampler tests' model and prompts (mipu_jax/testing/models.py).
 CFG, PROMPTS = models.SAMPLER_CFG, models.PROMPTS

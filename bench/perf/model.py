@@ -7,7 +7,7 @@ Measures, in one run on the same machine:
     config and the same weights (CPU torch, fp32);
 and prints the ratios. Usage:
 
-  python bench/model.py [--batch 8 --seq 128 --hidden 256 --layers 4 --repeats 5]
+  python -m bench.perf.model [--batch 8 --seq 128 --hidden 256 --layers 4 --repeats 5]
 """
 
 import argparse
@@ -26,7 +26,7 @@ from mipu_jax import models
 def one_row_learner(mcfg: models.Qwen3Config, prompt: int, response: int, logits_chunk: int):
   """The learner step the benches time: MIPU Step 1's loss on one (prompt +
   response)-token row, one device; `(learner, state, batch)` with random
-  tokens and log-probs (`bench/accelerator.py`, `bench/attention.py`)."""
+  tokens and log-probs (`bench/gpu/accelerator.py`, `bench/perf/attention.py`)."""
   from mipu_jax import config as config_lib  # pylint: disable=g-import-not-at-top
   from mipu_jax import losses  # pylint: disable=g-import-not-at-top
   from mipu_jax.learner import host_batch, Learner, mesh_from_config  # pylint: disable=g-import-not-at-top

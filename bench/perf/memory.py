@@ -1,7 +1,7 @@
 r"""Per-device memory of the pod configs, before / after the long-context work, in one run.
 
-    python bench/memory.py                 # 8 fake CPU devices, Qwen3-1.7B and Qwen3-4B
-    python bench/memory.py --devices 16 --presets qwen3_4b
+    python -m bench.perf.memory                 # 8 fake CPU devices, Qwen3-1.7B and Qwen3-4B
+    python -m bench.perf.memory --devices 16 --presets qwen3_4b
 
 For each preset's pod config (`studies/configs/pod_qwen3_*.py`, MIPU Step 1's learner
 program, one (1024 + 8192)-token row per device per micro-batch), XLA's
@@ -45,7 +45,7 @@ def main():
   from mipu_jax.testing import checkpoint  # pylint: disable=g-import-not-at-top
 
   ckpt = checkpoint.write_tiny_qwen3(tempfile.mkdtemp())  # the config's inputs only
-  train = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+  train = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
                        "tests", "fixtures", "train", "dapo_math.jsonl")
   modules = {"qwen3_1p7b": pod_qwen3_1p7b, "qwen3_4b": pod_qwen3_4b}
   gib = mp.GIB

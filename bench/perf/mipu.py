@@ -1,6 +1,6 @@
 r"""MIPU Step 2's overhead per RL step, and the cost of a rollback (docs/method.md §5).
 
-    python bench/mipu.py [--prompts 16 --group 8 --tokens 64 --probe 8 --repeats 3]
+    python -m bench.perf.mipu [--prompts 16 --group 8 --tokens 64 --probe 8 --repeats 3]
 
 One run (`studies/configs/small_cpu.py`'s shapes by default: N = 16 prompts x G = 8
 responses, 64 new tokens, tiny Qwen3, fp32 sampler) built with `donate=False`
@@ -27,8 +27,8 @@ from flax import nnx
 
 
 from mipu_jax import config as config_lib
+from mipu_jax.rl import build
 from mipu_jax.rl import gates
-from mipu_jax.rl import setup
 from mipu_jax.rl import step as step_lib
 
 
@@ -48,7 +48,7 @@ def main():
       sampling=config_lib.SamplingConfig(max_new_tokens=args.tokens),
       optim=config_lib.OptimConfig(learning_rate=1e-4),
       mipu=config_lib.MipuConfig(step2=True, num_probe_prompts=args.probe))
-  run = setup.build_run(cfg, donate=False)
+  run = build.build_run(cfg, donate=False)
   params = nnx.to_pure_dict(nnx.state(run.model, nnx.Param))
   state = run.learner.init_state(params, cfg.seed)
   sampler0 = None

@@ -1,6 +1,6 @@
 r"""The Pallas decode-attention kernel alone, per launch plan, against its read bound.
 
-    python bench/paged_kernel.py --json /tmp/plans.json        # a GPU, ~2-3 min
+    python -m bench.gpu.paged_kernel --json /tmp/plans.json        # a GPU, ~2-3 min
 
 A Qwen3-0.6B-shaped paged cache (64 rows x 2,048 slots, 8 kv heads of 128, 16
 query heads, bfloat16, pages of 64) whose pools hold every layer (`--layers`
@@ -25,11 +25,8 @@ reported, not timed.
 import argparse
 import itertools
 import json
-import os
 import sys
 import time
-
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import jax  # pylint: disable=g-import-not-at-top
 import jax.numpy as jnp

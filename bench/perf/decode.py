@@ -1,8 +1,8 @@
 r"""One decode step against the bytes it must read, per fill level of the KV cache.
 
-    python bench/decode.py                     # CPU shape: KV cache dominates
-    python bench/decode.py --json /tmp/decode.json
-    python bench/decode.py --rows 64 --slots 2048 --preset qwen3_0p6b --dtype bfloat16  # a GPU
+    python -m bench.perf.decode                     # CPU shape: KV cache dominates
+    python -m bench.perf.decode --json /tmp/decode.json
+    python -m bench.perf.decode --rows 64 --slots 2048 --preset qwen3_0p6b --dtype bfloat16  # a GPU
 
 For each fill level (1/8, 1/2 and all of the cache's slots filled in every
 row) and each decode attention (`paged`, which reads only the pages holding a
@@ -30,21 +30,16 @@ here (one prompt block per row), so the bytes are those of a plain cache.
 import argparse
 import json
 import os
-import sys
-
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import jax  # pylint: disable=g-import-not-at-top
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from bench.perf.attention import _best_time
 from mipu_jax.models import Qwen3, get_config
 from mipu_jax.sampler.config import SamplerConfig
 from mipu_jax.sampler.engine import Engine
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from attention import _best_time  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 # The CPU shape: a small model whose KV cache, not its weights, is most of a
 # step's bytes (64 rows x 4,096 slots: 268 MB of float32 K/V per layer pair).

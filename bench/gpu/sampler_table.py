@@ -1,7 +1,7 @@
-"""bench/accelerator.py's sampler part: tokens/s of `Sampler.generate` per precision
+"""bench/gpu/accelerator.py's sampler part: tokens/s of `Sampler.generate` per precision
 mode, beside the bound of the bytes an average decode step must read.
 
-Split out of bench/accelerator.py (which runs it: `--parts sampler`); usable
+Split out of bench/gpu/accelerator.py (which runs it: `--parts sampler`); usable
 alone from Python: `bench_sampler(args, rows, model_cfg, platform)`.
 """
 
@@ -9,8 +9,6 @@ import gc
 import os
 import sys
 import time
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 # name -> Sampler precision keywords (bf16 compute throughout).
 SAMPLER_MODES = {
@@ -70,7 +68,7 @@ def dot_kernels(directory: str, files) -> dict:
 
 def decode_bound(sampler, cfg, rows: int, prompt: int, new: int, repeats: int) -> dict:
   """The bytes a decode step must read, on average over the `new` steps, and the
-  tokens/s of reading them at the rate measured now (bench/decode.py's `read`:
+  tokens/s of reading them at the rate measured now (bench/perf/decode.py's `read`:
   a jitted sum over that many bytes); `vs_bound` = bound / measured tokens/s.
 
   Weights: every parameter the sampler holds, at its stored dtype (the tied
@@ -79,7 +77,7 @@ def decode_bound(sampler, cfg, rows: int, prompt: int, new: int, repeats: int) -
   bound is optimistic by its time.
   """
   import jax  # pylint: disable=g-import-not-at-top
-  from decode import bandwidth_times, kv_slot_bytes  # pylint: disable=g-import-not-at-top
+  from bench.perf.decode import bandwidth_times, kv_slot_bytes  # pylint: disable=g-import-not-at-top
 
   weights = sum(x.nbytes for x in jax.tree.leaves(sampler.params))
   kv_bytes = rows * (prompt + new / 2) * kv_slot_bytes(cfg, sampler.config.kv_cache_dtype)
@@ -124,7 +122,7 @@ def bench_sampler(args, rows: list, mcfg, platform: str) -> list[dict]:
       row.update(decode_bound(sampler, mcfg, n, p, new, args.repeats_bound))
       impl = sampler.engine.decode_attention
       row["decode_attention"] = impl
-      if impl == "pallas":  # the kernel's launch plan (bench/paged_kernel.py)
+      if impl == "pallas":  # the kernel's launch plan (bench/gpu/paged_kernel.py)
         row["pallas_plan"] = os.environ.get("MIPU_PALLAS_DECODE_PLAN", "") or "default"
       del sampler, out
     except Exception as e:  # pylint: disable=broad-except

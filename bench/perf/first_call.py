@@ -1,11 +1,11 @@
 """Where a first `Sampler.generate` call's time goes: XLA compilation per program.
 
-    python bench/first_call.py [--model tiny|mid] [--prompt 64] [--new 64] [--rows 64]
+    python -m bench.perf.first_call [--model tiny|mid] [--prompt 64] [--new 64] [--rows 64]
 
 Prints the first call's wall time, the second call's (no compilation), and from
 JAX's compile log every program compiled during the first call with its XLA
 compilation time, plus JAX's totals for tracing, lowering and compiling
-(`jax.monitoring`). bench/sampler.py measures the first call against tunix and
+(`jax.monitoring`). bench/perf/sampler.py measures the first call against tunix and
 transformers; this says what it is made of. One process, CPU.
 """
 
@@ -14,10 +14,7 @@ import collections
 import logging
 import os
 import re
-import sys
 import time
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import jax  # pylint: disable=g-import-not-at-top
 import numpy as np
@@ -26,7 +23,7 @@ from jax import monitoring
 
 from mipu_jax.models import Qwen3, get_config
 from mipu_jax.sampler import Sampler
-from sampler import CONFIGS  # pylint: disable=g-import-not-at-top
+from bench.perf.sampler import CONFIGS
 
 _COMPILED = re.compile(r"Finished XLA compilation of (jit\([^)]*\)) in ([0-9.e-]+) sec")
 

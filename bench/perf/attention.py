@@ -1,7 +1,7 @@
 r"""Attention at long context: dense vs blockwise (and cuDNN on a GPU), in one run.
 
-    python bench/attention.py                       # T = 1k, 2k, 4k, 8k; then the 9,216-token step
-    python bench/attention.py --lengths 1024,2048 --skip_step
+    python -m bench.perf.attention                       # T = 1k, 2k, 4k, 8k; then the 9,216-token step
+    python -m bench.perf.attention --lengths 1024,2048 --skip_step
 
 Part 1, the attention op alone (`mipu_jax.models.attention.attend`), forward +
 backward of `sum(out · w)` for one row of `T` tokens, 8 query heads over 4 KV
@@ -87,8 +87,7 @@ def step_child(attention_impl, logits_chunk, prompt, response, preset):
   import jax  # pylint: disable=g-import-not-at-top
 
   from mipu_jax import models  # pylint: disable=g-import-not-at-top
-  sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-  from model import one_row_learner, train_flops_per_token  # pylint: disable=g-import-not-at-top
+  from bench.perf.model import one_row_learner, train_flops_per_token  # pylint: disable=g-import-not-at-top
 
   t = prompt + response
   gpu = jax.devices()[0].platform == "gpu"
@@ -116,9 +115,10 @@ def step_child(attention_impl, logits_chunk, prompt, response, preset):
 
 
 def run_step(args, attention_impl, logits_chunk, preset):
-  cmd = [sys.executable, os.path.abspath(__file__), "--child",
+  cmd = [sys.executable, "-m", "bench.perf.attention", "--child",
          f"{attention_impl},{logits_chunk},{args.prompt},{args.response},{preset}"]
-  proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+  proc = subprocess.run(cmd, capture_output=True, text=True, check=False,
+                        cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
   for line in proc.stdout.splitlines():
     if line.startswith("RESULT "):
       return json.loads(line[len("RESULT "):])

@@ -1,0 +1,1 @@
+"""The accelerator report and the GPU decode kernel's launch plans (bench/gpu_checks.sh)."""
