@@ -14,10 +14,9 @@ response length, learning rate, rollback rate). The rows differ only in what
 they compare (`studies.reproduce.check_like_with_like`). The job ends with
 the verdict lines of the sources' claims about its rows (MIPU > baseline,
 MIPU > TIS; `mipu_jax/harness/stats.py`: paired by seed, exact sign-flip
-test, 0.05). One seed (the default, about 9 minutes on 2 idle cores: 543 s
-measured at lr 2e-4, README.md "Two commands") can
-only say "undecidable"; `--seeds 0,1,2,3,4` is the least that can decide
-(smallest one-sided p 1/32), at about five times the time.
+test, 0.05). One seed (the default, about 9 minutes on 2 idle cores) can only
+say "undecidable"; `--seeds 0,1,2,3,4` is the least that can decide (smallest
+one-sided p 1/32), at about five times the time.
 
 The runs train in `--workers` processes at once, each on one CPU thread (on a
 small model that is faster than one process using every core), with one

@@ -34,11 +34,8 @@ pass@1 over 4 samples; the final policy exported as a Hugging Face directory.
 
 Hardware: one GPU with 80 GB for Qwen3-0.6B / 1.7B (`pip install -e ".[gpu]"`),
 a TPU slice through `studies/configs/pod_qwen3_*.py`. On a GPU add
-`--config.model.attention=cudnn` (12x faster than blockwise on an H100). Measured
-on one H100 (`bench/gpu/accelerator.py`, bench/README.md): the learner step on one
-9,216-token row peaks at 10.6 GiB (0.6B) / 28.4 GiB (1.7B) at 43-45% MFU, and
-2 RL steps of a random 0.6B-shaped checkpoint at a small budget run end to end
-in about 4 minutes. The sampler's matmuls can run as native FP8 / int8 dots
+`--config.model.attention=cudnn` (faster than blockwise; memory, MFU and time per
+step on one H100: bench/README.md, `bench/gpu/accelerator.py`). The sampler's matmuls can run as native FP8 / int8 dots
 (`--config.sampling.quant_compute=native`; same numbers as the emulated default
 up to float rounding, tests/test_native_quant.py). Result at the full budget:
 not measured here; the sources report about +10-15 points of Avg. over the base

@@ -3,9 +3,8 @@ the main job is `experiments/compare.py`).
 
     python -m experiments.train --config studies/configs/small_cpu.py --workdir /tmp/small_cpu
 
-Hardware: 2 CPU cores. Expected time: under 10 minutes, compilation included
-(6 min 46 s wall, 3 min 5 s CPU, on 2 cores shared with other jobs at load
-average ~9). 30 GRPO steps of 16 prompts x 8 responses on tiers 1-3, from the
+Hardware: 2 CPU cores. Expected time: under 10 minutes, compilation included.
+30 GRPO steps of 16 prompts x 8 responses on tiers 1-3, from the
 pretrained base policy in `mipu_jax/tasks/assets/base_policy/`, sampler in
 fp32 (its numerics equal the learner's, so `rollout_corr/k3_kl` stays 0). Ends with a results table (pass@1 over 4
 samples of 32 held-out problems per tier, at the start, the end and the best

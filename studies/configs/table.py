@@ -35,11 +35,9 @@ halves the rate every `T_decay` = round(1.8 x the surge step) steps, down to
 MIPU Step 2 probes 8 held-out prompts and rejects when `T̂_post` is more than
 2 of its standard errors below zero (`mipu.c_noise_multiple`).
 
-Hardware: 2 CPU cores. Time per 120-step run at lr 2e-4 (one CPU thread, a
-second run beside it, measured for the committed runs): 3 to 4 minutes (LR-decay
-and random rollback 174-177 s, MIPU 213-215 s, MIS 237-241 s); at lr 7e-4 about
-5 minutes, a collapsing run being slower (dynamic sampling redraws all-zero
-groups). `results/README.md` has the measured times and the results.
+Hardware: 2 CPU cores. Time per 120-step run at lr 2e-4: 3 to 4 minutes on one
+CPU thread beside a second run (MIPU and MIS the slowest; at lr 7e-4 about 5).
+`results/README.md` has the measured times and the results.
 """
 
 from mipu_jax import schedules
