@@ -65,24 +65,32 @@ def _in_loss(model, tokens, mask, loss_mask, segment_ids=None, positions=None):
   return np.asarray(lp)
 
 
-@pytest.fixture(scope="module", params=["float32", "bfloat16"])
-def sampled(request):
-  model, out = _sample(request.param)
-  return request.param, model, out, _rows(out)
+def _sampled(dtype):
+  model, out = _sample(dtype)
+  return dtype, model, out, _rows(out)
 
 
-def test_sampler_equals_the_loss_forward(sampled):
-  _, model, out, (tokens, mask, lp_mu, loss_mask) = sampled
+@pytest.fixture(scope="module")
+def fp32():
+  return _sampled("float32")
+
+
+@pytest.fixture(scope="module")
+def bf16():
+  return _sampled("bfloat16")
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+def test_sampler_equals_the_loss_forward(dtype, request):
+  _, model, out, (tokens, mask, lp_mu, loss_mask) = request.getfixturevalue(dtype)
   assert len(set(out.lengths.tolist())) > 1  # ragged responses
   lp = _in_loss(model, tokens, mask, loss_mask)
   on = loss_mask > 0
   np.testing.assert_array_equal(lp[on], lp_mu[on])
 
 
-def test_sampler_equals_packed_rows(sampled):
-  dtype, model, _, (tokens, mask, lp_mu, loss_mask) = sampled
-  if dtype == "float32":
-    pytest.skip("packed rows: bf16 only (compile time)")
+def test_sampler_equals_packed_rows(bf16):  # bf16 only: compile time
+  _, model, _, (tokens, mask, lp_mu, loss_mask) = bf16
   plan = packing.plan(mask, pack_length=64, rows_per_micro=2)
   gather = lambda x: np.asarray(packing.gather(jnp.asarray(x), plan.src_RP))
   assert (plan.segment_ids_RP.max(axis=1) > 1).any()  # rows hold several responses
@@ -102,11 +110,12 @@ def _train_config(dtype):
       learner=config_lib.LearnerConfig(logits_chunk=16))
 
 
-def test_learner_on_eight_devices(sampled):
-  # One device: test_rl_loop_logs_no_mismatch runs the same learner there.
-  dtype, model, _, (tokens, mask, lp_mu, loss_mask) = sampled
-  if dtype == "float32" or len(jax.devices()) < 8:
-    pytest.skip("eight devices: bf16 only (compile time), and 8 devices")
+def test_learner_on_eight_devices(bf16):
+  # bf16 only (compile time); one device: test_rl_loop_logs_no_mismatch runs
+  # the same learner there.
+  dtype, model, _, (tokens, mask, lp_mu, loss_mask) = bf16
+  if len(jax.devices()) < 8:
+    pytest.skip("needs 8 devices")
   mesh = make_mesh(4, 2, 1)
   learner = Learner.from_config(_train_config(dtype), model, mesh)
   state = learner.init_state(nnx.to_pure_dict(nnx.state(model, nnx.Param)), seed=0)
@@ -120,10 +129,10 @@ def test_learner_on_eight_devices(sampled):
   assert m["actor/first_update_ratio_min"] == 1 and m["actor/first_update_ratio_max"] == 1
 
 
-def test_eight_device_sampler_equals_one_device(sampled):
-  dtype, _, out_1, _ = sampled
-  if dtype == "float32" or len(jax.devices()) < 8:
-    pytest.skip("eight devices: bf16 only (compile time), and 8 devices")
+def test_eight_device_sampler_equals_one_device(bf16):  # bf16 only: compile time
+  dtype, _, out_1, _ = bf16
+  if len(jax.devices()) < 8:
+    pytest.skip("needs 8 devices")
   _, out_8 = _sample(dtype, mesh=make_mesh(8, 1, 1))
   assert out_8.tokens == out_1.tokens
   np.testing.assert_array_equal(out_8.logprobs_array, out_1.logprobs_array)
@@ -183,3 +192,4 @@ def test_rl_loop_logs_no_mismatch(tmp_path):
     assert row["rollout_corr/k3_kl"] == 0, row["step"]
     assert row["training/rollout_probs_diff_max"] == 0, row["step"]
     assert row["actor/first_update_ratio_max"] == 1 == row["actor/first_update_ratio_min"]
+

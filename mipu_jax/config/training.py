@@ -15,6 +15,7 @@ from mipu_jax.config.sections import _check_tiers
 from mipu_jax.config.sections import DataConfig
 from mipu_jax.config.sections import ModelConfig
 from mipu_jax.config.sections import SamplingConfig
+from mipu_jax.models import config as model_config
 from mipu_jax.tasks import arithmetic
 
 
@@ -316,6 +317,8 @@ class TrainConfig:
           f"mini-batches x {self.learner.num_microbatches} micro-batches.")
     if self.loss.advantage == "rloo" and self.data.group_size < 2:
       raise ValueError("rloo needs group_size >= 2.")
+    if self.sampling.true_on_policy:
+      self._check_true_on_policy()
     if self.model.attention == "cudnn" and self.learner.pack_length:
       # cuDNN takes rows whose valid tokens are a prefix, without segment ids
       # (`mipu_jax.models.attention`): packed rows are none of those.
@@ -327,6 +330,23 @@ class TrainConfig:
     # Builds the schedule once so a bad argument fails here, not mid-run.
     schedules.make_schedule(self.optim.schedule, self.optim.learning_rate,
                             **self.optim.schedule_kwargs(self.num_steps))
+
+  def _check_true_on_policy(self):
+    """What `sampling.true_on_policy` needs of the rest of the run (docs/method.md §7)."""
+    learner_dtype = model_config.as_dtype(self.model.dtype)
+    if learner_dtype != model_config.as_dtype(self.sampling.dtype):
+      raise ValueError(
+          f"sampling.true_on_policy needs the learner to compute in the sampler's dtype: "
+          f"model.dtype={self.model.dtype!r}, sampling.dtype={self.sampling.dtype!r} "
+          "(bf16: model.dtype='bfloat16' with float32 master weights).")
+    if self.sampling.truncates:
+      raise ValueError("sampling.true_on_policy samples the full distribution: set "
+                       "sampling.top_k=0 and sampling.top_p=1.")
+    if self.learner.mesh.tensor != 1:
+      raise ValueError(
+          f"sampling.true_on_policy needs learner.mesh.tensor=1, got "
+          f"{self.learner.mesh.tensor}: a tensor-parallel contraction sums partial "
+          "products across devices, an order the other side does not share.")
 
 
 # --- ConfigDict <-> dataclasses -------------------------------------------

@@ -7,7 +7,7 @@ number of rows, so nothing here lets a token's arithmetic depend on the batch:
 - `map_rows`: every per-token computation (norms, RoPE, projections, MLP, LM
   head, log-softmax) runs on fixed tiles of `TILE` rows, one `lax.map` step per
   tile: the same program whatever the row count, the token's place in its
-  tile or its neighbours (bench/true_on_policy.py measures it at the model's
+  tile or its neighbours (bench/perf/true_on_policy.py measures it at the model's
   own shapes);
 - `attend_rows` (the learner's rows, packed or padded) and `attend_paged` (the
   sampler's paged cache, prefill and decode) compute each query the same way:
@@ -26,7 +26,7 @@ import jax.numpy as jnp
 
 from mipu_jax.models import kv_cache
 
-TILE = 8  # rows of every per-token tile
+TILE = 32  # rows of every per-token tile
 KEY_BLOCK = 16  # key positions per attention block (the sampler's page size)
 NEG_INF = float(jnp.finfo(jnp.float32).min)
 

@@ -165,7 +165,8 @@ def full_precision(cfg: TrainConfig) -> TrainConfig:
   no-mismatch control's μ)."""
   sampling = dataclasses.replace(
       cfg.sampling, dtype="float32", weight_quant=None, act_quant=None,
-      kv_cache_dtype=None, quant_lm_head=False, quant_compute="emulated")
+      kv_cache_dtype=None, quant_lm_head=False, quant_compute="emulated",
+      true_on_policy=False)  # π's evaluation: a bf16 learner's mode is not this sampler's
   return dataclasses.replace(cfg, sampling=sampling)
 
 
