@@ -50,7 +50,11 @@ def test_every_row_is_a_valid_config(module, row, math_inputs):
   if row == "mipu_probe32":
     assert cfg.mipu.num_probe_prompts == 32
   assert cfg.mipu.random_rollback_p == (0.3 if row == "random_rollback" else 0.0)
-  assert (cfg.sampling.weight_quant is None) == (row in ("control", "control_lr_decay"))
+  full = ("control", "control_lr_decay", "bf16", "bf16_true_on_policy")  # float samplers
+  assert (cfg.sampling.weight_quant is None) == (row in full)
+  if module is table:  # the pods' learners compute in bf16 anyway
+    assert (cfg.model.dtype == "bfloat16") == (row in ("bf16", "bf16_true_on_policy"))
+  assert cfg.sampling.true_on_policy == (row == "bf16_true_on_policy")
   if row in ("baseline_lr_mean", "baseline_lr_floor"):  # below LR-decay's η_0
     assert cfg.optim.learning_rate < _build(module, "lr_decay", math_inputs).optim.learning_rate
   assert tuple(rows.ROWS) == tuple(reproduce.LABELS)  # one table of labels

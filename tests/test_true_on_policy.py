@@ -193,3 +193,20 @@ def test_rl_loop_logs_no_mismatch(tmp_path):
     assert row["training/rollout_probs_diff_max"] == 0, row["step"]
     assert row["actor/first_update_ratio_max"] == 1 == row["actor/first_update_ratio_min"]
 
+
+def test_bf16_rows_differ_in_exactly_the_mode():
+  from studies import reproduce  # pylint: disable=g-import-not-at-top
+  from studies.configs import table  # pylint: disable=g-import-not-at-top
+  build = lambda row: config_lib.from_config_dict(table.get_config(f"{row},quick"))
+  configs = {row: build(row) for row in ("control", "baseline", *reproduce.PRECISION_ROWS)}
+  reproduce.check_like_with_like(configs)
+  pair = configs["bf16"], configs["bf16_true_on_policy"]
+  assert config_lib.config_diff(*pair) == {"sampling.true_on_policy": (False, True)}
+  assert pair[0].model.dtype == pair[0].sampling.dtype == "bfloat16"
+  assert pair[0].loss.correction == configs["baseline"].loss.correction  # uncorrected
+  other = dataclasses.replace(pair[1], sampling=dataclasses.replace(
+      pair[1].sampling, max_concurrent_decodes=8))
+  with pytest.raises(ValueError, match="max_concurrent_decodes"):
+    reproduce.check_like_with_like({"bf16": pair[0], "bf16_true_on_policy": other})
+  assert {c.rows for c in reproduce.PRECISION_CLAIMS} == {
+      ("bf16", "bf16_true_on_policy"), ("bf16_true_on_policy", "control")}

@@ -21,6 +21,8 @@ MIPU Step 2 switches), so every row shares the rest of its base.
 | `lr_decay_long` | (isolating LR-decay) | LR-decay with the period the base config sets for it (`studies/configs/table.py`: 10x the surge step) |
 | `baseline_lr_mean` | (isolating LR-decay) | the baseline at a constant rate equal to LR-decay's mean over the run |
 | `baseline_lr_floor` | (isolating LR-decay) | the baseline at LR-decay's floor, `min_ratio` x lr, from step 1 |
+| `bf16` | (mismatch or precision) | the baseline with a bf16 sampler and a bf16 learner (fp32 master weights) |
+| `bf16_true_on_policy` | (mismatch or precision) | `bf16` in the true on-policy mode: the same bf16 arithmetic on both sides, no mismatch (docs/method.md §7) |
 
 The four isolating rows ask whether LR-decay helps because of the mismatch
 or because it lowers the step size: the rate-matched baselines take LR-decay's
@@ -32,6 +34,11 @@ rates with `schedules.fixed_rates`.
 decoupled mode with token TIS (`mipu_step1` has exactly `token_tis`'s fields).
 Both rows are kept because both tables name them; `studies.reproduce` runs
 such rows once and reports the result under both names.
+
+The two bf16 rows separate "no mismatch" from "full precision", which the
+fp32 `control` conflates: both compute in bf16 on both sides, uncorrected, and
+differ only in `sampling.true_on_policy` (their like-with-like check allows
+exactly that field between them).
 
 The random-rollback row is MIPU with Step 2's inference-gap test replaced by a
 coin flip of the same rejection rate (`p` = the rate MIPU measured), so the
@@ -57,6 +64,8 @@ LABELS = {
     "lr_decay_long": "LR-decay, period 10x the surge step",
     "baseline_lr_mean": "Baseline at LR-decay's mean rate",
     "baseline_lr_floor": "Baseline at LR-decay's floor rate",
+    "bf16": "bf16 sampler and learner (mismatch)",
+    "bf16_true_on_policy": "bf16 sampler and learner, true on-policy (no mismatch)",
 }
 ROWS = tuple(LABELS)
 
@@ -198,12 +207,30 @@ def baseline_lr_floor(config):
   return config
 
 
+def bf16(config):
+  """The baseline with a bf16 sampler and a bf16 learner (float32 master weights):
+  bf16's precision and the mismatch of its kernels, uncorrected."""
+  config = control(config)
+  config.sampling.dtype = "bfloat16"
+  config.model.dtype = "bfloat16"
+  return config
+
+
+def bf16_true_on_policy(config):
+  """`bf16` in the true on-policy mode (docs/method.md §7): bf16's precision with
+  the sampler and the learner bitwise equal, so no mismatch."""
+  config = bf16(config)
+  config.sampling.true_on_policy = True
+  return config
+
+
 _FUNCTIONS: dict[str, Callable[..., config_dict.ConfigDict]] = {
     "control": control, "baseline": baseline, "tis": tis, "mis": mis, "lr_decay": lr_decay,
     "mipu": mipu, "step1": step1, "step2": step2,
     "random_rollback": random_rollback, "mipu_probe32": mipu_probe32,
     "control_lr_decay": control_lr_decay, "lr_decay_long": lr_decay_long,
     "baseline_lr_mean": baseline_lr_mean, "baseline_lr_floor": baseline_lr_floor,
+    "bf16": bf16, "bf16_true_on_policy": bf16_true_on_policy,
 }
 assert tuple(_FUNCTIONS) == ROWS
 

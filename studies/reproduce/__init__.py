@@ -68,7 +68,9 @@ from studies.reproduce.spec import LABELS
 from studies.reproduce.spec import MAIN_ROWS
 from studies.reproduce.spec import MakeConfig
 from studies.reproduce.spec import PANELS
+from studies.reproduce.spec import PRECISION_CLAIMS
 from studies.reproduce.spec import PRECISION_FIELDS
+from studies.reproduce.spec import PRECISION_ROWS
 from studies.reproduce.spec import ROLLBACK_ROWS
 from studies.reproduce.spec import ROW_FIELDS
 from studies.reproduce.spec import SOURCE_TABLES
@@ -77,7 +79,7 @@ from studies.reproduce.spec import TableResult
 
 __all__ = [
     "ABLATION_ROWS", "CLAIMS", "ISOLATE_CLAIMS", "TABLE_SEEDS", "ISOLATE_ROWS", "COMPARE_ROWS", "COMPARE_TABLES", "LABELS", "MAIN_ROWS",
-    "MakeConfig", "PANELS", "PRECISION_FIELDS", "ROLLBACK_ROWS", "ROW_FIELDS",
+    "MakeConfig", "PANELS", "PRECISION_CLAIMS", "PRECISION_FIELDS", "PRECISION_ROWS", "ROLLBACK_ROWS", "ROW_FIELDS",
     "SOURCE_TABLES", "TableResult",
     "check_like_with_like", "claims_markdown", "committed_placement", "order_rows", "per_seed_markdown", "placement_markdown", "plot_curves",
     "plot_gap", "plot_lr_decay", "run_table", "tables_markdown",

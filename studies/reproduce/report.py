@@ -15,6 +15,7 @@ from mipu_jax.rl import run_report
 from studies.reproduce.spec import CLAIMS
 from studies.reproduce.spec import ISOLATE_CLAIMS
 from studies.reproduce.spec import LABELS
+from studies.reproduce.spec import PRECISION_CLAIMS
 from studies.reproduce.spec import PANELS
 from studies.reproduce.spec import SOURCE_TABLES
 
@@ -113,6 +114,10 @@ def claims_markdown(runs: Sequence[RunSummary]) -> str:
   if isolate:
     lines += ["", "What LR-decay's gain is made of (a Holm family of its own):"]
     lines += [c.line() for c in isolate]
+  precision = stats.claim_results(finals, PRECISION_CLAIMS)  # its own Holm family
+  if precision:
+    lines += ["", "Mismatch or precision, the bf16 rows (a Holm family of its own):"]
+    lines += [c.line() for c in precision]
   return "\n".join(lines)
 
 

@@ -17,6 +17,7 @@ from studies.reproduce.report import plot_lr_decay
 from studies.reproduce.report import tables_markdown
 from studies.reproduce.spec import _ROW_EXTRA_FIELDS
 from studies.reproduce.spec import MakeConfig
+from studies.reproduce.spec import PAIR_FIELDS
 from studies.reproduce.spec import ROW_FIELDS
 from studies.reproduce.spec import SOURCE_TABLES
 from studies.reproduce.spec import TableResult
@@ -26,7 +27,8 @@ def check_like_with_like(configs: Mapping[str, config_lib.TrainConfig]) -> None:
   """Raises unless every two rows differ only in what their rows compare.
 
   Two rows may differ in `ROW_FIELDS`, and in the sampler precision when one
-  of them is the no-mismatch `control`.
+  of them is the no-mismatch `control`; a pair of `PAIR_FIELDS` (the bf16
+  rows) in exactly its fields.
 
   Args:
     configs: row name -> validated config, all of one seed.
@@ -37,8 +39,8 @@ def check_like_with_like(configs: Mapping[str, config_lib.TrainConfig]) -> None:
   names = list(configs)
   for i, a in enumerate(names):
     for b in names[i + 1:]:
-      allowed = (ROW_FIELDS + _ROW_EXTRA_FIELDS.get(a, ())
-                 + _ROW_EXTRA_FIELDS.get(b, ()))
+      allowed = PAIR_FIELDS.get(frozenset((a, b))) or (
+          ROW_FIELDS + _ROW_EXTRA_FIELDS.get(a, ()) + _ROW_EXTRA_FIELDS.get(b, ()))
       diff = config_lib.config_diff(configs[a], configs[b])
       diff = {k: v for k, v in diff.items() if not k.startswith(allowed)}
       if diff:

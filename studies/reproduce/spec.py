@@ -16,8 +16,11 @@ ROW_FIELDS = ("loss.correction", "optim.schedule", "optim.length_surge",
               "mipu.step2", "mipu.random_rollback_p")
 PRECISION_FIELDS = ("sampling.dtype", "sampling.weight_quant", "sampling.act_quant",
                     "sampling.kv_cache_dtype", "sampling.quant_lm_head")
+# The bf16 rows change both sides' precision, the learner's compute dtype too.
+BF16_FIELDS = PRECISION_FIELDS + ("model.dtype", "sampling.true_on_policy")
 _ROW_EXTRA_FIELDS = {"control": PRECISION_FIELDS,
                      "control_lr_decay": PRECISION_FIELDS,
+                     "bf16": BF16_FIELDS, "bf16_true_on_policy": BF16_FIELDS,
                      "mipu_probe32": ("mipu.num_probe_prompts",),
                      "baseline_lr_mean": ("optim.learning_rate",),
                      "baseline_lr_floor": ("optim.learning_rate",)}
@@ -31,6 +34,11 @@ ROLLBACK_ROWS = ("mipu", "random_rollback", "step2")
 # the baseline at LR-decay's mean and floor rates.
 ISOLATE_ROWS = ("control", "control_lr_decay", "baseline", "lr_decay", "lr_decay_long",
                 "baseline_lr_mean", "baseline_lr_floor")
+# Mismatch or precision (docs/method.md §7): the fp32 control, and bf16 on both
+# sides with the true on-policy mode on and off. Two rows of a pair in
+# `PAIR_FIELDS` may differ in exactly those fields, whatever their extra fields.
+PRECISION_ROWS = ("control", "bf16", "bf16_true_on_policy")
+PAIR_FIELDS = {frozenset(("bf16", "bf16_true_on_policy")): ("sampling.true_on_policy",)}
 # The main job's side-by-side comparison (`experiments/compare.py`).
 COMPARE_ROWS = ("control", "baseline", "tis", "mipu")
 # (file key, title, rows) of each table; each gets `curves_<key>.png`.
@@ -39,6 +47,8 @@ SOURCE_TABLES = (
     ("ablation", "Ablation (Step 1 and Step 2)", ABLATION_ROWS),
     ("rollback", "Step 2 is not random rollback", ROLLBACK_ROWS),
     ("isolate", "What LR-decay's gain is made of", ISOLATE_ROWS),
+    ("precision", "Mismatch or precision: bf16 with and without true on-policy",
+     PRECISION_ROWS),
 )
 COMPARE_TABLES = (
     ("compare", "Side by side under a high-mismatch sampler", COMPARE_ROWS),)
@@ -74,6 +84,18 @@ ISOLATE_CLAIMS = (
           "LR-decay's gain with mismatch > its gain without "
           "((LR-decay − baseline) − (LR-decay fp32 − control))",
           minus=("control_lr_decay", "control")),
+)
+
+# Mismatch or precision (the bf16 rows), a Holm family of its own, fixed
+# before those rows ran: does bf16's mismatch change the result (the mode on
+# against off, the same arithmetic otherwise), and does bf16's precision
+# without mismatch (the mode against the fp32 control)?
+PRECISION_CLAIMS = (
+    Claim("bf16", "bf16_true_on_policy", "two-sided",
+          "bf16's mismatch changes the result (bf16 ≠ bf16 true on-policy)"),
+    Claim("bf16_true_on_policy", "control", "two-sided",
+          "bf16's precision without mismatch changes the result "
+          "(bf16 true on-policy ≠ the fp32 control)"),
 )
 
 
