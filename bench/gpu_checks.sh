@@ -66,6 +66,12 @@ case "${1:-kernel}" in
       [ -f "tests/$f.py" ] && part "$f" 75 python3 -m pytest -q -x -p no:cacheprovider \
         "${collect[@]}" "tests/$f.py"
     done
+    # True on-policy (docs/method.md §7): does the sampler == learner bitwise hold with XLA's
+    # GPU kernels, and at what price (mode on against off)?
+    part true_on_policy_tests 120 python3 -m pytest -q -x -p no:cacheprovider "${collect[@]}" \
+      tests/test_true_on_policy.py
+    part true_on_policy 100 python3 -m bench.perf.true_on_policy ${TINY:+--tiny} \
+      --json "$OUT/true_on_policy.json"
     # If time is left: the XLA paged path beside the kernel, then the launch-plan sweep.
     part sampler_xla 70 python3 -m bench.gpu.accelerator "${acc[@]}" --parts sampler \
       --sampler_modes "bf16 paged XLA" --out "$OUT/sampler_xla"
