@@ -89,8 +89,10 @@ def test_sampler_equals_the_loss_forward(dtype, request):
   np.testing.assert_array_equal(lp[on], lp_mu[on])
 
 
-def test_sampler_equals_packed_rows(bf16):  # bf16 only: compile time
+def test_sampler_equals_packed_rows_under_remat(bf16):  # bf16 only: compile time
   _, model, _, (tokens, mask, lp_mu, loss_mask) = bf16
+  model = nnx.merge(*nnx.split(model))  # the learner's copy, under a remat policy
+  model.config = model.config.replace(remat="layer")
   plan = packing.plan(mask, pack_length=64, rows_per_micro=2)
   gather = lambda x: np.asarray(packing.gather(jnp.asarray(x), plan.src_RP))
   assert (plan.segment_ids_RP.max(axis=1) > 1).any()  # rows hold several responses
@@ -169,6 +171,8 @@ def test_refusals():
     with pytest.warns(UserWarning):
       dataclasses.replace(_train_config("float32"), sampling=config_lib.SamplingConfig(
           true_on_policy=True, top_k=5))
+  with pytest.raises(ValueError, match="full distribution"):
+    logprobs_lib.Scoring(top_p=0.9, true_on_policy=True)
   sampler = Sampler(peaked_qwen3(SAMPLER_CFG), true_on_policy=True)
   with pytest.raises(ValueError, match="top-k / top-p"):
     sampler.generate(PROMPTS[:1], max_new_tokens=2, top_k=5)

@@ -37,6 +37,11 @@ class Scoring:
   top_p: float = 1.0
   true_on_policy: bool = False
 
+  def __post_init__(self):
+    if self.true_on_policy and self.truncates:
+      raise ValueError("true_on_policy scores the full distribution: no top-k / top-p "
+                       "(docs/method.md §7).")
+
   @property
   def truncates(self) -> bool:
     return self.top_k > 0 or self.top_p < 1.0
