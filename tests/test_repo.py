@@ -89,3 +89,13 @@ def test_only_the_library_is_installed():
   text = (ROOT / "setup.cfg").read_text()
   include = re.search(r"\[options\.packages\.find\]\ninclude = (.*)", text).group(1)
   assert [p.strip() for p in include.split(",")] == ["mipu_jax", "mipu_jax.*"]
+
+
+def test_readme_fits_a_newcomers_reading():
+  """The README is the front door (what it is, the two commands, where things
+  are): short, and without the per-commit figures and hashes that belong in
+  bench/README.md and results/README.md."""
+  text = (ROOT / "README.md").read_text()
+  assert len(text.splitlines()) <= 160
+  assert not re.findall(r"`[0-9a-f]{7,40}`", text)
+  assert not re.findall(r"\bissue \d+", text, flags=re.I)

@@ -1,4 +1,4 @@
-r"""One GRPO run on the arithmetic task, on CPU (the README's single-run command;
+r"""One GRPO run on the arithmetic task, on CPU (docs/guide.md's single-run command;
 the main job is `experiments/compare.py`).
 
     python -m experiments.train --config studies/configs/small_cpu.py --workdir /tmp/small_cpu
