@@ -196,7 +196,7 @@ def _pallas_equals_paged(dtype, s):
   np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=2e-5, atol=2e-6)
   ppb, splits = paged_pallas.split_plan(b, k, s // g, g)
   assert (ppb, splits) == ((2, 1) if s == 96 else (4, 2))
-  # The H200's best plan for Qwen3-0.6B's 64 rows x 32 pages of 64 (bench/paged_kernel.py).
+  # The best measured plan for Qwen3-0.6B's 64 rows x 32 pages of 64 (bench/gpu/paged_kernel.py).
   assert paged_pallas.split_plan(64, 8, 32, 64) == (1, 4)
   # The slot gather: its default (blocks of 32 slots here) and other blocks and splits.
   assert paged_pallas.split_plan(b, k, s, 1) == ((32, 1) if s == 96 else (64, 2))

@@ -30,7 +30,7 @@ import jax.numpy as jnp
 # Default page size: the largest power of two up to this that divides a row.
 # Decode attention runs one loop step per page: bigger pages mean fewer steps
 # (XLA:CPU pays a few microseconds per loop step), smaller pages less waste at
-# each row's ends. bench/decode.py measures it.
+# each row's ends. bench/perf/decode.py measures it.
 DEFAULT_PAGE_SIZE = 64
 
 
@@ -208,7 +208,7 @@ def read_pages(pool, scale, page_ids_B, dtype):
   # Page ids come from the cache's own page table: in bounds. With "clip"
   # (XLA's gather clamps anyway) the gather is not followed by jnp.take's
   # default select that fills out-of-bounds pages with NaN: a second pass over
-  # the gathered pages, 0.3 ms of each page step at bench/sampler.py's mid shape.
+  # the gathered pages, 0.3 ms of each page step at bench/perf/sampler.py's mid shape.
   take = functools.partial(jnp.take, indices=page_ids_B, axis=1, mode="clip")
   if _narrow_float(pool.dtype):
     # As in `scatter_set`: gathered as bytes, or XLA:CPU converts the whole

@@ -18,7 +18,7 @@ FP8 pools cast in the kernel. Query heads of one kv head are padded to 16
 gathers (`gather=`, or `MIPU_PALLAS_DECODE_PLAN="slots:..."`): "pages" (the
 default) loads a block's page ids, then each page's keys; "slots" loads one
 pool-row index per slot (SGLang's Triton decode kernel's way), to be
-compared on a GPU (`bench/paged_kernel.py`).
+compared on a GPU (`bench/gpu/paged_kernel.py`).
 
 Written against Pallas' core API and its Triton backend, not the
 `pallas.ops.gpu` kernels jax deprecated after 0.11.0; bench/README.md has
@@ -181,10 +181,8 @@ def split_plan(batch: int, kv_heads: int, pages: int, page_size: int,
                target_programs: int = 2048) -> tuple[int, int]:
   """`(pages_per_block, k_splits)`: blocks of at least 64 keys (one dot tile
   of useful width), and the row's pages split until the grid has about
-  `target_programs` programs (a small batch still fills the GPU). On an H200,
-  Qwen3-0.6B's 64 rows x 8 kv heads x 32 pages of 64: (1, 4), the best of 18
-  plans at full fill, 1.36x a read of its bytes against 1.59x for (1, 1)
-  (bench/results/h200/paged_kernel.md)."""
+  `target_programs` programs (a small batch still fills the GPU); the plans
+  measured against it: bench/README.md ("On a GPU: the Pallas decode kernel")."""
   ppb = 1
   while ppb * page_size < 64 and pages % (ppb * 2) == 0:
     ppb *= 2
@@ -214,7 +212,7 @@ GATHERS = ("pages", "slots")
 
 def env_plan() -> Optional[tuple[str, tuple[int, int, int, int]]]:
   """`(gather, (block, k_splits, num_warps, num_stages))` from the environment
-  variable `MIPU_PALLAS_DECODE_PLAN` (bench/paged_kernel.py's sweep), or None:
+  variable `MIPU_PALLAS_DECODE_PLAN` (bench/gpu/paged_kernel.py's sweep), or None:
   `"2,2,4,2"` gathers pages (blocks of 2 pages), `"slots:64,4,4,3"` gathers
   slots (blocks of 64 slots). Read when a step is traced; a shape it does not
   fit uses the default plan."""

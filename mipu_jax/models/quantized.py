@@ -15,7 +15,7 @@ both leaves.
 - **fp8 × fp8** when the activations are FP8 and the weight FP8, or int4 (the
   integers -8..7 are exact in e4m3): `lax.dot_general` of two float8 operands
   with a bf16 (or float32) result, the pattern XLA's GPU gemm rewriter turns
-  into a cuBLASLt FP8 GEMM (measured on an H100: `bench/README.md`);
+  into a cuBLASLt FP8 GEMM (bench/README.md);
 - **weight-only** (float activations) and the mixed pairs with no native
   dot (int8 weights with FP8 activations, FP8 weights with int8 activations):
   the weight's values are converted to the compute dtype inside the step, next
@@ -147,11 +147,10 @@ def keep_float8(x: jax.Array) -> jax.Array:
   XLA's GPU compiler removes a float conversion round trip such as float32 →
   float8 → float32 (its `SimplifyFPConversions` pass, on while
   `xla_allow_excess_precision` is, the default): inside one jitted program an
-  emulated FP8 quantization (`astype(float8)` then back) then does nothing.
-  Measured on an H200 (jax 0.11.2, bench/native_gap.py): the emulated FP8
-  sampler's log-probs were the float sampler's to 1.4e-6 (0.26 on CPU). The
-  barrier costs the float8 tensor's materialization, where it is used: the
-  emulated path and the native path's mixed pairs. Integer values need none
+  emulated FP8 quantization (`astype(float8)` then back) then does nothing
+  (measured with bench/probes/native_gap.py, bench/README.md). The barrier
+  costs the float8 tensor's materialization, where it is used: the emulated
+  path and the native path's mixed pairs. Integer values need none
   (their round trip is not a float conversion).
   """
   if jnp.issubdtype(x.dtype, jnp.floating) and jnp.dtype(x.dtype).itemsize == 1:
@@ -159,15 +158,10 @@ def keep_float8(x: jax.Array) -> jax.Array:
   return x
 
 
-# XLA's GPU compiler (jax 0.11.2, an H200) miscomputed a float32 dot whose
-# operand is an int4 -> float convert, at precision 'highest' (float32 dots
-# asked for): 425 of 427 outputs wrong for a [61, 40] table, and wrong at 62
-# and 63 rows too; right at 64 and 88 rows, at 1,001 x 1,024, and at the
-# default precision (bench/int4_dot_probe.py, bench/README.md). Which widths
-# fail was probed at those shapes only: "a width not a multiple of 8" covers
-# every failing one and none of Qwen3's, so such int4 arrays are first made
-# int8 behind a barrier (an int8 copy per step, only for such widths), which
-# was right at every probed shape. Checked on CPU; not rerun on a GPU.
+# XLA's GPU compiler (jax 0.11.2) miscomputed float32 dots of an int4 -> float
+# convert at some widths that are not multiples of 8 (none of Qwen3's): such
+# int4 arrays are first made int8 behind a barrier (bench/probes/int4_dot_probe.py,
+# bench/README.md).
 _INT4_SAFE_MULTIPLE = 8
 
 
@@ -184,13 +178,10 @@ def _dot_tn(a_MI, b_OI, out_dtype):
                              preferred_element_type=out_dtype)
 
 
-# The int8 GEMM's contraction is padded with zeros to a multiple of this. On
-# the H100 (jax 0.11.2) an int8 x int8 -> int32 dot whose contraction length
-# was not a multiple of 4 came out exactly 2x the exact value in one generated
-# case (bench/README.md); cuBLAS's int8 GEMM wants K % 4 == 0 and XLA's
-# fallback for other K was the suspect. Zeros add exact zeros to an int32
-# sum, so padding changes no value; Qwen3's widths are multiples of 4, so a
-# real model never pays for it.
+# The int8 GEMM's contraction is padded with zeros to a multiple of this: on a
+# GPU an int8 x int8 -> int32 dot with another contraction length once came out
+# wrong (bench/README.md). Zeros add exact zeros to an int32 sum; Qwen3's widths
+# are multiples of 4, so a real model never pays for it.
 INT8_CONTRACTION_MULTIPLE = 4
 
 

@@ -199,7 +199,7 @@ def _recompute_mlp_in(cfg: Qwen3Config) -> bool:
   Only on XLA:CPU without a remat policy. There the layer scan otherwise saves
   the projections and their sigmoid as `[L, B, T, F]` stacks, and XLA fuses
   the SiLU gradient's math, read from those stacks, into the transposes that
-  feed the weight gradients: slow loop fusions (bench/learner_mlp.py).
+  feed the weight gradients: slow loop fusions (bench/perf/learner_mlp.py).
   Elsewhere the recompute would add two matmuls per layer, and under a remat
   policy the layer is recomputed anyway.
   """

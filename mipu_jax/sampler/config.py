@@ -155,7 +155,7 @@ class SamplerConfig(SamplerPrecision):
     page_size: most slots per KV-cache page (`mipu_jax.models.kv_cache`); the
       page size is the largest power of two up to this that divides the
       prefill region and the decode length. Decode attention reads one page
-      per row per loop step: bench/decode.py measures the trade-off.
+      per row per loop step: bench/perf/decode.py measures the trade-off.
     decode_attention: attention over the cache: 'paged' (only the pages that
       hold a filled slot of some row, pure XLA), 'pallas' (the same, one Pallas
       GPU kernel per layer and decode step), 'pallas_tpu' (jax's TPU

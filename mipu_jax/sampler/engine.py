@@ -40,7 +40,7 @@ class Program:
   an engine on CPU (where a first call is mostly compilation) with XLA:CPU's
   loop emitters instead of its fusion emitters and LLVM at -O`cpu_level`
   (None: the default compilation there too): about half the compile time
-  (bench/first_call.py), the same tokens, log-probs within float rounding
+  (bench/perf/first_call.py), the same tokens, log-probs within float rounding
   (LLVM at -O1 rounds some float sums differently; tests/test_sampler.py)."""
 
   def __init__(self, name: str, fn, cpu_level: Optional[int] = None, **jit_kwargs):

@@ -78,7 +78,7 @@ def greedy(scaled_BV: jax.Array, block: int = 256) -> jax.Array:
   the row's maximum (every earlier block's maximum is smaller), then the first
   maximum inside it. On XLA:CPU an argmax over the vocabulary is a scalar loop
   (a reduction of value-index pairs): 11 ms of a 39 ms decode step for 64 rows
-  x 32k tokens (bench/sampler.py, mid model), where a max over it vectorizes.
+  x 32k tokens (bench/perf/sampler.py, mid model), where a max over it vectorizes.
   """
   x_BNK = _blocks(scaled_BV, block)
   k = x_BNK.shape[-1]
