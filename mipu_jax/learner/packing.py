@@ -10,7 +10,7 @@ the same per-token values as before through a gather map. Nothing of the loss
 changes: the aggregation coefficients, corrections and metrics are computed
 on the unpacked `[B, T]` layout (`losses.policy`) and only the model's forward
 and backward run on the packed rows, so packed == unpacked up to float
-summation order (tested).
+summation order (tested; docs/method.md §7).
 
 The plan is made on the host (lengths are data), by first-fit decreasing. The
 number of packed rows is rounded up to a multiple of the micro-batch's rows and

@@ -1,4 +1,4 @@
-"""Hugging Face interop: read and write Qwen3 `config.json` + safetensors directories.
+"""Hugging Face interop: Qwen3 `config.json` + safetensors directories (docs/method.md §7).
 
 The only module that knows Hugging Face tensor names. Layouts (ours <- HF):
   embed [V, D]           <- model.embed_tokens.weight [V, D]

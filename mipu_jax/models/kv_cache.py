@@ -208,7 +208,7 @@ def read_pages(pool, scale, page_ids_B, dtype):
   # Page ids come from the cache's own page table: in bounds. With "clip"
   # (XLA's gather clamps anyway) the gather is not followed by jnp.take's
   # default select that fills out-of-bounds pages with NaN: a second pass over
-  # the gathered pages, 0.3 ms of each page step at bench/perf/sampler.py's mid shape.
+  # the gathered pages at every page step (bench/README.md, "Sampler").
   take = functools.partial(jnp.take, indices=page_ids_B, axis=1, mode="clip")
   if _narrow_float(pool.dtype):
     # As in `scatter_set`: gathered as bytes, or XLA:CPU converts the whole

@@ -39,9 +39,9 @@ class Program:
   """One jitted engine function, compiled with jax's default options, and for
   an engine on CPU (where a first call is mostly compilation) with XLA:CPU's
   loop emitters instead of its fusion emitters and LLVM at -O`cpu_level`
-  (None: the default compilation there too): about half the compile time
-  (bench/perf/first_call.py), the same tokens, log-probs within float rounding
-  (LLVM at -O1 rounds some float sums differently; tests/test_sampler.py)."""
+  (None: the default compilation there too): a shorter compile (bench/README.md,
+  "Sampler", `bench.perf.first_call`), the same tokens, log-probs within float
+  rounding (LLVM at -O1 rounds some float sums differently; tests/test_sampler.py)."""
 
   def __init__(self, name: str, fn, cpu_level: Optional[int] = None, **jit_kwargs):
     def counted(*args, **kwargs):
@@ -63,7 +63,7 @@ class Program:
 
 def _prefill_prefix(spec, *args):
   """`prefill` without sample 0's first token (insert draws every sample's): one
-  program fewer that samples (0.4 s less to compile on CPU, tiny model)."""
+  program fewer that samples, so less to compile (bench/README.md, "Sampler")."""
   return _steps.prefill(spec, *args, sample_first=False)[0]
 
 

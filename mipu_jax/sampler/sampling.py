@@ -77,8 +77,8 @@ def greedy(scaled_BV: jax.Array, block: int = 256) -> jax.Array:
   maximum, as there), through the blocks of `draw`: the first block holding
   the row's maximum (every earlier block's maximum is smaller), then the first
   maximum inside it. On XLA:CPU an argmax over the vocabulary is a scalar loop
-  (a reduction of value-index pairs): 11 ms of a 39 ms decode step for 64 rows
-  x 32k tokens (bench/perf/sampler.py, mid model), where a max over it vectorizes.
+  (a reduction of value-index pairs), a sizeable share of a decode step at a 32k
+  vocabulary, where a max over it vectorizes (bench/README.md, "Sampler").
   """
   x_BNK = _blocks(scaled_BV, block)
   k = x_BNK.shape[-1]
@@ -94,12 +94,12 @@ def draw(keys_B: jax.Array, scaled_BV: jax.Array, block: int = 256):
   (block logit = logsumexp of its logits), then a token inside that block with
   its renormalised probability: P(j) · P(i | j) = p_i, so the law is exactly the
   categorical one, but each row needs ~2√V random numbers instead of V. On CPU
-  that is what sampling costs: for 64 rows × 32k tokens, 9 ms against 210 ms
-  for `jax.random.categorical` (threefry bits for every logit). Both stages
-  take their Gumbel noise from one draw per row (the first `n` numbers for the
+  the random bits are what sampling costs, so this is far cheaper than
+  `jax.random.categorical` (threefry bits for every logit). Both stages take
+  their Gumbel noise from one draw per row (the first `n` numbers for the
   blocks, the next `block` for the token: independent), one threefry in the
-  compiled program instead of a split and two (compiling each costs ~0.2 s
-  on CPU, and every engine function that samples holds them).
+  compiled program instead of a split and two: each is compile time on CPU, in
+  every engine function that samples (bench/README.md, "Sampler").
 
   Returns `(tokens_B int32, logz_B)` with `logz_B = logsumexp(scaled_BV)`.
   """

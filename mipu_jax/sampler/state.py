@@ -1,4 +1,4 @@
-"""The sampler engine's pytrees: `Prefix` (a prefill result) and `DecodeState`.
+"""The sampler engine's pytrees: `Prefix` (a prefill result) and `DecodeState` (docs/method.md §7).
 
 Both are fixed-shape buffers (gemma style), so the jitted prefill / insert /
 decode functions see the same shapes for a whole RL run within a bucket.
