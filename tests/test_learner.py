@@ -73,6 +73,12 @@ def test_second_call_does_not_recompile(one_device):
   assert len(metrics) == 2
 
 
+def test_learner_resolves_the_mlp_recompute_for_its_mesh(one_device):
+  _, _, learner = one_device
+  platform = learner.mesh.devices.flat[0].platform
+  assert learner.spec.recompute_mlp is (platform == "cpu")
+
+
 def test_on_policy_ratio_is_one_on_the_first_minibatch(one_device):
   _, metrics, _ = one_device
   for m in metrics:

@@ -151,38 +151,46 @@ def test_presets_match_public_configs():
                        head_dim=4, intermediate_size=8)
 
 
+def test_mlp_recompute_is_resolved_for_the_platform():
+  from mipu_jax.models import qwen3  # pylint: disable=g-import-not-at-top
+  assert qwen3.recompute_mlp_for("cpu")
+  assert not qwen3.recompute_mlp_for("gpu") and not qwen3.recompute_mlp_for("tpu")
+
+
 @pytest.mark.skipif(__import__("jax").default_backend() != "cpu",
-                    reason="the recompute is on only on XLA:CPU")
-def test_recomputed_gated_mlp_is_bitwise_the_plain_one(monkeypatch):
-  """On CPU without remat, a layer recomputes its MLP input projections in the
-  backward pass (`qwen3._recompute_mlp_in`): loss, logits and every gradient of
-  the scanned model equal, bit for bit, those of the same model that keeps
-  `silu(h W_gate) * (h W_up)` for the backward pass."""
+                    reason="bitwise equality is XLA:CPU's")
+def test_recomputed_gated_mlp_is_bitwise_the_plain_one():
+  """`recompute_mlp=True` (what the learner runs on CPU without remat,
+  `qwen3.recompute_mlp_for`): the layer recomputes its MLP input projections in
+  the backward pass; loss, logits and every gradient of the scanned model equal,
+  bit for bit, those of the same model that keeps `silu(h W_gate) * (h W_up)`
+  for the backward pass. Under a remat policy the flag changes nothing."""
   import jax  # pylint: disable=g-import-not-at-top
   from jax._src import ad_checkpoint  # pylint: disable=g-import-not-at-top
-  from mipu_jax.models import qwen3  # pylint: disable=g-import-not-at-top
   remat_name = ad_checkpoint.remat_p.name  # the primitive of jax.checkpoint
   model = _random_model(CONFIGS["untied_mha"], seed=3)
-  assert qwen3._recompute_mlp_in(model.config)
-  assert not qwen3._recompute_mlp_in(model.config.replace(remat="layer"))
-  assert not qwen3._recompute_mlp_in(model.config.replace(remat="dots"))
   graphdef, params = nnx.split(model)
   rng = np.random.default_rng(4)
   tokens = jnp.asarray(rng.integers(0, 101, (3, 11)))
   mask = jnp.asarray(np.arange(11)[None, :] >= np.array([[0], [2], [5]]))
 
-  def loss_and_grads():
+  def loss_and_grads(recompute_mlp, graphdef=graphdef):
     def loss(p):
-      logits = nnx.merge(graphdef, p)(tokens, mask_BT=mask).logits
+      logits = nnx.merge(graphdef, p)(tokens, mask_BT=mask, recompute_mlp=recompute_mlp).logits
       return jnp.sum(jnp.sin(logits) * mask[..., None]), logits
     f = jax.value_and_grad(loss, has_aux=True)
-    return jax.jit(f)(params), str(jax.make_jaxpr(f)(params)).count(remat_name + "[")
+    jaxpr = str(jax.make_jaxpr(f)(params))
+    return jax.jit(f)(params), jaxpr.count(remat_name + "["), jaxpr
 
-  recomputed, n_recomputed = loss_and_grads()
-  monkeypatch.setattr(qwen3, "_recompute_mlp_in", lambda cfg: False)
-  kept, n_kept = loss_and_grads()
+  recomputed, n_recomputed, _ = loss_and_grads(True)
+  kept, n_kept, _ = loss_and_grads(False)
   assert n_recomputed > n_kept == 0  # the recompute was on, then off
   leaves_r, leaves_k = jax.tree.leaves(recomputed), jax.tree.leaves(kept)
   assert len(leaves_r) == len(leaves_k) > 3
   for a, b in zip(leaves_r, leaves_k):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+  for policy in ("layer", "dots"):
+    model.config = model.config.replace(remat=policy)
+    remat_graphdef = nnx.graphdef(model)
+    assert (loss_and_grads(True, remat_graphdef)[2]
+            == loss_and_grads(False, remat_graphdef)[2])

@@ -4,15 +4,16 @@ r"""The learner step of a table row with and without the recomputed MLP, in one 
     python -m bench.perf.learner_mlp --row mipu --rounds 15 --trace
 
 On XLA:CPU without a remat policy, each decoder layer computes its gate and up
-projections and SwiGLU under `jax.checkpoint` (`models.qwen3._recompute_mlp_in`):
+projections and SwiGLU under `jax.checkpoint` (`models.qwen3.recompute_mlp_for`,
+resolved by `Learner` into `StepSpec.recompute_mlp`):
 the backward pass recomputes them instead of reading them back from the layer
 scan's saved `[L, B, T, F]` stacks. This script measures what that does to one
 learner step (`Learner.step`: the table's two PPO updates of 64 rows each) on
 one RL batch of `studies/configs/table.py:<row>` (the tables' setting), on one CPU
 thread:
 
-- `kept`: the recompute switched off (`_recompute_mlp_in` patched to False
-  while the step is traced), i.e. the code before the change;
+- `kept`: the recompute switched off (`StepSpec.recompute_mlp=False`), i.e.
+  the code before the change;
 - `recomputed`: the code as it is;
 - `remat=layer`: the whole layer recomputed instead (`model.remat`), the
   other way to the same effect.
@@ -26,7 +27,7 @@ one step of `kept` and `recomputed` from a `jax.profiler` trace.
 """
 
 import collections
-import contextlib
+import dataclasses
 import glob
 import gzip
 import json
@@ -48,17 +49,6 @@ _ROW = flags.DEFINE_string("row", "baseline", "studies/configs/table.py row.")
 _ROUNDS = flags.DEFINE_integer("rounds", 9, "Timed calls of each variant.")
 _TRACE = flags.DEFINE_bool("trace", False, "Print each variant's most expensive XLA ops.")
 _TOP = 6
-
-
-@contextlib.contextmanager
-def _recompute_off():
-  from mipu_jax.models import qwen3  # pylint: disable=g-import-not-at-top
-  saved = qwen3._recompute_mlp_in  # pylint: disable=protected-access
-  qwen3._recompute_mlp_in = lambda cfg: False  # pylint: disable=protected-access
-  try:
-    yield
-  finally:
-    qwen3._recompute_mlp_in = saved  # pylint: disable=protected-access
 
 
 def _outputs_vs(a, b) -> str:
@@ -105,14 +95,13 @@ def main(argv):
   from studies.configs import table  # pylint: disable=g-import-not-at-top
   from mipu_jax import config as config_lib  # pylint: disable=g-import-not-at-top
   from mipu_jax.learner import Learner  # pylint: disable=g-import-not-at-top
-  from mipu_jax.models import qwen3  # pylint: disable=g-import-not-at-top
   from mipu_jax.rl import step as step_lib  # pylint: disable=g-import-not-at-top
   from mipu_jax.rl import build  # pylint: disable=g-import-not-at-top
   logging.set_verbosity(logging.WARNING)
   load0 = " ".join(f"{x:.2f}" for x in os.getloadavg())
   cfg = config_lib.from_config_dict(table.get_config(_ROW.value))
   run = build.build_run(cfg, donate=False)
-  if not qwen3._recompute_mlp_in(run.model.config):  # pylint: disable=protected-access
+  if not (run.learner.spec.recompute_mlp and cfg.model.remat == "none"):
     raise SystemExit("the recompute is on only on CPU without a remat policy: "
                      f"remat={cfg.model.remat!r}, backend {jax.default_backend()}.")
   params = nnx.to_pure_dict(nnx.state(run.model, nnx.Param))
@@ -121,8 +110,10 @@ def main(argv):
   chosen, everything, _ = step_lib.collect(run, 1)
   batch = step_lib.learner_batch(run, state, chosen, float(everything.lengths_R.mean()))
 
-  learners = {"kept": Learner.from_config(cfg, run.model, run.mesh, donate=False),
-              "recomputed": run.learner}
+  kept = Learner(run.learner.graphdef, run.learner.abstract_params,
+                 spec=dataclasses.replace(run.learner.spec, recompute_mlp=False),
+                 optimizer=run.learner.optimizer, mesh=run.mesh, donate=False)
+  learners = {"kept": kept, "recomputed": run.learner}
   model_config = run.model.config
   run.model.config = model_config.replace(remat="layer")
   learners["remat=layer"] = Learner.from_config(cfg, run.model, run.mesh, donate=False)
@@ -131,8 +122,7 @@ def main(argv):
   outputs, compile_s = {}, {}
   for name, learner in learners.items():  # trace and compile each variant once
     t0 = time.perf_counter()
-    with _recompute_off() if name == "kept" else contextlib.nullcontext():
-      outputs[name] = jax.block_until_ready(learner.step(state, batch))
+    outputs[name] = jax.block_until_ready(learner.step(state, batch))
     compile_s[name] = time.perf_counter() - t0
   times = collections.defaultdict(list)
   for _ in range(_ROUNDS.value):

@@ -26,6 +26,7 @@ from mipu_jax.learner import logprobs as logprobs_lib
 from mipu_jax.learner import packing
 from mipu_jax.learner import state as state_lib
 from mipu_jax.learner import step as step_lib
+from mipu_jax.models import qwen3
 from mipu_jax.models import sharding as sharding_lib
 
 _ROWS = ("data", "fsdp")
@@ -66,7 +67,8 @@ class Learner:
   Args:
     graphdef: the policy's `nnx.GraphDef`.
     abstract_params: the parameter pure dict (arrays or `ShapeDtypeStruct`s).
-    spec: the static step description.
+    spec: the static step description; its `recompute_mlp`, if None, is
+      resolved here for the mesh's platform (`qwen3.recompute_mlp_for`).
     optimizer: from `make_optimizer`.
     mesh: the (data, fsdp, tensor) mesh.
     donate: donate the state passed to `step` (off for MIPU Step 2).
@@ -76,17 +78,19 @@ class Learner:
                spec: step_lib.StepSpec,
                optimizer: optax.GradientTransformationExtraArgs, mesh: Mesh,
                donate: bool = True):
+    dp = mesh.shape["data"] * mesh.shape["fsdp"]
+    if spec.recompute_mlp is None:  # where the platform is known: the mesh
+      spec = dataclasses.replace(spec, recompute_mlp=qwen3.recompute_mlp_for(
+          mesh.devices.flat[0].platform))
+    if spec.pack_length and spec.pack_rows == 0:
+      spec = dataclasses.replace(spec, pack_rows=dp)
     self.graphdef, self.spec, self.optimizer, self.mesh = (
         graphdef, spec, optimizer, mesh)
     self.donate = donate
     self.abstract_params = jax.tree.map(
         lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), abstract_params)
     self.traces = collections.Counter()
-    dp = mesh.shape["data"] * mesh.shape["fsdp"]
     if spec.pack_length:
-      if spec.pack_rows == 0:
-        spec = dataclasses.replace(spec, pack_rows=dp)
-        self.spec = spec
       if spec.pack_rows % dp:
         raise ValueError(f"learner.pack_rows={spec.pack_rows} must be a multiple "
                          f"of the {dp} data-parallel devices.")

@@ -51,7 +51,7 @@ def policy_logprobs(model, tokens_BT: jax.Array, mask_BT: jax.Array,
                     scoring: Scoring, *, with_entropy: bool = False,
                     entropy_grad: bool = False, logits_chunk: int = 0,
                     segment_ids_BT: jax.Array | None = None,
-                    positions_BT: jax.Array | None = None):
+                    positions_BT: jax.Array | None = None, recompute_mlp: bool = False):
   """`lp[:, t] = log π(tokens[t] | tokens[:t])` (0 at t = 0), and the entropy.
 
   Args:
@@ -72,6 +72,8 @@ def policy_logprobs(model, tokens_BT: jax.Array, mask_BT: jax.Array,
     segment_ids_BT: packed rows: each token's segment (a position's log-prob
       is meaningful only within its segment; the loss mask drops the rest).
     positions_BT: packed rows: RoPE positions restarting in each segment.
+    recompute_mlp: the model's backward pass recomputes each layer's MLP input
+      (`Qwen3.__call__`; the learner's step resolves it for its platform).
 
   Returns:
     float32 `[B, T]` log-probs, or `(log-probs, entropy)`.
@@ -79,12 +81,12 @@ def policy_logprobs(model, tokens_BT: jax.Array, mask_BT: jax.Array,
   if scoring.true_on_policy:
     out = invariant_logprobs(model, tokens_BT, mask_BT, scoring, entropy_grad=entropy_grad,
                              logits_chunk=logits_chunk, segment_ids_BT=segment_ids_BT,
-                             positions_BT=positions_BT)
+                             positions_BT=positions_BT, recompute_mlp=recompute_mlp)
     return out if with_entropy else out[0]
   # U: the T - 1 positions that have a next token (targets shifted by one).
   targets_BU = tokens_BT[:, 1:]
   kwargs = dict(mask_BT=mask_BT, segment_ids_BT=segment_ids_BT,
-                positions_BT=positions_BT)
+                positions_BT=positions_BT, recompute_mlp=recompute_mlp)
   if logits_chunk and not scoring.truncates:
     h_BUD = model(tokens_BT, logits=False, **kwargs).hidden[:, :-1]
     out = models.chunked_token_logprobs(
@@ -113,7 +115,7 @@ def policy_logprobs(model, tokens_BT: jax.Array, mask_BT: jax.Array,
 def invariant_logprobs(model, tokens_BT: jax.Array, mask_BT: jax.Array, scoring: Scoring,
                        *, entropy_grad: bool = False, logits_chunk: int = 0,
                        segment_ids_BT: jax.Array | None = None,
-                       positions_BT: jax.Array | None = None):
+                       positions_BT: jax.Array | None = None, recompute_mlp: bool = False):
   """`(log-probs, entropy)` as `policy_logprobs`, from the batch-invariant forward
   the sampler runs in the true on-policy mode (docs/method.md §7).
 
@@ -148,7 +150,7 @@ def invariant_logprobs(model, tokens_BT: jax.Array, mask_BT: jax.Array, scoring:
     return policy_logprobs(nnx.merge(graphdef, state), tokens_BT, mask_BT, standard,
                            with_entropy=True, entropy_grad=entropy_grad,
                            logits_chunk=logits_chunk, segment_ids_BT=segment_ids_BT,
-                           positions_BT=positions_BT)
+                           positions_BT=positions_BT, recompute_mlp=recompute_mlp)
 
   @jax.custom_vjp
   def scored(state, tokens_BT, mask_BT, segment_ids_BT, positions_BT):

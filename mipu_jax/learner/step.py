@@ -14,7 +14,7 @@ its inputs; `Learner` jits it once with shardings and donation. Structure:
 """
 
 import dataclasses
-from typing import Callable
+from typing import Callable, Optional
 
 import jax
 import jax.numpy as jnp
@@ -48,6 +48,9 @@ class StepSpec:
       logits; `policy_logprobs`).
     pack_length: tokens per packed row (0: no sequence packing).
     pack_rows: packed rows per micro-batch (with `pack_length`).
+    recompute_mlp: the backward pass recomputes each layer's MLP input
+      (`models.qwen3.recompute_mlp_for`); None: `Learner` resolves it for its
+      mesh's platform.
   """
   loss: losses.LossConfig
   scoring: Scoring = Scoring()
@@ -60,6 +63,7 @@ class StepSpec:
   logits_chunk: int = 0
   pack_length: int = 0
   pack_rows: int = 1
+  recompute_mlp: Optional[bool] = None
 
   @property
   def num_updates(self) -> int:
@@ -130,7 +134,8 @@ def learner_step(state: LearnerState, batch: Batch, *, graphdef: nnx.GraphDef,
                           entropy_grad=cfg.entropy_coef > 0,
                           logits_chunk=spec.logits_chunk,
                           segment_ids_BT=mb.get("segment_ids"),
-                          positions_BT=mb.get("positions"))
+                          positions_BT=mb.get("positions"),
+                          recompute_mlp=bool(spec.recompute_mlp))
     lp_BT, ent_BT = out if spec.with_entropy else (out, None)
     return losses.micro_loss(
         lp_BT, ent_BT, mb["lp_ref"], mb["adv"], mb["weights"], mb["keep"],

@@ -20,7 +20,7 @@ every implementation; callers ignore its output.
   (FlashAttention-2's backward); pure JAX, runs everywhere.
 - `cudnn`: `jax.nn.dot_product_attention(implementation="cudnn")` on GPU, for
   right-padded rows; packed rows use `blockwise`.
-- `splash`: TPU splash attention with segment ids, per example.
+- `splash`: TPU splash attention with segment ids, per example (`splash_tpu`).
 
 Over a cache, `decode` runs the `DecodeImpl` the engine resolved: `paged`
 (pure XLA), jax's TPU kernel (`paged_tpu`), our GPU kernel (`paged_pallas`) or
@@ -43,6 +43,7 @@ from mipu_jax.models import invariant
 from mipu_jax.models import kv_cache
 from mipu_jax.models import paged_pallas
 from mipu_jax.models import paged_tpu
+from mipu_jax.models import splash_tpu
 
 IMPLEMENTATIONS = ("dense", "blockwise", "cudnn", "splash")
 NEG_INF = float(jnp.finfo(jnp.float32).min)
@@ -267,11 +268,7 @@ def _cudnn(q_BTNH, k_BSKH, v_BSKH, mask: AttentionMask):
 
 def _splash(q_BTNH, k_BSKH, v_BSKH, mask: AttentionMask, block_q: int,
             block_k: int):
-  from jax.experimental.pallas.ops.tpu import splash_attention as splash  # pylint: disable=g-import-not-at-top
-
-  b, t0, n, h = q_BTNH.shape
-  kh = k_BSKH.shape[2]
-  interpret = jax.default_backend() != "tpu"
+  t0 = q_BTNH.shape[1]
   # The kernel's tiles are multiples of 128 lanes; pad the row to a multiple
   # of the tile (padded keys are invalid, padded queries are dropped).
   bq = bk = max(128, min(block_q, block_k) // 128 * 128)
@@ -281,24 +278,10 @@ def _splash(q_BTNH, k_BSKH, v_BSKH, mask: AttentionMask, block_q: int,
   k_seg_BT = _pad_to(jnp.where(mask.k_valid_BS, mask.k_seg_BS,
                                jnp.iinfo(jnp.int32).min), 1, bq,
                      jnp.iinfo(jnp.int32).min)
-  t = q_BTNH.shape[1]
-  bq = bk = min(bq, t)
-  blocks = splash.BlockSizes(block_q=bq, block_kv=bk, block_kv_compute=bk,
-                             block_q_dkv=bq, block_kv_dkv=bk,
-                             block_kv_dkv_compute=bk, block_q_dq=bq, block_kv_dq=bk)
-  heads = splash.MultiHeadMask([splash.CausalMask((t, t))] * n)
-  kernel = splash.make_splash_mha(heads, block_sizes=blocks, head_shards=1,
-                                  q_seq_shards=1, interpret=interpret)
   # Padding keys have a segment no query has; the slots are 0..T-1 (row_mask).
-  q_NTH = jnp.swapaxes(q_BTNH, 1, 2) * jnp.asarray(h ** -0.5, q_BTNH.dtype)
-  k_NTH = jnp.repeat(jnp.swapaxes(k_BSKH, 1, 2), n // kh, axis=1)
-  v_NTH = jnp.repeat(jnp.swapaxes(v_BSKH, 1, 2), n // kh, axis=1)
-
-  def one(q, k, v, q_seg, k_seg):
-    return kernel(q, k, v, segment_ids=splash.SegmentIds(q=q_seg, kv=k_seg))
-
-  out_BNTH = jax.vmap(one)(q_NTH, k_NTH, v_NTH, q_seg_BT, k_seg_BT)
-  return jnp.swapaxes(out_BNTH, 1, 2)[:, :t0].astype(v_BSKH.dtype)
+  out_BTNH = splash_tpu.attend(q_BTNH, k_BSKH, v_BSKH, q_seg_BT, k_seg_BT,
+                               min(bq, q_BTNH.shape[1]))
+  return out_BTNH[:, :t0].astype(v_BSKH.dtype)
 
 
 # --- paged KV cache ----------------------------------------------------------

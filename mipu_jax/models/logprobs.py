@@ -23,14 +23,15 @@ def entropy(logits_BTV: jax.Array, temperature: float = 1.0):
 
 
 def sequence_logprobs(model, tokens_BT: jax.Array, mask_BT: jax.Array,
-                      temperature: float = 1.0, *, with_entropy: bool = False):
+                      temperature: float = 1.0, *, with_entropy: bool = False,
+                      recompute_mlp: bool = False):
   """Log-prob of every token given its prefix, aligned with `tokens_BT`.
 
   `out[:, t] = log p(tokens[:, t] | tokens[:, :t])` for t >= 1; `out[:, 0] = 0`
   (the first token has no prefix). Padding may be on either side; `mask_BT`
-  marks real tokens.
+  marks real tokens. `recompute_mlp`: as `Qwen3.__call__`.
   """
-  logits_BTV = model(tokens_BT, mask_BT=mask_BT).logits[:, :-1]
+  logits_BTV = model(tokens_BT, mask_BT=mask_BT, recompute_mlp=recompute_mlp).logits[:, :-1]
   lp_BT = token_logprobs(logits_BTV, tokens_BT[:, 1:], temperature)
   lp_BT = jnp.pad(lp_BT, ((0, 0), (1, 0)))
   if not with_entropy:

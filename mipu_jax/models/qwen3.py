@@ -121,17 +121,21 @@ def _proj(eq: str, x, xq, w, n_in: int):
   return jnp.einsum(eq, xq, w)
 
 
-def _layer(cfg: Qwen3Config, x_BTD, w, positions_BT, act_quant, attend):
+def _layer(cfg: Qwen3Config, x_BTD, w, positions_BT, act_quant, attend,
+           recompute_mlp: bool = False):
   """One decoder layer. `w` holds this layer's weights (already in compute dtype).
 
   `attend(q, k, v) -> (out, layer_cache)` is the call's attention: over the
   T positions themselves, or through this layer's cache view, which it
   returns with the new K/V written. Returns the new hidden state and that.
+  `recompute_mlp`: as `Qwen3.__call__`.
   """
   x_BTD = shard_rows(x_BTD)
   q_BTNH, k_BTKH, v_BTKH = _attention_in(cfg, w, x_BTD, positions_BT, act_quant)
   attn_BTNH, layer_cache = attend(q_BTNH, k_BTKH, v_BTKH)
-  mlp_in = _gated_mlp_in_recomputed if _recompute_mlp_in(cfg) else _gated_mlp_in
+  # Under a remat policy the layer is recomputed anyway.
+  recompute = recompute_mlp and cfg.remat == "none"
+  mlp_in = _gated_mlp_in_recomputed if recompute else _gated_mlp_in
   x_BTD = _attention_out_mlp(cfg, w, x_BTD, attn_BTNH, act_quant, mlp_in)
   return shard_rows(x_BTD), layer_cache
 
@@ -193,17 +197,18 @@ def _gated_mlp_in(h_BTD, hq_BTD, w_gate, w_up):
 _gated_mlp_in_recomputed = jax.checkpoint(_gated_mlp_in)
 
 
-def _recompute_mlp_in(cfg: Qwen3Config) -> bool:
-  """Whether a layer recomputes its MLP input projections in the backward pass.
+def recompute_mlp_for(platform: str) -> bool:
+  """Whether training on `platform` recomputes each layer's MLP input
+  projections in the backward pass (`Qwen3.__call__`'s `recompute_mlp`); the
+  caller that knows where it runs resolves it (`Learner`, from its mesh).
 
-  Only on XLA:CPU without a remat policy. There the layer scan otherwise saves
-  the projections and their sigmoid as `[L, B, T, F]` stacks, and XLA fuses
-  the SiLU gradient's math, read from those stacks, into the transposes that
-  feed the weight gradients: slow loop fusions (bench/perf/learner_mlp.py).
-  Elsewhere the recompute would add two matmuls per layer, and under a remat
-  policy the layer is recomputed anyway.
+  Only on XLA:CPU. There the layer scan otherwise saves the projections and
+  their sigmoid as `[L, B, T, F]` stacks, and XLA fuses the SiLU gradient's
+  math, read from those stacks, into the transposes that feed the weight
+  gradients: slow loop fusions (bench/README.md, "RL loop", change 2).
+  Elsewhere the recompute would add two matmuls per layer.
   """
-  return cfg.remat == "none" and jax.default_backend() == "cpu"
+  return platform == "cpu"
 
 
 def remat(body, policy: str):
@@ -275,7 +280,7 @@ class Qwen3(nnx.Module):
                positions_BT: Optional[jax.Array] = None,
                segment_ids_BT: Optional[jax.Array] = None,
                cache: Optional[KVCache] = None, inference: Inference = Inference(),
-               logits: bool = True) -> Output:
+               logits: bool = True, recompute_mlp: bool = False) -> Output:
     """Runs the decoder.
 
     Args:
@@ -292,6 +297,9 @@ class Qwen3(nnx.Module):
       inference: the sampler's settings (`Inference`).
       logits: False: no `[B, T, V]` logits (the learner's chunked log-probs
         and the sampler's prefill take the hidden state).
+      recompute_mlp: the backward pass recomputes each layer's gate and up
+        projections and SwiGLU instead of saving them, without a remat policy
+        (`recompute_mlp_for`): the same math.
     """
     cfg = self.config
     b, t = tokens_BT.shape
@@ -320,7 +328,8 @@ class Qwen3(nnx.Module):
       weights = invariant.replicated(weights)
       run_layer = lambda x, w, attend: _invariant_layer(cfg, x, w, positions_BT, attend)
     else:
-      run_layer = lambda x, w, attend: _layer(cfg, x, w, positions_BT, act_quant, attend)
+      run_layer = lambda x, w, attend: _layer(cfg, x, w, positions_BT, act_quant, attend,
+                                              recompute_mlp)
 
     if cache is None:
       attn_mask = attention.row_mask(mask_BT, segment_ids_BT)

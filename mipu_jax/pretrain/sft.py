@@ -31,6 +31,7 @@ from flax import nnx
 
 from mipu_jax import models
 from mipu_jax import tasks
+from mipu_jax.models import qwen3
 from mipu_jax.tokenizer import CharTokenizer
 
 # Pool of batches grouped by length, so that short direct answers are not
@@ -194,7 +195,8 @@ def make_optimizer(cfg: PretrainConfig) -> optax.GradientTransformation:
 
 
 def sft_loss(model: models.Qwen3, tokens_BT: jax.Array, mask_BT: jax.Array,
-             target_BT: jax.Array, norm_len: int) -> tuple[jax.Array, jax.Array]:
+             target_BT: jax.Array, norm_len: int, *,
+             recompute_mlp: bool = False) -> tuple[jax.Array, jax.Array]:
   """Summed NLL of the target (completion + EOS) tokens over `B * norm_len`.
 
   A fixed denominator (docs/method.md §2's `seq_mean_token_sum_norm`), not the batch's
@@ -203,26 +205,30 @@ def sft_loss(model: models.Qwen3, tokens_BT: jax.Array, mask_BT: jax.Array,
   times more than a long step-by-step one's, biasing the learnt prior towards
   direct answers (about 10x on tier5).
 
+  `recompute_mlp`: as `models.Qwen3.__call__`.
+
   Returns:
     The loss and, for display, the mean NLL per target token.
   """
-  lp_BT = models.sequence_logprobs(model, tokens_BT, mask_BT)
+  lp_BT = models.sequence_logprobs(model, tokens_BT, mask_BT, recompute_mlp=recompute_mlp)
   nll = -jnp.sum(lp_BT * target_BT)
   return (nll / (tokens_BT.shape[0] * norm_len),
           nll / jnp.maximum(jnp.sum(target_BT), 1.0))
 
 
 def make_train_step(graphdef: nnx.GraphDef, optimizer: optax.GradientTransformation,
-                    norm_len: int):
+                    norm_len: int, *, recompute_mlp: bool = False):
   """A jitted `step(params, opt_state, batch) -> (params, opt_state, token_nll)`.
 
   Pure over explicit state (`params` is the model's `nnx.Param` state); the
-  state buffers are donated. `norm_len` is `sft_loss`'s fixed length.
+  state buffers are donated. `norm_len` is `sft_loss`'s fixed length;
+  `recompute_mlp`: as `models.Qwen3.__call__` (`train` resolves it for the
+  platform).
   """
 
   def loss_fn(params, tokens_BT, mask_BT, target_BT):
     return sft_loss(nnx.merge(graphdef, params), tokens_BT, mask_BT, target_BT,
-                    norm_len)
+                    norm_len, recompute_mlp=recompute_mlp)
 
   def step(params, opt_state, tokens_BT, mask_BT, target_BT):
     (_, token_nll), grads = jax.value_and_grad(loss_fn, has_aux=True)(
@@ -249,7 +255,9 @@ def train(cfg: PretrainConfig, *, progress: bool = True
   graphdef, params = nnx.split(model, nnx.Param)
   optimizer = make_optimizer(cfg)
   opt_state = optimizer.init(params)
-  step_fn = make_train_step(graphdef, optimizer, cfg.norm_len())
+  platform = next(iter(jax.tree.leaves(params)[0].devices())).platform
+  step_fn = make_train_step(graphdef, optimizer, cfg.norm_len(),
+                            recompute_mlp=qwen3.recompute_mlp_for(platform))
   skill = sft_batches(cfg, tokenizer, cot_fraction=cfg.skill_cot_fraction, stream=0)
   final_mix = sft_batches(cfg, tokenizer, cot_fraction=cfg.cot_fraction, stream=1)
   losses, pending = [], None  # Per-token NLL: comparable across batches.
