@@ -31,6 +31,12 @@ import pytest  # noqa: E402
 FIXTURES = pathlib.Path(__file__).parent / "fixtures"
 
 
+def pytest_collection_modifyitems(items):
+  """The tests marked `long` first (stable otherwise): xdist hands out tests in
+  collection order, and a minute-long test drawn last leaves one core idle."""
+  items.sort(key=lambda item: item.get_closest_marker("long") is None)
+
+
 @pytest.fixture(scope="session")
 def tiny_ckpt(tmp_path_factory):
   """A tiny random Qwen3 checkpoint directory in the Hugging Face layout, with a

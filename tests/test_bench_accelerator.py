@@ -5,9 +5,12 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+@pytest.mark.long
 def test_accelerator_bench_tiny(tmp_path):
   out = tmp_path / "acc"
   proc = subprocess.run(

@@ -12,6 +12,7 @@ import os
 import sys
 
 import numpy as np
+import pytest
 
 from mipu_jax.testing.kill_resume import Kill
 from mipu_jax.testing.kill_resume import kill_and_resume
@@ -32,6 +33,7 @@ def _final_params(workdir: str) -> dict[str, np.ndarray]:
     return {k: f[k] for k in f.files}
 
 
+@pytest.mark.long
 def test_kill_anywhere_then_resume_is_bitwise_equal(tmp_path):
   reference_dir = str(tmp_path / "reference")
   reference = run_attempt(_target_command(reference_dir), None,

@@ -30,6 +30,7 @@ def _code_cells(path):
   return cells
 
 
+@pytest.mark.long
 def test_notebook_runs_in_quick_mode(tmp_path):
   cells = _code_cells(NOTEBOOK)
   script = tmp_path / "quickstart.py"
@@ -44,6 +45,7 @@ def test_notebook_runs_in_quick_mode(tmp_path):
   assert os.path.getsize(tmp_path / "work" / "curves_main.png") > 10_000
 
 
+@pytest.mark.long
 def test_real_checkpoint_notebook_runs_on_cpu_against_the_tiny_checkpoint(tmp_path):
   cells = _code_cells(REAL)
   assert any("DOWNLOAD = False" in c for c in cells)  # downloads only when the user says so

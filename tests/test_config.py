@@ -128,7 +128,7 @@ def test_command_line_overrides_reach_nested_and_placeholder_fields(monkeypatch)
 
 
 def test_init_perturb_ulps_moves_every_weight_by_exactly_that():
-  """`model.init_perturb_ulps` (issue 28 item 8): the base policy with every
+  """`model.init_perturb_ulps`: the base policy with every
   float weight one (two) ulps up, nothing else changed; negative refused."""
   import jax  # pylint: disable=g-import-not-at-top
   import numpy as np  # pylint: disable=g-import-not-at-top

@@ -1,7 +1,9 @@
-"""Evaluation under both policies (issue 28, item 1): μ's `eval/*` and, with
+"""Evaluation under both policies: μ's `eval/*` and, with
 `eval.pi`, the learner's π at full precision as `eval_pi/*`."""
 
 import dataclasses
+
+import pytest
 
 from mipu_jax import config as config_lib
 from mipu_jax import rl
@@ -18,6 +20,7 @@ def _train(tmp_path, name, **sections):
   return cfg, rl.train(cfg, str(tmp_path / name))
 
 
+@pytest.mark.long
 def test_pi_is_the_learners_policy_at_full_precision_and_changes_no_training_number(
     tmp_path):
   cfg, with_pi = _train(tmp_path, "pi", sampling=_QUANTIZED, eval=dict(pi=True))

@@ -157,6 +157,7 @@ def _target_main(workdir: str) -> None:
   rl.train(_config(), workdir)
 
 
+@pytest.mark.long
 def test_killed_and_resumed_run_holds_every_step_once_in_wandb(tmp_path, monkeypatch):
   monkeypatch.setenv("JAX_COMPILATION_CACHE_DIR", str(tmp_path / "xla_cache"))
   monkeypatch.setenv("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")

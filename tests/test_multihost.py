@@ -13,6 +13,7 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
 
 from mipu_jax.testing import multiprocess
 
@@ -66,6 +67,7 @@ def _run(workdir, nproc):
   return multiprocess.read_results(workdir, nproc, "params", "params")
 
 
+@pytest.mark.long
 def test_two_processes_run_the_loop_as_one(tmp_path):
   (single,) = _run(str(tmp_path / "one"), 1)
   p0, p1 = _run(str(tmp_path / "two"), 2)

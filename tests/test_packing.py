@@ -120,6 +120,7 @@ def _step(pack_length, mesh, aggregation, epochs=1):
   return lp_old, jax.device_get(state.params), jax.device_get(metrics), learner
 
 
+@pytest.mark.long
 def test_packed_equals_unpacked():
   # A per-response aggregation, two PPO epochs, rows split over 4 devices.
   aggregation, epochs = "seq_mean_token_mean", 2

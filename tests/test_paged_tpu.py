@@ -110,6 +110,7 @@ def test_kernel_lowers_for_tpu(dtype, mesh):
 PROMPTS = [[5, 9, 2], [7, 1, 8, 2, 8, 1, 3], [4, 4, 6, 10, 12], [3], [9, 9, 9, 1, 2, 3]]
 
 
+@pytest.mark.long
 def test_sampler_with_the_kernel_equals_the_paged_path():
   """A bf16 cache, 5 prompts x 3 samples through 4 refilled slots (prompts
   sharing their pages) on the 8-device mesh (the kernel per shard: a row and

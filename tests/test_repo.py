@@ -99,3 +99,15 @@ def test_readme_fits_a_newcomers_reading():
   assert len(text.splitlines()) <= 160
   assert not re.findall(r"`[0-9a-f]{7,40}`", text)
   assert not re.findall(r"\bissue \d+", text, flags=re.I)
+
+
+def test_code_cites_no_issue_numbers():
+  """Code says what and why; which issue asked for it is the history's
+  (git log), not the source's."""
+  found = []
+  for folder in ("mipu_jax", "studies", "experiments", "bench", "tests"):
+    for path in sorted((ROOT / folder).rglob("*.py")):
+      for n, line in enumerate(path.read_text().splitlines(), 1):
+        if re.search(r"\bissue #?\d+", line, flags=re.I):
+          found.append(f"{path.relative_to(ROOT)}:{n}")
+  assert not found, found

@@ -209,6 +209,7 @@ def test_tables_have_the_sources_layout():
       "mipu", "random_rollback", "baseline"]
 
 
+@pytest.mark.long
 def test_main_job_quick_then_the_tables_reuse_its_runs(tmp_path):
   """The README's main command in quick mode (a real run per row), then the
   sources' tables on the same workdir: finished runs are read back (their
@@ -340,7 +341,7 @@ def test_lr_decay_figure_needs_both_rows(tmp_path):
 
 
 def test_every_message_of_a_run_names_its_row_and_seed(tmp_path, monkeypatch, caplog):
-  """Issue 28, item 9: a run's health warnings, backend failures and Python
+  """A run's health warnings, backend failures and Python
   warnings say which run they come from (the main job's workers share one
   terminal); messages after the run do not carry its label."""
   import logging  # pylint: disable=g-import-not-at-top
@@ -465,7 +466,7 @@ def _fake_finished_run(directory, cfg, avg):
 
 
 def test_perturbation_report_pairs_the_same_runs_and_checks_like_with_like(tmp_path):
-  """Issue 28 item 8: the perturbed runs (ulp=1) against the originals, read
+  """The perturbed runs (ulp=1) against the originals, read
   back by seed; hand-computed: originals 40, 50, 60 and perturbed 44, 50, 62
   give differences +4, 0, +2 (mean +2.0, two-sided sign-flip p: of the 8 sign
   patterns, those with |mean| >= 2 are (+,*,+) and (-,*,-): 4 of 8 = 0.5)."""

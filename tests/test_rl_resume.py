@@ -17,6 +17,7 @@ import os
 import sys
 
 import numpy as np
+import pytest
 
 from mipu_jax.testing import kill_resume as harness
 
@@ -66,6 +67,7 @@ def _final(workdir):
     return arrays, json.load(f)
 
 
+@pytest.mark.long
 def test_rl_loop_killed_anywhere_resumes_bitwise(tmp_path, monkeypatch):
   monkeypatch.setenv("JAX_COMPILATION_CACHE_DIR", str(tmp_path / "xla_cache"))
   monkeypatch.setenv("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")

@@ -21,7 +21,7 @@ reads every slot), in one run:
   them once), measured in the same run, and `read`: a jitted sum over the
   same bytes (reads only). `step / copy` is the ratio to the bound.
 
-The goals (issue #29): the 1/8-fill step at most 0.3x the full-fill step, and
+The goals: the 1/8-fill step at most 0.3x the full-fill step, and
 every paged step within 2x of its copy bound. The rows of the cache hold
 random K/V (their values do not change the time); prompts are not shared
 here (one prompt block per row), so the bytes are those of a plain cache.
