@@ -182,18 +182,10 @@ def _flash_fwd(q_BTKQH, k_BSKH, v_BSKH, mask, bq, bk):
     q_b = jax.lax.dynamic_slice_in_dim(q_BTKQH, qi * bq, bq, axis=1)
 
     def k_step(carry, kj):
-      m_BKQt, l_BKQt, acc_BKQtH = carry
       k_b = jax.lax.dynamic_slice_in_dim(k_BSKH, kj * bk, bk, axis=1)
       v_b = jax.lax.dynamic_slice_in_dim(v_BSKH, kj * bk, bk, axis=1)
       s = _tile_scores(q_b, k_b, mask, qi, kj, bq, bk)
-      m_new = jnp.maximum(m_BKQt, s.max(-1))
-      p = jnp.exp(s - m_new[..., None])
-      corr = jnp.exp(m_BKQt - m_new)
-      l_new = l_BKQt * corr + p.sum(-1)
-      acc = acc_BKQtH * corr[..., None] + jnp.einsum(
-          "BKQTS,BSKH->BKQTH", p.astype(v_b.dtype), v_b,
-          preferred_element_type=jnp.float32)
-      return (m_new, l_new, acc), None
+      return invariant.online_softmax_step(carry, s, v_b, "BKQTS,BSKH->BKQTH"), None
 
     init = (jnp.full((b, kh, per_kv, bq), NEG_INF, jnp.float32),
             jnp.zeros((b, kh, per_kv, bq), jnp.float32),

@@ -54,21 +54,27 @@ def map_rows(fn, *xs_M):
   return jax.tree.map(lambda y: y.reshape((n * TILE,) + y.shape[2:])[:m], out)
 
 
+def online_softmax_step(carry, s, v, pv: str):
+  """One key block of the online softmax: the float32 state `(m, l, acc)`
+  (running max, sum, weighted values) updated by the block's scores `s` (keys
+  last) and values `v`; `pv` is the einsum of probabilities and values. Also
+  the blockwise attention's step (`attention.py`)."""
+  m, l, acc = carry
+  m_new = jnp.maximum(m, s.max(-1))
+  p = jnp.exp(s - m_new[..., None])
+  corr = jnp.exp(m - m_new)
+  acc = acc * corr[..., None] + jnp.einsum(pv, p.astype(v.dtype), v,
+                                           preferred_element_type=jnp.float32)
+  return m_new, l * corr + p.sum(-1), acc
+
+
 def _block_step(carry, q_tKQH, k_tGKH, v_tGKH, valid_tG):
   """One key block of the online softmax for a tile of queries (float32 state)."""
-  m_tKQ, l_tKQ, acc_tKQH = carry
   h = q_tKQH.shape[-1]
   s_tKQG = jnp.einsum("tKQH,tGKH->tKQG", q_tKQH, k_tGKH,
                       preferred_element_type=jnp.float32) * (h ** -0.5)
   s_tKQG = jnp.where(valid_tG[:, None, None, :], s_tKQG, NEG_INF)
-  m_new = jnp.maximum(m_tKQ, s_tKQG.max(-1))
-  p_tKQG = jnp.exp(s_tKQG - m_new[..., None])
-  corr = jnp.exp(m_tKQ - m_new)
-  l_new = l_tKQ * corr + p_tKQG.sum(-1)
-  acc = acc_tKQH * corr[..., None] + jnp.einsum(
-      "tKQG,tGKH->tKQH", p_tKQG.astype(v_tGKH.dtype), v_tGKH,
-      preferred_element_type=jnp.float32)
-  return m_new, l_new, acc
+  return online_softmax_step(carry, s_tKQG, v_tGKH, "tKQG,tGKH->tKQH")
 
 
 def _attend_tile(q_tNH, pos_t, kh: int, dtype, keys):
