@@ -145,7 +145,7 @@ def _table(title: str, names: Sequence[str], by_row: Mapping[str, list],
     else:
       continue
     lines.append(f"| {LABELS.get(name, name)} | " + " | ".join(cells) + " |")
-  return lines + [""]
+  return lines + [""] if len(lines) > 4 else []  # a table none of whose rows ran: none
 
 
 def tables_markdown(runs: Sequence[RunSummary], pending: Mapping[str, str],
