@@ -1,5 +1,5 @@
-"""Evaluation under both policies: μ's `eval/*` and, with
-`eval.pi`, the learner's π at full precision as `eval_pi/*`."""
+"""Evaluation under both policies: μ's `eval/*` and, with `eval.pi`, the
+learner's π at full precision as `eval_pi/*`."""
 
 import dataclasses
 

@@ -341,9 +341,9 @@ def test_lr_decay_figure_needs_both_rows(tmp_path):
 
 
 def test_every_message_of_a_run_names_its_row_and_seed(tmp_path, monkeypatch, caplog):
-  """A run's health warnings, backend failures and Python
-  warnings say which run they come from (the main job's workers share one
-  terminal); messages after the run do not carry its label."""
+  """A run's health warnings, backend failures and Python warnings say which
+  run they come from (the main job's workers share one terminal); messages
+  after the run do not carry its label."""
   import logging  # pylint: disable=g-import-not-at-top
   import types  # pylint: disable=g-import-not-at-top
   import warnings  # pylint: disable=g-import-not-at-top

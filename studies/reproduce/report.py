@@ -131,6 +131,7 @@ def _table(title: str, names: Sequence[str], by_row: Mapping[str, list],
     head += ["π Avg. [95% CI]", "π Peak Avg."]
   lines = [f"### {title}", "", "| " + " | ".join(head) + " |",
            "|" + "---|" * len(head)]
+  header = len(lines)
   for name in names:
     rs = by_row.get(name)
     if rs:
@@ -145,7 +146,7 @@ def _table(title: str, names: Sequence[str], by_row: Mapping[str, list],
     else:
       continue
     lines.append(f"| {LABELS.get(name, name)} | " + " | ".join(cells) + " |")
-  return lines + [""] if len(lines) > 4 else []  # a table none of whose rows ran: none
+  return lines + [""] if len(lines) > header else []  # none of its rows ran: no table
 
 
 def tables_markdown(runs: Sequence[RunSummary], pending: Mapping[str, str],
