@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from mipu_jax.models import kv_cache
+from mipu_jax.models import kv_cache, sharding
 from mipu_jax.sampler import JetStreamEngine, ResultTokens, Sampler
 from mipu_jax.sampler import jetstream
 from test_sampler import PROMPTS, make_model
@@ -142,6 +142,52 @@ def test_samples_share_full_prompt_pages_and_copy_the_partial_one():
   np.testing.assert_array_equal(np.asarray(shared.logprobs_BN), np.asarray(own.logprobs_BN))
 
 
+def test_on_a_pod_each_row_pages_are_in_its_device_part():
+  """On the 8-device mesh (4 row shards) the pool has a part per row shard
+  (kv_cache.py): 8 samples of a prompt in 8 slots, a prompt block in each
+  slot's part (the first sample there fills it), and every row's pages are
+  in its part, holding the prefill's K/V. Sharing a block per part decodes
+  bitwise what a block per sample does. A block in another part, or slots
+  that do not split over the shards, are errors."""
+  mesh = sharding.make_mesh(2, 2, 2)
+  sampler = Sampler(make_model(), mesh=mesh, max_prefill_length=16, max_decode_length=16,
+                    page_size=4)
+  engine, params = sampler.engine, sampler.params
+  assert engine.pool_parts == 4
+  prompt = PROMPTS[2]
+  prefix = engine.prefill(params, _right_padded(prompt)[None], [len(prompt)], temperature=0.9,
+                          rng=jax.random.key(1))
+  slots, part = list(range(8)), [b // 2 for b in range(8)]
+  shared = engine.init_decode_state(num_slots=8, prefill_length=16, decode_length=16,
+                                    prompt_blocks=4)
+  layers = engine.model_config.num_layers
+  per_part = layers * (1 * 4 + 2 * 5)  # a block of 4 pages, 2 slots' 5 own pages, each layer
+  assert shared.cache.k.shape[1] == 4 * per_part
+  assert shared.cache.k.addressable_shards[0].data.shape[1] == per_part
+  shared = engine.insert(prefix, shared, slots, rows=[0] * 8, sample_ids=slots,
+                         prompt_blocks=part, fill=[b % 2 == 0 for b in slots])
+  pages = np.asarray(shared.cache.pages)
+  np.testing.assert_array_equal(pages // per_part, np.broadcast_to(np.asarray(part)[:, None],
+                                                                  pages.shape))
+  want = np.asarray(kv_cache.logical_view(prefix.cache.k, prefix.cache.k_scale,
+                                          prefix.cache.pages, jnp.float32))[0, :len(prompt)]
+  got = np.asarray(kv_cache.logical_view(shared.cache.k, shared.cache.k_scale,
+                                         shared.cache.pages, jnp.float32))[:, :len(prompt)]
+  np.testing.assert_array_equal(got, np.broadcast_to(want, got.shape))
+  own = engine.init_decode_state(num_slots=8, prefill_length=16, decode_length=16)
+  own = engine.insert(prefix, own, slots, rows=[0] * 8, sample_ids=slots)
+  shared = engine.generate_until_done(params, shared)
+  own = engine.generate_until_done(params, own)
+  np.testing.assert_array_equal(np.asarray(shared.tokens_BN), np.asarray(own.tokens_BN))
+  np.testing.assert_array_equal(np.asarray(shared.logprobs_BN), np.asarray(own.logprobs_BN))
+  with pytest.raises(ValueError, match="on its row's device"):
+    engine.insert(prefix, engine.init_decode_state(num_slots=8, prefill_length=16,
+                                                   decode_length=16, prompt_blocks=4),
+                  [2], prompt_blocks=[0])
+  with pytest.raises(ValueError, match="multiples of 4"):
+    engine.init_decode_state(num_slots=6, prefill_length=16, decode_length=16)
+
+
 def test_result_tokens_carry_log_prob_through_slot_access():
   result = ResultTokens.from_step(np.array([4, 5, 6]), np.array([1, 0, 1]),
                                   np.array([2, 2, 3]), np.array([-0.5, 0.0, -1.5]))
@@ -201,7 +247,6 @@ def test_jetstream_catch_all_arguments_are_rejected(sampler):
 
 
 def test_load_params_reshards_to_the_sampling_layout():
-  from mipu_jax.models import sharding  # pylint: disable=g-import-not-at-top
   mesh = sharding.make_mesh(data=1, fsdp=-1, tensor=2)
   model = make_model()
   params = Sampler(model, mesh=mesh, weight_quant="int8", max_prefill_length=32,

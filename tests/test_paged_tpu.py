@@ -66,6 +66,38 @@ def test_kernel_equals_paged_on_ragged_rows(dtype, compute):
       np.testing.assert_array_equal(f32(decode(q, *pools, lengths, compute)), got)
 
 
+def test_kernel_per_shard_reads_a_pool_in_parts():
+  """The sampler's pod layout (kv_cache.py): a pool of 4 parts, each holding
+  its 2 rows' shuffled pages of 2 layers, over the 4 row shards of the
+  8-device mesh (kv heads over `tensor`): each shard reads its part through
+  local page ids, and the rows get the numbers of one device reading the
+  whole pool (bitwise), each pool array sharded, not gathered."""
+  rng = np.random.default_rng(3)
+  parts, b, j, g, k, n, h, layers = 4, len(LENGTHS), 6, 16, 2, 4, 16, 2
+  per = b // parts * j  # a layer's pages in a part
+  pool = lambda: jnp.asarray(rng.standard_normal((k, parts * layers * per, g, h)), jnp.bfloat16)
+  k_pool, v_pool = pool(), pool()
+  part_B = np.arange(b) // (b // parts)
+  local = np.stack([rng.permutation(per)[:j] for _ in range(b)])
+  ids = jnp.asarray(part_B[:, None] * layers * per + per + local, jnp.int32)  # layer 1
+  q = jnp.asarray(rng.standard_normal((b, 1, n, h)), jnp.float32)
+  lengths = jnp.asarray(LENGTHS, jnp.int32)
+  f32 = lambda x: np.asarray(x, np.float32)
+  want = f32(paged_tpu.decode(q, k_pool, v_pool, None, None, ids, lengths, jnp.float32))
+  mesh = make_mesh(2, 2, 2)
+  split = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(
+      "tensor", ("data", "fsdp"), None, None))
+  k_pool, v_pool = jax.device_put(k_pool, split), jax.device_put(v_pool, split)
+  assert k_pool.addressable_shards[0].data.shape[:2] == (k // 2, layers * per)
+  with jax.set_mesh(mesh):
+    got = jax.jit(lambda *a: paged_tpu.decode(*a, jnp.float32, pool_parts=parts))(
+        q, k_pool, v_pool, None, None, ids, lengths)
+  np.testing.assert_array_equal(f32(got), want)
+  with pytest.raises(ValueError, match="4 parts needs as many row shards"), jax.set_mesh(
+      make_mesh(1, 1, 8)):
+    paged_tpu.decode(q, k_pool, v_pool, None, None, ids, lengths, jnp.float32, pool_parts=parts)
+
+
 def test_caches_it_does_not_take_are_refused_with_the_reason():
   assert paged_tpu.unsupported(jnp.bfloat16, 128, 64) is None
   assert paged_tpu.unsupported(jnp.float8_e4m3fn, 128, 32) is None
@@ -93,18 +125,24 @@ def test_caches_it_does_not_take_are_refused_with_the_reason():
 def test_kernel_lowers_for_tpu(dtype, mesh):
   """Pallas' Mosaic lowering at Qwen3-0.6B's shape (8 kv heads of 128, 16
   query heads, 32 pages of 64), through jax.export for 'tpu' on CPU: on one
-  device, and per shard on an 8-device mesh."""
+  device, and per shard on an 8-device mesh, where each kernel call takes its
+  shard's part of the pool (4 parts, 2 of the 8 kv heads), not all of it."""
   b, j, g, k, n, h = 8, 32, 64, 8, 16, 128
+  parts = 4 if mesh else 1
   cfg = type("C", (), dict(num_kv_heads=k, head_dim=h, num_layers=2))
   kp, vp, _, _ = kv_cache.init_pool(cfg, b * j, g, jnp.dtype(dtype))
   fn = jax.jit(lambda q, kp, vp, ids, lengths: paged_tpu.decode(
-      q, kp, vp, None, None, ids, lengths, jnp.bfloat16, interpret=False))
+      q, kp, vp, None, None, ids, lengths, jnp.bfloat16, interpret=False, pool_parts=parts))
   args = (jnp.zeros((b, 1, n, h), jnp.bfloat16), kp, vp, jnp.zeros((b, j), jnp.int32),
           jnp.full((b,), j * g, jnp.int32))
   with jax.set_mesh(make_mesh(*mesh)) if mesh else contextlib.nullcontext():
     exported = jax.export.export(fn, platforms=["tpu"])(*args)
-  assert "tpu_custom_call" in exported.mlir_module()
+  module = exported.mlir_module()
+  assert "tpu_custom_call" in module
   assert exported.nr_devices == (8 if mesh else 1)
+  heads = k // 2 if mesh else k
+  short = {"bfloat16": "bf16", "float8_e4m3fn": "f8E4M3FN"}[dtype]
+  assert f"tensor<{heads}x{2 * b * j // parts}x{g}x{h}x{short}>" in module
 
 
 PROMPTS = [[5, 9, 2], [7, 1, 8, 2, 8, 1, 3], [4, 4, 6, 10, 12], [3], [9, 9, 9, 1, 2, 3]]
@@ -133,23 +171,23 @@ def test_sampler_with_the_kernel_equals_the_paged_path():
   assert sampler.engine.trace_counts["generate_until_free"] >= 1  # it did refill
   eng = sampler.engine
   state = eng.init_decode_state()
-  assert state.cache.k.sharding.spec[:2] == ("tensor", None)  # pages whole on each row shard
+  assert eng.pool_parts == 4  # a part of the pool per row shard: its rows' pages
+  assert state.cache.k.sharding.spec[:2] == ("tensor", ("data", "fsdp"))
   lowered = eng.programs["generate_until_done"].lower(eng._spec, sampler.params, state)  # pylint: disable=protected-access
   assert f'"{paged_tpu.NAME}/' in lowered.as_text(debug_info=True)
 
 
 def test_auto_runs_the_kernel_on_a_tpu_where_it_serves_the_cache(caplog):
-  pick = lambda asked, kv, rows=1, head_dim=128: SamplerConfig(
-      decode_attention=asked).decode_attention_for("tpu", row_shards=rows, kv_dtype=jnp.dtype(kv),
+  """On one TPU and on a pod (the pool in a part per row shard), for the caches it takes."""
+  pick = lambda asked, kv, head_dim=128, devices=1: SamplerConfig(
+      decode_attention=asked).decode_attention_for("tpu", devices, kv_dtype=jnp.dtype(kv),
                                                    head_dim=head_dim)
-  assert SamplerConfig().decode_attention_for("tpu", devices=8) == "pallas_tpu"
   assert pick("auto", "bfloat16") == pick("auto", "float8_e4m3fn") == "pallas_tpu"
+  assert pick("auto", "bfloat16", devices=8) == "pallas_tpu"
   with caplog.at_level(logging.WARNING):
     assert pick("auto", "int8") == pick("auto", "float32") == "paged"
-    assert pick("auto", "bfloat16", rows=4) == "paged"  # each shard would hold every row
     assert pick("auto", "bfloat16", head_dim=16) == "paged"  # not whole 128-lane tiles
-  assert "int8 cache" in caplog.text and "rows are split over 4" in caplog.text
-  assert pick("pallas_tpu", "bfloat16", rows=4) == "pallas_tpu"
+  assert "int8 cache" in caplog.text and "128 lanes" in caplog.text
   for kv in ("int8", "float32"):
     with pytest.raises(ValueError, match="cannot serve"):
       pick("pallas_tpu", kv)

@@ -284,9 +284,11 @@ class DecodeImpl(NamedTuple):
   (`paged`), "pallas" (`paged_pallas.decode`), "pallas_tpu" (`paged_tpu.decode`),
   "invariant" (`invariant.attend_paged`, the true on-policy mode) or "dense"
   (the reference); `interpret`: the kernel runs in Pallas'
-  interpreter (off the device it is written for)."""
+  interpreter (off the device it is written for); `pool_parts`: the decode
+  pool's parts, one per row shard (`kv_cache.py`)."""
   name: str = "paged"
   interpret: bool = False
+  pool_parts: int = 1
 
 
 def decode(q_BTNH: jax.Array, cache: kv_cache.LayerCache, impl: DecodeImpl,
@@ -313,7 +315,8 @@ def decode(q_BTNH: jax.Array, cache: kv_cache.LayerCache, impl: DecodeImpl,
     return paged_pallas.decode(q_BTNH, *pools, lengths_B, dtype, interpret=impl.interpret)
   if t == 1 and impl.name == "pallas_tpu" and paged_tpu.takes(
       cache.k.dtype, h, g, on_tpu=not impl.interpret):
-    return paged_tpu.decode(q_BTNH, *pools, lengths_B, dtype, interpret=impl.interpret)
+    return paged_tpu.decode(q_BTNH, *pools, lengths_B, dtype, interpret=impl.interpret,
+                            pool_parts=impl.pool_parts)
   return paged(q_BTNH, *pools, cache.q_slot_BT, dtype)
 
 

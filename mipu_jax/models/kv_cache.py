@@ -1,13 +1,15 @@
 """The decoder's paged KV cache: a page pool, a page table per row, in-place writes.
 
 Layout (docs/method.md §7). Keys and values live in one pool per tensor,
-`[K, L * P, G, H]`: K kv heads, the P pages of each of the L layers side by
-side (layer l's page p is pool page `l * P + p`), G slots per page, H head
-dim: the paged-attention kernels' layout (`k_pages[K, pages, page_size, H]`)
-with the layer folded into the page axis, so one array serves every layer of
-the layer scan and a layer never slices itself out of the pool (a copy of its
-whole cache at every decode step); it reads and writes through page ids
-offset by `l * P` (`LayerCache`).
+`[K, D * L * P, G, H]`: K kv heads; D parts (one per row shard of a mesh,
+else 1), each holding the P pages of each of the L layers side by side (part
+d's page p of layer l is pool page `d * L * P + l * P + p`); G slots per
+page, H head dim: the paged-attention kernels' layout (`k_pages[K, pages,
+page_size, H]`) with the layer folded into the page axis, so one array serves
+every layer of the layer scan and a layer never slices itself out of the pool
+(a copy of its whole cache at every decode step); it reads and writes through
+page ids offset by `l * P` (`LayerCache`). Sharding the page axis over the
+row axes gives each device its part: its rows' pages, every layer.
 
 Row b's slot s lives at pool page `pages[b, s // G]`, offset `s % G`, and
 its cache is the run of slots `[0, index[b])`: no holes, so attention masks
@@ -18,7 +20,7 @@ are one scatter into the donated pool (in place; tests/test_kv_cache.py
 checks the compiled step for cache-sized copies).
 
 Shape letters: B rows, T new positions, S slots per row (J pages of G),
-K kv heads, H head dim, L layers, P pages per layer.
+K kv heads, H head dim, L layers, P pages per layer of a part, D parts.
 """
 
 import functools
@@ -38,12 +40,11 @@ class KVCache(NamedTuple):
   """A paged key/value cache (module docstring).
 
   Attributes:
-    k: [K, L * P, G, H] keys in the cache dtype (int8 with `k_scale`).
-    v: [K, L * P, G, H] values.
-    k_scale: [K, L * P, G, 1] float32 absmax scales when the cache is int8, else None.
+    k: [K, D * L * P, G, H] keys in the cache dtype (int8 with `k_scale`).
+    v: [K, D * L * P, G, H] values.
+    k_scale: [K, D * L * P, G, 1] float32 absmax scales when the cache is int8, else None.
     v_scale: as `k_scale`.
-    pages: [B, J] int32, row b's j-th page (slots j*G .. j*G+G-1) in each
-      layer's P pages.
+    pages: [B, J] int32, row b's j-th page (slots j*G .. j*G+G-1) in layer 0.
     index: [B] int32, each row's length: its cache is slots `[0, index[b])`
       and a call writes its T entries at `index[b] ..` (past the end:
       dropped). Rows advance on their own (a sampler slot refilled with a new
@@ -66,8 +67,9 @@ class KVCache(NamedTuple):
     """S, the slots of a row's page table."""
     return self.pages.shape[1] * self.page_size
 
-  def pages_per_layer(self, num_layers: int) -> int:
-    return self.k.shape[1] // num_layers
+  def pages_per_layer(self, num_layers: int, parts: int = 1) -> int:
+    """P, the pages of a layer in one of the pool's `parts` (the layer stride)."""
+    return self.k.shape[1] // (num_layers * parts)
 
 
 class LayerCache(NamedTuple):

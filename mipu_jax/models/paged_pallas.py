@@ -1,31 +1,23 @@
 """Decode attention over the paged KV cache as one Pallas GPU kernel (docs/method.md §7).
 
-`attention.paged` (pure XLA) runs a few small ops per page column: on a GPU,
-a kernel launch per op, per page, per layer. This kernel does the same
-computation in one launch per layer: a program per (row, kv head, split of
-the row's pages) gathers `pages_per_block` pages of keys and values at a
-time from the pool (`kv_cache.KVCache`, `[K, L*P, G, H]`) and keeps
-FlashAttention's running max, sum and output in float32; the splits are
-merged outside by log-sum-exp. A program loops only over the pages below
-its row's length (a row has no holes).
+`attention.paged` (pure XLA) runs a few small ops per page column: on a GPU, a kernel launch per
+op, per page, per layer. This kernel takes one launch per layer: a program per (row, kv head,
+split of the row's pages) gathers `pages_per_block` pages of keys and values at a time from the
+pool (`kv_cache.KVCache`, `[K, L*P, G, H]`) below the row's length (a row has no holes), with
+FlashAttention's float32 running max, sum and output; splits are merged outside by log-sum-exp.
 
-It follows jax's `pallas.ops.gpu.paged_attention` (grid, page gathers, split
-merge, masking by length), plus what the sampler needs: the softmax scale on
-the float32 logits (as `attention.paged`, so the two agree to rounding),
-int8 pools dequantized per slot before the dot (as `kv_cache.read_pages`),
-FP8 pools cast in the kernel. Query heads of one kv head are padded to 16
-(the smallest dot tile); only the real rows are stored and merged. Two
-gathers (`gather=`, or `MIPU_PALLAS_DECODE_PLAN="slots:..."`): "pages" (the
-default) loads a block's page ids, then each page's keys; "slots" loads one
-pool-row index per slot (SGLang's Triton decode kernel's way), to be
-compared on a GPU (`bench/gpu/paged_kernel.py`).
+It follows jax's `pallas.ops.gpu.paged_attention` (grid, page gathers, split merge, masking by
+length), plus: the softmax scale on the float32 logits (as `attention.paged`, so the two agree to
+rounding), int8 pools dequantized per slot before the dot (as `kv_cache.read_pages`), FP8 pools
+cast in the kernel. Query heads of one kv head are padded to 16 (the smallest dot tile); only the
+real rows are stored and merged. Two gathers (`gather=`, or `MIPU_PALLAS_DECODE_PLAN="slots:..."`,
+compared in `bench/gpu/paged_kernel.py`): "pages" (default) loads a block's page ids, then each
+page's keys; "slots" loads one pool-row index per slot (as SGLang's Triton decode kernel).
 
-Written against Pallas' core API and its Triton backend, not the
-`pallas.ops.gpu` kernels jax deprecated after 0.11.0; bench/README.md has
-what ran on which jax. Off a GPU it runs in Pallas' interpreter (tested
-against `attention.paged`), and its lowering for 'cuda' is checked on CPU.
-One device only: XLA cannot partition the kernel's custom call, so a cache
-sharded over several devices uses `attention.paged`
+Written against Pallas' core API and its Triton backend, not the `pallas.ops.gpu` kernels jax
+deprecated after 0.11.0 (bench/README.md: what ran on which jax). Off a GPU it runs in Pallas'
+interpreter (tested against `attention.paged`); its 'cuda' lowering is checked on CPU. One device
+only: XLA cannot partition the kernel's custom call, so a sharded cache uses `attention.paged`
 (`SamplerConfig.decode_attention_for`).
 """
 
@@ -43,12 +35,9 @@ NAME = "mipu_paged_decode"
 
 
 def missing_backend() -> Optional[str]:
-  """Why the installed jax cannot run this kernel, or None when it can.
-
-  The kernel is written for Pallas' Triton backend, which jax deprecated in
-  0.11.0 and will remove: without `jax.experimental.pallas.triton` it neither
-  lowers for a GPU nor runs in the interpreter (docs/method.md §7).
-  """
+  """Why the installed jax cannot run this kernel, or None: without Pallas' Triton backend
+  (`jax.experimental.pallas.triton`, deprecated in jax 0.11.0, to be removed) it neither lowers
+  for a GPU nor runs in the interpreter (docs/method.md §7)."""
   try:
     importlib.import_module("jax.experimental.pallas.triton")
   except ImportError as e:
@@ -58,14 +47,10 @@ def missing_backend() -> Optional[str]:
 
 def _kernel(length_ref, q_ref, k_ref, ks_ref, v_ref, vs_ref, pages_ref,
             o_ref, l_ref, m_ref, *, block: int, unit: int, scale: float, dtype, heads: int):
-  """One (kv head, query-head block, split) program of one row.
-
-  Page gather (`unit` = the page size G): `pages_ref` holds the split's page
-  ids, a block is `block` pages. Slot gather (`unit` 1): the pools are
-  `[P * G, H]` rows, `pages_ref` holds each of the split's slots' pool row, a
-  block is `block` slots. `length_ref`: the row's length (it attends slots
-  `[0, length)`).
-  """
+  """One (kv head, query-head block, split) program of one row; `length_ref`: the row's length
+  (it attends slots `[0, length)`). Page gather (`unit` = the page size G): `pages_ref` holds the
+  split's page ids, a block is `block` pages. Slot gather (`unit` 1): the pools are `[P * G, H]`
+  rows, `pages_ref` holds the split's slots' pool rows, a block is `block` slots."""
   split = pl.program_id(2)
   block_h, h = q_ref.shape
   per_split = pages_ref.shape[0]
@@ -108,8 +93,7 @@ def _kernel(length_ref, q_ref, k_ref, ks_ref, v_ref, vs_ref, pages_ref,
           jnp.full((block_h,), -jnp.inf, jnp.float32),
           jnp.zeros((block_h,), jnp.float32))
   o, m, l = jax.lax.fori_loop(0, n_blocks, body, init)
-  # Only the kv head's `heads` real query rows of the float32 partial output
-  # (2 of the 16-row tile at Qwen3-0.6B): the merge reads those alone.
+  # Store only the kv head's `heads` real query rows of the partial output: the merge reads those.
   from jax.experimental.pallas import triton as plgpu  # pylint: disable=g-import-not-at-top
   plgpu.store(o_ref, o, mask=jax.lax.broadcasted_iota(jnp.int32, o.shape, 0) < heads)
   m_ref[...] = m
@@ -119,10 +103,9 @@ def _kernel(length_ref, q_ref, k_ref, ks_ref, v_ref, vs_ref, pages_ref,
 def _row(q_NH, length_1, pages_J, k_pool, v_pool, k_scale, v_scale, *, unit: int,
          block: int, k_splits: int, dtype, interpret: bool, num_warps: int,
          num_stages: int):
-  """One row's attention: `[N, H]` (vmapped over rows by `decode`). Page
-  gather (`unit` G): pools `[K, P, G, H]`, `pages_J` the page ids; slot
-  gather (`unit` 1): pools `[K, P * G, H]`, `pages_J` the `[S]` slots' pool
-  rows. `length_1`: the row's length."""
+  """One row's attention, `[N, H]` (vmapped over rows by `decode`); `length_1`: the row's length.
+  Page gather (`unit` G): pools `[K, P, G, H]`, `pages_J` the page ids; slot gather (`unit` 1):
+  pools `[K, P * G, H]`, `pages_J` the `[S]` slots' pool rows."""
   n, h = q_NH.shape
   kh = k_pool.shape[0]
   per_kv = n // kh
@@ -164,9 +147,8 @@ def _row(q_NH, length_1, pages_J, k_pool, v_pool, k_scale, v_scale, *, unit: int
       compiler_params=plgpu.CompilerParams(num_warps=num_warps, num_stages=num_stages),
       name=NAME,
   )(length_1, q_KQH, k_pool, k_scale, v_pool, v_scale, pages_J)
-  # Merge the splits (log-sum-exp). A row with no slot to attend gives 0
-  # (attention.paged gives the mean of the values its loop visited; neither
-  # is used: such a row is not sampling).
+  # Merge the splits (log-sum-exp). A row with no slot to attend gives 0 (attention.paged: the
+  # mean of the values its loop visited); neither is used, such a row is not sampling.
   o, l, m = o[:, :, :per_kv], l[:, :, :per_kv], m[:, :, :per_kv]  # the rows written
   m_max = m.max(axis=0)
   m_safe = jnp.where(m_max == -jnp.inf, 0.0, m_max)
@@ -179,10 +161,9 @@ def _row(q_NH, length_1, pages_J, k_pool, v_pool, k_scale, v_scale, *, unit: int
 
 def split_plan(batch: int, kv_heads: int, pages: int, page_size: int,
                target_programs: int = 2048) -> tuple[int, int]:
-  """`(pages_per_block, k_splits)`: blocks of at least 64 keys (one dot tile
-  of useful width), and the row's pages split until the grid has about
-  `target_programs` programs (a small batch still fills the GPU); the plans
-  measured against it: bench/README.md ("On a GPU: the Pallas decode kernel")."""
+  """`(pages_per_block, k_splits)`: blocks of at least 64 keys (one dot tile of useful width), the
+  row's pages split until the grid has about `target_programs` programs (a small batch still
+  fills the GPU); plans measured: bench/README.md ("On a GPU: the Pallas decode kernel")."""
   ppb = 1
   while ppb * page_size < 64 and pages % (ppb * 2) == 0:
     ppb *= 2
@@ -198,8 +179,8 @@ def _pow2(x: int) -> bool:
 
 
 def supports(pages: int, page_size: int, head_dim: int, *, interpret: bool = False) -> bool:
-  """Whether the kernel compiles for rows of `pages` pages: Triton's tiles are
-  powers of two, at least 16 keys wide (the interpreter takes any shape)."""
+  """Whether the kernel compiles for rows of `pages` pages: Triton's tiles are powers of two, at
+  least 16 keys wide (the interpreter takes any shape)."""
   if interpret:
     return True
   ppb, _ = split_plan(1, 1, pages, page_size)
@@ -211,11 +192,9 @@ GATHERS = ("pages", "slots")
 
 
 def env_plan() -> Optional[tuple[str, tuple[int, int, int, int]]]:
-  """`(gather, (block, k_splits, num_warps, num_stages))` from the environment
-  variable `MIPU_PALLAS_DECODE_PLAN` (bench/gpu/paged_kernel.py's sweep), or None:
-  `"2,2,4,2"` gathers pages (blocks of 2 pages), `"slots:64,4,4,3"` gathers
-  slots (blocks of 64 slots). Read when a step is traced; a shape it does not
-  fit uses the default plan."""
+  """`(gather, (block, k_splits, num_warps, num_stages))` from `MIPU_PALLAS_DECODE_PLAN`
+  (bench/gpu/paged_kernel.py's sweep), or None: `"2,2,4,2"` gathers pages (blocks of 2 pages),
+  `"slots:64,4,4,3"` slots (blocks of 64). Read when traced; the default where it does not fit."""
   text = os.environ.get(PLAN_ENV, "").strip()
   if not text:
     return None
@@ -233,8 +212,8 @@ def env_plan() -> Optional[tuple[str, tuple[int, int, int, int]]]:
 
 
 def _fits(block: int, splits: int, slots: int, unit: int, interpret: bool) -> bool:
-  """Whether blocks of `block` units of `unit` slots (a page, or one slot) x
-  `splits` tile a row of `slots` slots, in Triton's tiles."""
+  """Whether blocks of `block` units of `unit` slots (a page, or one slot) x `splits` tile a row
+  of `slots` slots, in Triton's tiles."""
   keys = block * unit
   return (slots // unit) % (block * splits) == 0 and (
       interpret or (keys >= _MIN_TILE and _pow2(keys)))
@@ -244,15 +223,12 @@ def decode(q_BTNH, k_pool, v_pool, k_scale, v_scale, page_ids_BJ, lengths_B, dty
            interpret=None, plan=None, gather=None):
   """`attention.paged` for one query per row (T = 1), as a Pallas kernel.
 
-  Args and returns: as `attention.paged`, with each row's length `lengths_B`
-  (it attends slots `[0, length)`) in place of the query slots. `interpret`:
-  run in Pallas' interpreter (default: when the platform is not a GPU).
-  `plan`: `(block, k_splits, num_warps, num_stages)`; `gather`: "pages" (a
-  block is `block` pages, fetched through the page table) or "slots" (the
-  pools as `[K, P * G, H]` rows, a block is `block` slots, each fetched
-  through its own row index: one index load per block instead of the page
-  ids' load and the pages' loads through them). Default: `env_plan()`, else
-  "pages" with `split_plan`'s blocks and splits, 4 warps, 2 stages.
+  Args and returns: as `attention.paged`, with each row's length `lengths_B` (it attends slots
+  `[0, length)`) in place of the query slots. `interpret`: run in Pallas' interpreter (default:
+  off a GPU). `plan`: `(block, k_splits, num_warps, num_stages)`; `gather`: "pages" (a block is
+  `block` pages, fetched through the page table) or "slots" (the pools as `[K, P * G, H]` rows, a
+  block is `block` slots, each fetched through its own row index: no page-id loads). Default:
+  `env_plan()`, else "pages" with `split_plan`'s blocks and splits, 4 warps, 2 stages.
   """
   b, t, n, h = q_BTNH.shape
   if t != 1:

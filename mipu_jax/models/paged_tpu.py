@@ -18,10 +18,10 @@ float32 pool-sized array) nor a float32 one (read as bfloat16).
 not: the head dim in 128 lanes, pages in sublane tiles of the pool dtype.
 
 On a mesh the kernel runs per shard under `shard_map`: rows over the data
-axes, kv heads (and their query heads) over `tensor`. A shard reads its rows'
-pages through global page ids, so the pool's page axis stays whole on each
-row shard (`Engine.decode_state_shardings`). Off a TPU it runs in Pallas'
-TPU interpreter, and `jax.export` lowers it for 'tpu' on CPU.
+axes, kv heads (and their query heads) over `tensor`. The sampler's pool has
+one part per row shard (`kv_cache.py`), its rows' pages: a shard holds its
+part and reads it through local page ids. Off a TPU it runs in Pallas' TPU
+interpreter, and `jax.export` lowers it for 'tpu' on CPU.
 """
 
 import contextlib
@@ -87,14 +87,16 @@ def pages_per_block(pages: int, page_size: int, keys: int = 256) -> int:
 
 
 def decode(q_BTNH, k_pool, v_pool, k_scale, v_scale, page_ids_BJ, lengths_B, dtype, *,
-           interpret=None, block_pages: Optional[int] = None):
+           interpret=None, block_pages: Optional[int] = None, pool_parts: int = 1):
   """`attention.paged` for one query per row (T = 1), through jax's TPU kernel.
 
   Args and returns: as `paged_pallas.decode` (each row's length in place of
   the query slots); a row of length 0 gives 0. `interpret`: run in Pallas'
   TPU interpreter, True or a `pltpu.InterpretParams` (default: off a TPU).
   `block_pages`: the kernel's `pages_per_compute_block` (default
-  `pages_per_block`). Refuses the caches of `unsupported`.
+  `pages_per_block`). `pool_parts`: the pool's parts (`kv_cache.py`), one per
+  row shard of the mesh (1: the pool whole on each row shard). Refuses the
+  caches of `unsupported`.
   """
   del k_scale, v_scale  # only int8 pools have scales: refused
   b, t, n, h = q_BTNH.shape
@@ -111,7 +113,7 @@ def decode(q_BTNH, k_pool, v_pool, k_scale, v_scale, page_ids_BJ, lengths_B, dty
   q_BNH = q_BTNH[:, 0].astype(jnp.float32) * (h ** -0.5)
   mesh = jax.sharding.get_abstract_mesh()
   if not mesh.empty:
-    kernel = _per_shard(kernel, mesh, b, k_pool.shape[0])
+    kernel = _per_shard(kernel, mesh, b, k_pool.shape[0], pool_parts)
   if interpret is False:
     interpreting = contextlib.nullcontext()
   else:
@@ -124,16 +126,26 @@ def decode(q_BTNH, k_pool, v_pool, k_scale, v_scale, page_ids_BJ, lengths_B, dty
   return out_BNH[:, None].astype(dtype)
 
 
-def _per_shard(kernel, mesh, rows: int, kv_heads: int):
+def _per_shard(kernel, mesh, rows: int, kv_heads: int, pool_parts: int):
   """`kernel` under `shard_map`: rows over the data axes that divide them, kv
-  heads (with their query heads, which follow them in `N`) over `tensor`."""
+  heads (with their query heads, which follow them in `N`) over `tensor`; a
+  pool of parts split with the rows, each shard's page ids made local."""
   row_axes = tuple(a for a in _ROW_AXES if a in mesh.axis_names)
-  r = row_axes if row_axes and rows % math.prod(mesh.shape[a] for a in row_axes) == 0 else None
+  shards = math.prod(mesh.shape[a] for a in row_axes)
+  if pool_parts > 1 and (pool_parts != shards or rows % shards):
+    raise ValueError(f"a pool of {pool_parts} parts needs as many row shards, and {rows} "
+                     f"rows split over them; the mesh has {shards}.")
+  r = row_axes if row_axes and rows % shards == 0 else None
+  parts = r if pool_parts > 1 else None
   tensor = mesh.shape.get("tensor", 0)
   heads = "tensor" if tensor and kv_heads % tensor == 0 else None
   spec = jax.sharding.PartitionSpec
+
+  def local(q, k_pages, v_pages, lengths, ids):  # a part's pages: global id modulo its size
+    return kernel(q, k_pages, v_pages, lengths, ids % k_pages.shape[1])
+
   return jax.shard_map(
-      kernel, mesh=mesh,
-      in_specs=(spec(r, heads, None), spec(heads, None, None, None),
-                spec(heads, None, None, None), spec(r), spec(r, None)),
+      local, mesh=mesh,
+      in_specs=(spec(r, heads, None), spec(heads, parts, None, None),
+                spec(heads, parts, None, None), spec(r), spec(r, None)),
       out_specs=spec(r, heads, None), check_vma=False)

@@ -352,7 +352,7 @@ class Qwen3(nnx.Module):
       # ids offset by `layer * P`; no layer is sliced out of the pools.
       index_B = cache.index.astype(jnp.int32)
       q_slot_BT = index_B[:, None] + jnp.arange(t, dtype=jnp.int32)[None, :]
-      per_layer = cache.pages_per_layer(cfg.num_layers)
+      per_layer = cache.pages_per_layer(cfg.num_layers, inference.decode.pool_parts)
 
       def body(carry, xs):
         x, pools = carry

@@ -1,14 +1,11 @@
 """TPU splash attention through jax's kernel, per example (docs/method.md §7).
 
-`attend` runs `jax.experimental.pallas.ops.tpu.splash_attention` on rows that
-`attention.attend` has padded to whole tiles: causal by slot, a key attended
-only by queries of its own segment (padding keys carry a segment no query
-has). Off a TPU it runs in Pallas' TPU interpreter, the default there as in
-`paged_tpu.decode`: the kernel is written for a TPU, and the interpreter lets
-the tests check it on CPU against the dense reference.
+`attend` runs `jax.experimental.pallas.ops.tpu.splash_attention` on rows `attention.attend` has
+padded to whole tiles: causal by slot, a key attended only by queries of its own segment (padding
+keys carry a segment no query has). Off a TPU it runs in Pallas' TPU interpreter by default (as
+`paged_tpu.decode`), so tests check it on CPU against the dense reference.
 
-Shape letters: B batch, T slots (a multiple of the tile), N query heads,
-K kv heads, H head dim.
+Shape letters: B batch, T slots (a multiple of the tile), N query heads, K kv heads, H head dim.
 """
 
 from typing import Optional
@@ -19,9 +16,8 @@ import jax.numpy as jnp
 
 def attend(q_BTNH, k_BTKH, v_BTKH, q_seg_BT, k_seg_BT, block: int, *,
            interpret: Optional[bool] = None):
-  """Causal attention within segments, `[B, T, N, H]` in the dtype of `q`;
-  `block`: the query and key tile (it divides T). `interpret`: run in Pallas'
-  interpreter (default: off a TPU)."""
+  """Causal attention within segments, `[B, T, N, H]` in `q`'s dtype; `block`: the query and key
+  tile (it divides T); `interpret`: run in Pallas' interpreter (default: off a TPU)."""
   from jax.experimental.pallas.ops.tpu import splash_attention as splash  # pylint: disable=g-import-not-at-top
 
   if interpret is None:

@@ -8,7 +8,7 @@ conventions are in `state.py`.
 """
 
 import dataclasses
-from typing import Optional
+from typing import NamedTuple, Optional
 
 import jax
 import jax.numpy as jnp
@@ -96,7 +96,9 @@ def prefill(spec: DecodeSpec, params, tokens_RP, true_length_R, keys_R, temperat
   mask_RP = jnp.arange(p)[None, :] < true_length_R[:, None]
   tokens_RP = jnp.where(mask_RP, tokens_RP, spec.pad_id)
   cache = init_cache(model.config, r, p, spec.kv_dtype, page_size=spec.page_size_for(p))
-  out = model(tokens_RP, mask_BT=mask_RP, cache=cache, inference=spec.inference, logits=False)
+  whole = dataclasses.replace(  # a prefill cache is one contiguous part
+      spec.inference, decode=spec.inference.decode._replace(pool_parts=1))
+  out = model(tokens_RP, mask_BT=mask_RP, cache=cache, inference=whole, logits=False)
   cache = out.cache
   # Only each prompt's last position's logits are needed (P times fewer
   # LM-head FLOPs than the model's own [R, P, V]).
@@ -113,6 +115,43 @@ def prefill(spec: DecodeSpec, params, tokens_RP, true_length_R, keys_R, temperat
   return prefix, tokens_R, lp_R
 
 
+class PoolGeometry(NamedTuple):
+  """Where a decode state's pages are: pages of `g` slots; `c` prompt blocks of
+  `jp` pages, then `own` pages for each of `b` slots, in `parts` parts of the
+  pool (`kv_cache.py`), one per row shard: part d holds blocks `[d, d + 1) c /
+  parts` and the own pages of slots `[d, d + 1) b / parts`, shard d's rows."""
+  g: int
+  jp: int
+  own: int
+  c: int
+  b: int
+  parts: int
+  layers: int
+
+  @property
+  def per_layer(self) -> int:
+    """P: the pages of a layer in a part, the layer stride of page ids."""
+    return (self.c * self.jp + self.b * self.own) // self.parts
+
+  def _base(self, part):
+    return part * self.layers * self.per_layer
+
+  def block_page(self, k):
+    """Layer 0's first page of prompt block `k`."""
+    cd = self.c // self.parts
+    return self._base(k // cd) + k % cd * self.jp
+
+  def own_page(self, slot):
+    """Layer 0's first page of slot `slot`'s own pages."""
+    bd, cd = self.b // self.parts, self.c // self.parts
+    return self._base(slot // bd) + cd * self.jp + slot % bd * self.own
+
+  def part_block(self, slot):
+    """A prompt block in the part of `slot`'s row (its shard's first blocks, in turn)."""
+    bd, cd = self.b // self.parts, self.c // self.parts
+    return slot // bd * cd + slot % bd % cd
+
+
 def init_decode_state(spec: DecodeSpec, model_cfg, num_slots: int, prefill_length: int,
                       decode_length: int, stop_ids_E: jax.Array,
                       prompt_blocks: Optional[int] = None) -> DecodeState:
@@ -125,19 +164,24 @@ def init_decode_state(spec: DecodeSpec, model_cfg, num_slots: int, prefill_lengt
   samples of the same prompt, `insert`), then at its own pages, the first of
   which holds its copy of the prompt's partly filled last page. So the cache
   holds prompts + generated tokens (+ a page per slot), not samples x
-  (prompt + generated). Empty slots' tables are those of a prompt filling
-  the region, index at the first generated slot.
+  (prompt + generated). With the pool in parts (one per row shard), slots and
+  blocks are split evenly over them (`PoolGeometry`). Empty slots' tables
+  are those of a prompt filling the region, index at the first generated slot.
   """
   b, n, p = num_slots, decode_length, prefill_length
   c = b if prompt_blocks is None else prompt_blocks
+  parts = spec.inference.decode.pool_parts
   if not 1 <= c <= b:
     raise ValueError(f"prompt_blocks must be in [1, num_slots={b}], got {c}.")
+  if b % parts or c % parts:
+    raise ValueError(f"the rows are split over {parts} devices: num_slots ({b}) and "
+                     f"prompt_blocks ({c}) must be multiples of {parts}.")
   g = spec.page_size_for(p, n)
-  jp, own = p // g, n // g + 1
-  k, v, ks, vs = kv_cache.init_pool(model_cfg, c * jp + b * own, g, spec.kv_dtype)
+  geo = PoolGeometry(g, p // g, n // g + 1, c, b, parts, model_cfg.num_layers)
+  k, v, ks, vs = kv_cache.init_pool(model_cfg, geo.per_layer * parts, g, spec.kv_dtype)
   slots_B = jnp.arange(b, dtype=jnp.int32)
-  pages_BJ = _row_pages(slots_B % c, slots_B, jnp.full((b,), jp, jnp.int32), jp, own, c,
-                        jp + n // g)
+  pages_BJ = _row_pages(geo, geo.part_block(slots_B), slots_B, jnp.full((b,), geo.jp, jnp.int32),
+                        geo.jp + n // g)
   cache = KVCache(k=k, v=v, k_scale=ks, v_scale=vs, pages=pages_BJ,
                   index=jnp.full((b,), p, jnp.int32))
   return DecodeState(
@@ -151,25 +195,23 @@ def init_decode_state(spec: DecodeSpec, model_cfg, num_slots: int, prefill_lengt
       logprobs_BN=jnp.zeros((b, n), jnp.float32))
 
 
-def _row_pages(blocks_M, slots_M, shared_M, jp: int, own: int, c: int, j: int):
+def _row_pages(geo: PoolGeometry, blocks_M, slots_M, shared_M, j: int):
   """Page tables `[M, j]`: column j < `shared_M[m]` is page j of prompt
-  block `blocks_M[m]` (block c holds pages c*jp .. c*jp + jp - 1); the
-  columns after it are slot `slots_M[m]`'s own `own` pages, after the `c`
-  blocks."""
+  block `blocks_M[m]`; the columns after it are slot `slots_M[m]`'s own pages."""
   j_J = jnp.arange(j, dtype=jnp.int32)[None, :]
-  block_MJ = blocks_M[:, None] * jp + j_J
-  own_MJ = c * jp + slots_M[:, None] * own + jnp.clip(j_J - shared_M[:, None], 0, own - 1)
+  block_MJ = geo.block_page(blocks_M)[:, None] + j_J
+  own_MJ = geo.own_page(slots_M)[:, None] + jnp.clip(j_J - shared_M[:, None], 0, geo.own - 1)
   return jnp.where(j_J < shared_M[:, None], block_MJ, own_MJ)
 
 
-def cache_geometry(ds: DecodeState, num_layers: int) -> tuple[int, int, int, int]:
-  """`(page size, prompt pages per block jp, own pages per slot, blocks c)`."""
+def cache_geometry(ds: DecodeState, num_layers: int, parts: int = 1) -> PoolGeometry:
+  """The `PoolGeometry` of a decode state whose pool has `parts` parts."""
   cache = ds.cache
   g = cache.page_size
   b, n = ds.tokens_BN.shape
   jp, own = (cache.slots - n) // g, n // g + 1
-  per_layer = cache.pages_per_layer(num_layers)
-  return g, jp, own, (per_layer - b * own) // jp
+  c = (cache.pages_per_layer(num_layers) - b * own) // jp
+  return PoolGeometry(g, jp, own, c, b, parts, num_layers)
 
 
 def insert(spec: DecodeSpec, prefix: Prefix, ds: DecodeState, slots_M, rows_M,
@@ -193,13 +235,13 @@ def insert(spec: DecodeSpec, prefix: Prefix, ds: DecodeState, slots_M, rows_M,
   fill_M = jnp.ones(slots_M.shape, bool) if fill_M is None else fill_M
   real_M = slots_M < b
   num_layers = pc.k.shape[1] // pc.pages.size  # contiguous: L x R x (p / G') pages
-  g, jp, own, nblocks = cache_geometry(ds, num_layers)
+  geo = cache_geometry(ds, num_layers, spec.inference.decode.pool_parts)
   length_M = prefix.true_length_R[rows_M]
-  shared_M = length_M // g
-  prompt_pages_MJ = _row_pages(blocks_M, slots_M, shared_M, jp, own, nblocks, jp)
+  shared_M = length_M // geo.g
+  prompt_pages_MJ = _row_pages(geo, blocks_M, slots_M, shared_M, geo.jp)
   cache = _copy_prompts(c, pc, rows_M, length_M, prompt_pages_MJ, fill_M & real_M, real_M,
-                        num_layers)
-  pages_MJ = _row_pages(blocks_M, slots_M, shared_M, jp, own, nblocks, c.pages.shape[1])
+                        geo)
+  pages_MJ = _row_pages(geo, blocks_M, slots_M, shared_M, c.pages.shape[1])
   cache = cache._replace(pages=c.pages.at[slots_M].set(pages_MJ, mode="drop"),
                          index=c.index.at[slots_M].set(length_M, mode="drop"))
 
@@ -230,21 +272,20 @@ def insert(spec: DecodeSpec, prefix: Prefix, ds: DecodeState, slots_M, rows_M,
 
 
 def _copy_prompts(c: KVCache, pc: KVCache, rows_M, length_M, pages_MJ, fill_M, real_M,
-                  num_layers: int) -> KVCache:
+                  geo: PoolGeometry) -> KVCache:
   """Copies prefill rows `rows_M` into the decode pool, every layer, one
   scatter per pool: the prompt's slots on full pages into its block where
   `fill_M`, those of its partly filled last page into the slot's own first
   page where `real_M` (`pages_MJ`: the first `jp` columns of each slot's
   page table); the prefill's padding slots nowhere."""
   r, p = pc.pages.shape[0], pc.slots
-  g = c.page_size
-  per_layer = c.pages_per_layer(num_layers)
+  g, num_layers = c.page_size, geo.layers
   slots_P = jnp.arange(p, dtype=jnp.int32)
   page_MP = jnp.take(pages_MJ, slots_P // g, axis=1)
   on_full_MP = slots_P[None, :] < (length_M // g * g)[:, None]
   keep_MP = jnp.where(on_full_MP, fill_M[:, None], real_M[:, None]) & (
       slots_P[None, :] < length_M[:, None])
-  page_LMP = jnp.arange(num_layers, dtype=jnp.int32)[:, None, None] * per_layer + page_MP[None]
+  page_LMP = jnp.arange(num_layers, dtype=jnp.int32)[:, None, None] * geo.per_layer + page_MP[None]
   page_LMP = jnp.where(keep_MP[None], page_LMP, jnp.iinfo(jnp.int32).max)
   off_LMP = jnp.broadcast_to(slots_P % g, page_LMP.shape)
 

@@ -1,9 +1,8 @@
 """Sampler engine configuration and shape buckets (docs/method.md §7).
 
-A frozen dataclass, validated once; everything below it takes explicit values.
-Shapes that reach a compiled function are bucketed (powers of two between a
-floor and the configured maximum), so that an RL run whose prompts, batch sizes
-and `max_new_tokens` vary inside a bucket compiles each function once.
+A frozen dataclass, validated once; everything below it takes explicit values. Shapes reaching a
+compiled function are bucketed (powers of two between a floor and the configured maximum), so an
+RL run whose prompts, batch sizes and `max_new_tokens` vary inside a bucket compiles each once.
 """
 
 import dataclasses
@@ -28,7 +27,6 @@ _KV_DTYPES = {
     "fp8": jnp.float8_e4m3fn, "fp8_e4m3": jnp.float8_e4m3fn, "fp8_e5m2": jnp.float8_e5m2,
     "int8": jnp.int8,
 }
-
 
 KV_STORAGES = ("auto", "real", "fake")
 
@@ -57,38 +55,29 @@ _COMPUTE_DTYPES = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16), jnp.dtype(jn
 
 @dataclasses.dataclass(frozen=True)
 class SamplerPrecision:
-  """How μ computes: the precision fields of the engine and of the run config.
-
-  The one declaration of these fields: `SamplerConfig` (the engine's config) and
-  the run config's `sampling` section (`mipu_jax.config.SamplingConfig`) both
-  inherit it, so `sampling.weight_quant` and `SamplerConfig.weight_quant` are the
-  same field with the same validation. Names are kept here; `SamplerConfig`
-  resolves `dtype` and `kv_cache_dtype` to dtypes.
+  """How μ computes: the precision fields, declared once for the engine's `SamplerConfig` and the
+  run config's `sampling` section (`mipu_jax.config.SamplingConfig`), which both inherit them with
+  one validation. Names are kept here; `SamplerConfig` resolves `dtype` and `kv_cache_dtype`.
 
   Attributes:
-    dtype: compute dtype of the matmuls: 'float32' / 'bfloat16' / 'float16'
-      (or 'fp32' / 'bf16' / 'fp16', or a dtype).
+    dtype: compute dtype of the matmuls: 'float32' / 'bfloat16' / 'float16' (or 'fp32' / 'bf16'
+      / 'fp16', or a dtype).
     weight_quant: None, 'int8', 'fp8_e4m3', 'fp8_e5m2' or 'int4' (per-channel absmax).
     act_quant: None, 'int8' or 'fp8' (= 'fp8_e4m3'), 'fp8_e5m2' (per-token absmax).
-    kv_cache_dtype: None (= compute dtype), 'bf16', 'fp16', 'fp32', 'fp8', 'fp8_e5m2',
-      'int8' (or a dtype).
-    quant_lm_head: also quantize the LM head weight and its input activation.
-      Off by default, as in common FP8/INT8 serving recipes.
-    quant_compute: 'emulated' (dequantize, then a float matmul: the reference)
-      or 'native' (int8 x int8 -> int32 / fp8 x fp8 dots with the scales on the
-      output, weights stored quantized; needs weight_quant). See
-      `mipu_jax/sampler/quant.py`.
-    max_concurrent_decodes: decode slots of an engine: the most samples decoding
-      at once; more run through the same slots as earlier ones finish
-      (continuous batching).
-    true_on_policy: the sampler's log-probs bitwise equal to the learner's
-      (docs/method.md §7): both sides run the batch-invariant arithmetic of
-      `mipu_jax.models.invariant`. Needs float weights, activations and KV
-      cache in the compute dtype, the learner computing in that dtype, no
-      top-k / top-p and an unsplit contraction (`tensor = 1`); the KV-cache
-      pages are the attention's key blocks (`invariant.KEY_BLOCK` slots),
-      whatever `page_size` says, and on CPU the engine's programs compile with
-      jax's default options, as the learner's.
+    kv_cache_dtype: None (= compute dtype), 'bf16', 'fp16', 'fp32', 'fp8', 'fp8_e5m2', 'int8' (or
+      a dtype).
+    quant_lm_head: also quantize the LM head weight and its input activation (off by default, as
+      in common FP8/INT8 serving recipes).
+    quant_compute: 'emulated' (dequantize, then a float matmul: the reference) or 'native'
+      (int8 / fp8 dots, weights stored quantized; needs weight_quant): `mipu_jax/sampler/quant.py`.
+    max_concurrent_decodes: decode slots of an engine, the most samples decoding at once; more
+      run through the same slots as earlier ones finish (continuous batching).
+    true_on_policy: the sampler's log-probs bitwise equal to the learner's (docs/method.md §7):
+      both run the batch-invariant arithmetic of `mipu_jax.models.invariant`. Needs float
+      weights, activations and KV cache in the compute dtype, the learner computing in it, no
+      top-k / top-p and an unsplit contraction (`tensor = 1`); KV-cache pages are the attention's
+      key blocks (`invariant.KEY_BLOCK` slots) whatever `page_size` says, and on CPU the
+      engine's programs compile with jax's default options, as the learner's.
   """
 
   dtype: Any = "float32"
@@ -128,39 +117,30 @@ class SamplerPrecision:
 
 @dataclasses.dataclass(frozen=True)
 class SamplerConfig(SamplerPrecision):
-  """How the sampler computes (the inference policy μ of docs/method.md §0).
-
-  The precision fields are `SamplerPrecision`'s; here `dtype` and
-  `kv_cache_dtype` become dtypes (`kv_cache_dtype` None becomes `dtype`).
+  """How the sampler computes (the inference policy μ of docs/method.md §0). The precision fields
+  are `SamplerPrecision`'s; `dtype` and `kv_cache_dtype` become dtypes (a None cache: `dtype`).
 
   Attributes:
-    quant_storage: with `quant_compute='emulated'`: 'fake' (float tree of
-      dequantized values) or 'real' (QArrays, dequantized inside each step);
-      `native` always stores the quantized values. See
-      `mipu_jax/sampler/quant.py`.
-    kv_cache_storage: how a float KV cache narrower than `dtype` is kept (fp8 or
-      bf16 / fp16 under float32; fp8 under bfloat16 / float16): 'real' (arrays
-      of the cache dtype), 'fake' (arrays of the compute dtype holding the
-      cache dtype's values: the new K/V are rounded through it; CPU only) or
-      'auto' (fake on CPU where it applies, real elsewhere and for other
-      caches, int8 included). Fake and real give bitwise the same attention,
-      tokens and log-probs (tested on CPU); fake costs more memory and saves
-      XLA:CPU's scalar float8 converts of the whole cache at every decode step.
-    max_prefill_length: longest prompt accepted; longer prompts are an error.
-    max_decode_length: largest `max_new_tokens` accepted.
+    quant_storage: with `quant_compute='emulated'`, 'fake' (float tree of dequantized values) or
+      'real' (QArrays, dequantized in each step); `native` always stores quantized values.
+    kv_cache_storage: how a float KV cache narrower than `dtype` is kept (fp8 or bf16 / fp16
+      under float32; fp8 under bfloat16 / float16): 'real' (arrays of the cache dtype), 'fake'
+      (compute-dtype arrays holding the cache dtype's values, the new K/V rounded through it;
+      CPU only) or 'auto' (fake on CPU where it applies, else real, int8 included). Fake and
+      real give bitwise the same attention, tokens and log-probs (tested on CPU); fake costs more
+      memory and saves XLA:CPU's scalar float8 converts of the whole cache at every decode step.
+    max_prefill_length / max_decode_length: longest prompt / largest `max_new_tokens` accepted.
     min_prefill_bucket / min_decode_bucket / min_slot_bucket: bucket floors.
     stop_ids: token ids that end a response (EOS / stop ids); at most `max_stop_ids`.
     max_stop_ids: size of the fixed stop-id buffer (changing ids never recompiles).
     pad_id: id written in the padding of token buffers.
-    page_size: most slots per KV-cache page (`mipu_jax.models.kv_cache`); the
-      page size is the largest power of two up to this that divides the
-      prefill region and the decode length. Decode attention reads one page
-      per row per loop step: bench/perf/decode.py measures the trade-off.
-    decode_attention: attention over the cache: 'paged' (only the pages that
-      hold a filled slot of some row, pure XLA), 'pallas' (the same, one Pallas
-      GPU kernel per layer and decode step), 'pallas_tpu' (jax's TPU
-      paged-attention kernel; bf16 and FP8 caches), 'dense' (every slot: the
-      reference) or 'auto'; `decode_attention_for`.
+    page_size: most slots per KV-cache page (`mipu_jax.models.kv_cache`): the page size is the
+      largest power of two up to this dividing the prefill region and the decode length. Decode
+      attention reads one page per row per loop step (trade-off: bench/perf/decode.py).
+    decode_attention: attention over the cache: 'paged' (only the pages holding a filled slot of
+      some row, pure XLA), 'pallas' (the same as one Pallas GPU kernel per layer and decode
+      step), 'pallas_tpu' (jax's TPU paged-attention kernel; bf16 and FP8 caches), 'dense'
+      (every slot: the reference) or 'auto'; `decode_attention_for`.
   """
 
   quant_storage: str = "fake"
@@ -214,15 +194,13 @@ class SamplerConfig(SamplerPrecision):
     """The dtype a fake-stored cache rounds through on `platform`, or None (real).
 
     Raises:
-      ValueError: `kv_cache_storage='fake'` where it cannot be exact: a cache
-        dtype the compute dtype does not hold exactly (or the compute dtype
-        itself), or a platform other than CPU (XLA's GPU pipeline may fold a
-        float -> float8 -> float convert pair under its default excess-precision
-        rule, which would drop the rounding).
+      ValueError: `kv_cache_storage='fake'` where it cannot be exact: a cache dtype the compute
+        dtype does not hold exactly (or the compute dtype itself), or a platform other than CPU
+        (XLA's GPU pipeline may fold a float -> float8 -> float convert pair under its default
+        excess-precision rule, dropping the rounding).
     """
     kv = self.kv_cache_dtype
-    # Only where the compute dtype holds every value of the cache dtype exactly:
-    # anything narrower in float32, float8 in bfloat16 / float16.
+    # Exact where the compute dtype holds every cache value: narrower in float32, float8 in 16-bit.
     exact = jnp.issubdtype(kv, jnp.floating) and kv.itemsize < self.dtype.itemsize and (
         self.dtype == jnp.float32 or kv.itemsize == 1)
     if self.kv_cache_storage == "real":
@@ -238,16 +216,15 @@ class SamplerConfig(SamplerPrecision):
                        "'real' or 'auto'.")
     return kv
 
-  def decode_attention_for(self, platform: str, devices: int = 1, *, row_shards: int = 1,
+  def decode_attention_for(self, platform: str, devices: int = 1, *,
                            kv_dtype: Any = None, head_dim: Optional[int] = None) -> str:
-    """The decode attention on `platform`, the cache on `devices` devices, its
-    rows over `row_shards` (docs/method.md §7): "auto" is the Pallas kernel on
-    one GPU, jax's TPU kernel on a TPU, else "paged". Without Pallas' Triton
-    backend "auto" is "paged" (one warning) and "pallas" an error; on several
-    devices "pallas" is "paged" (XLA cannot partition its custom call). A cache
-    the TPU kernel cannot serve (`paged_tpu.unsupported`, checked where
-    `kv_dtype` is given) is an error by name, "paged" with a warning under
-    "auto", as are rows split over devices (no page pool per device yet)."""
+    """The decode attention on `platform`, the cache on `devices` devices
+    (docs/method.md §7): "auto" is the Pallas kernel on one GPU, jax's TPU
+    kernel on a TPU, else "paged". Without Pallas' Triton backend "auto" is
+    "paged" (one warning) and "pallas" an error; on several devices "pallas"
+    is "paged" (XLA cannot partition its custom call). A cache the TPU kernel
+    cannot serve (`paged_tpu.unsupported`, checked where `kv_dtype` is given)
+    is an error by name, "paged" with a warning under "auto"."""
     if self.true_on_policy:
       return "invariant"
     asked = self.decode_attention
@@ -268,9 +245,6 @@ class SamplerConfig(SamplerPrecision):
     if name != "pallas_tpu" or kv_dtype is None:
       return name
     reason = paged_tpu.unsupported(kv_dtype, head_dim, on_tpu=platform == "tpu")
-    if reason is None and asked == "auto" and row_shards > 1:
-      reason = (f"the cache's rows are split over {row_shards} devices, and each shard would "
-                "hold every row's pages (no page pool per device yet)")
     if reason is None:
       return name
     if asked == "pallas_tpu":

@@ -132,17 +132,18 @@ class Engine:
     # emitters change how float sums are rounded).
     self.cpu_compile = platform == "cpu" and not config.true_on_policy
     # Resolved once, here, where the platform, the mesh and the cache dtype are
-    # known; a kernel off its device runs in Pallas' interpreter.
+    # known; a kernel off its device runs in Pallas' interpreter. The decode
+    # pool has a part per row shard (kv_cache.py).
     rows = 1 if mesh is None else math.prod(mesh.shape.get(a, 1) for a in ("data", "fsdp"))
     decode = config.decode_attention_for(platform, 1 if mesh is None else mesh.size,
-                                         row_shards=rows, kv_dtype=kv_dtype,
-                                         head_dim=model.config.head_dim)
+                                         kv_dtype=kv_dtype, head_dim=model.config.head_dim)
     device = {"pallas": "gpu", "pallas_tpu": "tpu"}.get(decode, platform)
     self._spec = _steps.DecodeSpec(
         graphdef=nnx.graphdef(abstract),
         kv_dtype=kv_dtype,
         inference=Inference(
-            decode=attention.DecodeImpl(decode, interpret=platform != device),
+            decode=attention.DecodeImpl(decode, interpret=platform != device,
+                                        pool_parts=rows),
             act_quant=None if native else quant.make_act_quant(config.act_quant),
             quant_lm_head=config.quant_lm_head, kv_round=kv_round,
             invariant=config.true_on_policy),
@@ -158,6 +159,11 @@ class Engine:
   def decode_attention(self) -> str:
     """The decode attention this engine runs (`SamplerConfig.decode_attention` resolved)."""
     return self._spec.inference.decode.name
+
+  @property
+  def pool_parts(self) -> int:
+    """The decode pool's parts: the row shards of the engine's mesh (`kv_cache.py`)."""
+    return self._spec.inference.decode.pool_parts
 
   @property
   def trace_counts(self) -> collections.Counter:
@@ -257,13 +263,17 @@ class Engine:
         fill.shape != (m,):
       raise ValueError("slots, rows, sample_ids, prompt_blocks and fill must have the same "
                        "length.")
-    num_blocks = _steps.cache_geometry(decode_state, self.model_config.num_layers)[3]
+    geo = _steps.cache_geometry(decode_state, self.model_config.num_layers, self.pool_parts)
     b = decode_state.last_token_B.shape[0]
     real = slots < b
-    if np.any(real & ((blocks < 0) | (blocks >= num_blocks))):
-      raise ValueError(f"prompt block outside [0, {num_blocks}) (the decode state's "
+    if np.any(real & ((blocks < 0) | (blocks >= geo.c))):
+      raise ValueError(f"prompt block outside [0, {geo.c}) (the decode state's "
                        "prompt_blocks); by default a slot uses block = slot, which needs one "
                        "block per slot.")
+    if np.any(real & (blocks // (geo.c // geo.parts) != slots // (b // geo.parts))):
+      raise ValueError(f"a slot's prompt block must be on its row's device: the pool has "
+                       f"{geo.parts} parts, of {geo.c // geo.parts} blocks and "
+                       f"{b // geo.parts} slots each.")
     if np.any(slots < 0) or np.any(rows < 0) or np.any(rows >= prefix.logits_RV.shape[0]):
       raise ValueError("Negative slot, or row outside the prefix.")
     # Pad to a bucket with out-of-range slot ids (dropped), so insert compiles
@@ -341,36 +351,28 @@ class Engine:
     """`NamedSharding`s of a decode state on the engine's mesh (None without one).
 
     Slots (rows) over the data axes (`data`, `fsdp`); the KV cache's page pool
-    `[K, L * P, G, H]` with its pages over the data axes and KV heads over
-    `tensor` (`docs/pods.md`); an axis that does not divide its dimension is
-    left unsharded. A row's pages need not sit on the row's device (XLA's
-    partitioner moves the gathered pages); there is no pool per device yet.
-    So for jax's TPU kernel, which reads each shard's rows through global page
-    ids (`paged_tpu`), the pool's pages stay whole on each row shard.
+    `[K, D * L * P, G, H]` with its D parts over the same axes (each device
+    holds its rows' pages, `kv_cache.py`) and KV heads over `tensor`
+    (`docs/pods.md`); a head count `tensor` does not divide stays whole.
     """
     if self.mesh is None:
       return None
     mesh = self.mesh
-    rows = tuple(a for a in ("data", "fsdp") if a in mesh.shape)
-    n_rows = int(np.prod([mesh.shape[a] for a in rows]))
+    rows = tuple(a for a in ("data", "fsdp") if a in mesh.shape) if self.pool_parts > 1 else None
     tensor = mesh.shape.get("tensor", 1)
-    tpu_kernel = self.decode_attention == "pallas_tpu"
 
-    def spec(x, cache_leaf: bool):
+    def spec(x, pool: bool):
       shape = jnp.shape(x)
-      if not shape:
-        return jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
       axes = [None] * len(shape)
-      pool = cache_leaf and len(shape) == 4  # [K, L * P, G, H]: pages over the rows' axes
-      b_axis = 1 if pool else 0
-      if shape[b_axis] % n_rows == 0 and not (pool and tpu_kernel):
-        axes[b_axis] = rows
+      if shape:
+        axes[1 if pool else 0] = rows
       if pool and shape[0] % tensor == 0:
         axes[0] = "tensor"
       return jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(*axes))
 
     cache = decode_state.cache
-    cache_sh = type(cache)(*[None if leaf is None else spec(leaf, True) for leaf in cache])
+    cache_sh = type(cache)(*[None if leaf is None else spec(leaf, jnp.ndim(leaf) == 4)
+                             for leaf in cache])
     rest = {k: spec(v, False) for k, v in decode_state._asdict().items()
             if k not in ("cache", "stop_ids_E")}
     return decode_state._replace(

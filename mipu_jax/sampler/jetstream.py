@@ -1,23 +1,18 @@
 """JetStream's engine interface, a thin adapter over `Engine` (docs/method.md §7).
 
-`JetStreamEngine` has the method signatures of JetStream's current main branch
-(`jetstream/engine/engine_api.py`, as implemented by MaxText's `MaxEngine`):
-keyword-only `prefill(*, params, existing_prefix=None, padded_tokens, true_length,
-sampler=None, request_id=None) -> (Prefix, ResultTokens)`, `insert(prefix,
-decode_state, slot, request_id=None)`, `bulk_insert(prefix, decode_state, slots)`,
-`generate(params, decode_state, sampler=None) -> (DecodeState, ResultTokens)`,
-`free_resource`, `load_params`, `init_decode_state`, and the capacity
-properties. Like MaxText it adds keyword-only extensions: per-request `rng`,
-`temperature`, `top_k`, `top_p`, `max_new_tokens` on `prefill`; batched
-prefill (`padded_tokens` of shape `[R, P]`); `rows` / `sample_ids` on
-`bulk_insert`. The library's own path (`Sampler`) calls `Engine` directly.
+`JetStreamEngine` has the method signatures of JetStream's main branch
+(`jetstream/engine/engine_api.py`, as MaxText's `MaxEngine` implements them): `prefill`
+(keyword-only), `insert`, `bulk_insert`, `generate`, `free_resource`, `load_params`,
+`init_decode_state` and the capacity properties. Like MaxText it adds keyword-only extensions:
+per-request `rng`, `temperature`, `top_k`, `top_p`, `max_new_tokens` and batched prompts
+(`padded_tokens` `[R, P]`) on `prefill`; `rows` / `sample_ids` on `bulk_insert`. The library's
+own path (`Sampler`) calls `Engine` directly.
 
-`ResultTokens` has JetStream's layout and carries `log_prob` as a pytree
-field (JetStream's is static and `get_result_at_slot` drops it). We do not
-depend on JetStream (its PyPI release has old signatures and pulls TensorFlow;
-the project is archived; mipu_jax/sampler/README.md): when a `jetstream`
-package is importable, `JetStreamEngine` and `ResultTokens` are registered
-as virtual subclasses of its ABCs (`JETSTREAM_REGISTERED`).
+`ResultTokens` has JetStream's layout and carries `log_prob` as a pytree field (JetStream's is
+static and `get_result_at_slot` drops it). We do not depend on JetStream (its PyPI release has old
+signatures and pulls TensorFlow; the project is archived; mipu_jax/sampler/README.md): when a
+`jetstream` package is importable, `JetStreamEngine` and `ResultTokens` are registered as virtual
+subclasses of its ABCs (`JETSTREAM_REGISTERED`).
 """
 
 from typing import Any, Optional, Sequence, Union
@@ -43,13 +38,10 @@ class SlotData:
 
 @struct.dataclass
 class ResultTokens:
-  """One step's tokens for every slot, JetStream layout plus `log_prob`.
-
-  `data[:, tokens_idx]` are the tokens, `data[:, valid_idx]` 1 where the slot
-  produced a token this step, `data[:, length_idx]` the number of tokens the
-  slot has generated so far (including this one). `log_prob[b, 0]` is the
-  token's log-prob under the distribution it was drawn from.
-  """
+  """One step's tokens for every slot, JetStream layout plus `log_prob`: `data[:, tokens_idx]`
+  the tokens, `data[:, valid_idx]` 1 where the slot produced a token this step,
+  `data[:, length_idx]` the slot's tokens so far (this one included), `log_prob[b, 0]` the token's
+  log-prob under the distribution it was drawn from."""
 
   data: Union[jax.Array, np.ndarray]
   log_prob: Union[jax.Array, np.ndarray]
@@ -106,12 +98,9 @@ class JetStreamEngine:
   def prefill(self, *, params: Params, existing_prefix: Optional[Prefix] = None,
               padded_tokens: Any, true_length: Any, sampler=None, request_id=None,
               **knobs) -> tuple[Prefix, ResultTokens]:
-    """The KV cache of right-padded prompt(s) and sample 0's first token.
-
-    `padded_tokens` is `[P]` (one request) or `[R, P]` (a batch), `true_length`
-    an int or `[R]`; `knobs`: `Engine.prefill`'s `rng`, `temperature`,
-    `top_k`, `top_p`, `max_new_tokens`.
-    """
+    """The KV cache of right-padded prompt(s) and sample 0's first token. `padded_tokens` is `[P]`
+    (one request) or `[R, P]` (a batch), `true_length` an int or `[R]`; `knobs`:
+    `Engine.prefill`'s `rng`, `temperature`, `top_k`, `top_p`, `max_new_tokens`."""
     del request_id
     if existing_prefix is not None:
       raise NotImplementedError("Chunked prefill is not supported (use_chunked_prefill=False).")
@@ -136,8 +125,8 @@ class JetStreamEngine:
 
   def bulk_insert(self, prefix: Prefix, decode_state: DecodeState, slots: Sequence[int],
                   **kwargs) -> DecodeState:
-    """One request into every slot of `slots`, as samples 0, 1, ... (independent
-    draws); `kwargs`: `Engine.insert`'s (`rows`, `sample_ids`, ...)."""
+    """One request into every slot of `slots`, as samples 0, 1, ... (independent draws);
+    `kwargs`: `Engine.insert`'s (`rows`, `sample_ids`, ...)."""
     return self.engine.insert(prefix, decode_state, slots, **kwargs)
 
   def generate(self, params: Params, decode_state: DecodeState,

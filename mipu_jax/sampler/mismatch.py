@@ -1,17 +1,14 @@
 """Mismatch lab: how far each sampler precision mode is from the fp32 learner (docs/method.md §4).
 
-For every precision mode, the sampler μ draws responses and returns `lp_mu`; the
-learner π (the model as given, normally fp32 master weights) recomputes
-`lp_old` of the same tokens with a full forward, under the same temperature and
-truncation. The table reports, over all generated tokens:
+For every precision mode the sampler μ draws responses and returns `lp_mu`; the learner π (the
+model as given, normally fp32 master weights) recomputes `lp_old` of the same tokens with a full
+forward, same temperature and truncation (front end: `experiments/measure_mismatch.py`). The
+table reports, over all generated tokens:
 
-- `k3_kl`, `log_ppl_abs_diff`: docs/method.md §4 definitions (per response, then
-  averaged), from `mipu_jax.losses.mismatch_metrics`;
-- `max_abs_diff`: max over all tokens of |lp_old - lp_mu|;
-- `frac_abs_diff_gt_0p1`: share of tokens with |lp_old - lp_mu| > 0.1;
-- `mean_abs_diff`: token mean of |lp_old - lp_mu|.
-
-`experiments/measure_mismatch.py` is the command-line front end.
+- `k3_kl`, `log_ppl_abs_diff`: docs/method.md §4 definitions (per response, then averaged), from
+  `mipu_jax.losses.mismatch_metrics`;
+- `max_abs_diff`, `mean_abs_diff`: max and token mean of |lp_old - lp_mu|;
+- `frac_abs_diff_gt_0p1`: share of tokens with |lp_old - lp_mu| > 0.1.
 """
 
 import csv
@@ -50,8 +47,7 @@ PRECISION_MODES: dict[str, dict[str, Any]] = {
     "bf16_w8a8_kv8": {"dtype": "bfloat16", "weight_quant": "int8", "act_quant": "int8",
                       "kv_cache_dtype": "int8"},
 }
-# Each quantized mode also on the native low-precision dots (`quant_compute`):
-# `<mode>_native` is `<mode>` with int8 x int8 -> int32 / fp8 x fp8 matmuls.
+# `<mode>_native`: each quantized mode on int8 x int8 -> int32 / fp8 x fp8 dots (`quant_compute`).
 PRECISION_MODES.update({f"{name}_native": {**kwargs, "quant_compute": "native"}
                         for name, kwargs in list(PRECISION_MODES.items())
                         if "weight_quant" in kwargs})
@@ -86,14 +82,10 @@ def _learner_logprobs(graphdef, state, tokens_BT, mask_BT, temperature, top_k, t
 def learner_logprobs(model, prompts: Sequence[Sequence[int]], out: SampleOutput, *,
                      temperature: float, top_k: Optional[int] = None,
                      top_p: Optional[float] = None, chunk: int = 8) -> np.ndarray:
-  """`lp_old`: the model's full-forward log-probs of the sampled tokens, `[S, max_new]`.
-
-  `mipu_jax.models.sequence_logprobs` (the learner's own function) without
-  truncation; `truncated_logprobs` of the same logits with top-k / top-p.
-
-  Sequences are right-padded to a power-of-two width and run `chunk` rows at a
-  time (bounded memory, one compilation).
-  """
+  """`lp_old`: the model's full-forward log-probs of the sampled tokens, `[S, max_new]`:
+  `mipu_jax.models.sequence_logprobs` (the learner's own function) without truncation,
+  `truncated_logprobs` of the same logits with top-k / top-p. Sequences are right-padded to a
+  power-of-two width and run `chunk` rows at a time (bounded memory, one compilation)."""
   s, n = out.tokens_array.shape
   lens = [len(prompts[i]) for i in out.prompt_index]
   width = bucket(max(lens) + n, minimum=16)
@@ -133,11 +125,8 @@ def measure_mismatch(model, prompts: Sequence[Sequence[int]], *,
                      num_samples: int = 4, temperature: float = 1.0,
                      top_k: Optional[int] = None, top_p: Optional[float] = None, seed: int = 0,
                      sampler_kwargs: Optional[dict] = None) -> list[MismatchRow]:
-  """Samples with each precision mode and compares with the learner; one row per mode.
-
-  Every mode uses the same seed, so where two modes' distributions agree they
-  draw the same tokens and the rows compare nearly the same sequences.
-  """
+  """Samples with each precision mode and compares with the learner; one row per mode. Every mode
+  uses the same seed, so modes whose distributions agree draw the same tokens."""
   unknown = [m for m in modes if m not in PRECISION_MODES]
   if unknown:
     raise ValueError(f"Unknown precision modes {unknown}; expected some of "
@@ -199,11 +188,9 @@ def plot(rows: Sequence[MismatchRow], path: str) -> None:
 
 def load_model(checkpoint: Optional[str] = None, preset: str = "tiny", init_std: float = 0.16,
                seed: int = 0):
-  """The fp32 learner: a Hugging Face checkpoint directory, or a randomly initialised preset.
-
-  A random preset gets N(0, init_std) matmul weights (8x the model's own init
-  scale by default) so that its next-token law is peaked like a trained model's.
-  """
+  """The fp32 learner: a Hugging Face checkpoint directory, or a randomly initialised preset with
+  N(0, init_std) matmul weights (8x the model's init scale by default), so that its next-token
+  law is peaked like a trained model's."""
   if checkpoint:
     from mipu_jax.models import hf  # pylint: disable=g-import-not-at-top
     return hf.from_pretrained(checkpoint, jnp.float32)

@@ -1,23 +1,19 @@
 """Every qwix call of the sampler: weight and activation quantization (docs/method.md §7).
 
-The sampler's precision is the knob that creates training–inference mismatch on
-purpose, so this module only has to be faithful, not fast.
+The sampler's precision creates training–inference mismatch on purpose, so this module only
+has to be faithful, not fast.
 
-Why qwix's array primitives and not its model providers. `qwix.QtProvider` (fake
-quant) and `qwix.PtqProvider` intercept `einsum`/`dot_general` inside NNX modules
-and recognise a weight by tracing the operand back to a `Param` of the module
-being called (`flax_util.find_param`). Our Qwen3 stacks the layer weights on an
-`L` axis and runs the layers under `lax.scan`, so inside the scan a weight is a
-slice of a scan carry, not a `Param`: measured on qwix 0.1.8, `QtProvider` with
-`weight_qtype=int4` quantizes only the tied LM head (bit-identical to quantizing
-`embed` alone) and leaves all layer weights in float; `PtqProvider` fails on the
-embedding lookup (`take` of a `WithAux`). So we apply qwix's own quantizer
-(`qwix.quantize` → `QArray` → `qwix.dequantize`, the same `qarray` code the
-providers call) to the parameter tree directly, with explicit channel axes.
+Why qwix's array primitives, not its model providers: `qwix.QtProvider` (fake quant) and
+`qwix.PtqProvider` recognise a weight by tracing an `einsum`/`dot_general` operand back to a
+`Param` of the NNX module called (`flax_util.find_param`); our Qwen3 scans over layer weights
+stacked on an `L` axis, so there a weight is a slice of a scan carry: on qwix 0.1.8 `QtProvider`
+quantizes only the tied LM head and `PtqProvider` fails on the embedding lookup (`take` of a
+`WithAux`). So we apply qwix's own quantizer (`qwix.quantize` → `QArray` → `qwix.dequantize`,
+the `qarray` code the providers call) to the parameter tree, with explicit channel axes.
 
-Weights, per output channel, symmetric absmax (qwix `calibration_method='absmax'`):
-the scale is shared along the contraction axes and separate along every other
-axis. For the stacked layout (letters as in `mipu_jax/models/qwen3.py`):
+Weights: per output channel, symmetric absmax (qwix `calibration_method='absmax'`), the scale
+shared along the contraction axes, separate along every other. Stacked layout (letters as in
+`mipu_jax/models/qwen3.py`):
 
 | param   | shape          | reduced (contraction) | kept (own scale) |
 | ------- | -------------- | --------------------- | ---------------- |
@@ -29,34 +25,27 @@ axis. For the stacked layout (letters as in `mipu_jax/models/qwen3.py`):
 | embed   | [V, D]         | D (per row)           | V   — only as the tied LM head |
 | lm_head | [D, V]         | D                     | V                |
 
-Norm weights are never quantized. The token embedding is quantized only when it
-is the (tied) LM head and `quant_lm_head` is on — the input lookup then reads the
-same quantized table, as it would on a real engine storing one tied matrix; the
-untied input embedding is a lookup, not a matmul, and stays in float (as in
-common PTQ recipes).
+Norm weights are never quantized. The token embedding is quantized only as the tied LM head
+with `quant_lm_head` on (the input lookup then reads the same table, as on a real engine storing
+one tied matrix); an untied input embedding is a lookup, not a matmul: float (common PTQ practice).
 
 Storage modes:
-- `"fake"` (default): `dequantize(quantize(w))` once at weight sync; the sampler
-  keeps an ordinary float parameter tree in the compute dtype.
-- `"real"`: the sampler keeps `QArray`s (int8/int4/fp8 values + float32 scales)
-  and dequantizes inside every jitted step, right before the matmuls. Numerically
-  bit-identical to `"fake"` (same qwix ops, same order; tested); it saves memory
-  and, on platforms whose compiler fuses the dequantization into the matmul,
-  bandwidth. On CPU it is slower (one dequantization per decode step).
+- `"fake"` (default): `dequantize(quantize(w))` once at weight sync: a float compute-dtype tree.
+- `"real"`: `QArray`s (int8/int4/fp8 values + float32 scales), dequantized inside every jitted
+  step before the matmuls: bit-identical to `"fake"` (same qwix ops, same order; tested), saving
+  memory and, where the compiler fuses the dequantization into the matmul, bandwidth. Slower on
+  CPU (one dequantization per decode step).
 
-Activations: per-token absmax (one scale per `[batch, position]`, shared over the
-feature axes) through the model's `act_quant` hook, i.e. on the input of every
-projection matmul.
+Activations: per-token absmax (one scale per `[batch, position]`, shared over the feature axes)
+through the model's `act_quant` hook, on the input of every projection matmul.
 
 Compute (`quant_compute`):
-- `"emulated"` (default, the reference): the storage modes above; every matmul
-  is a float matmul of dequantized operands in the compute dtype.
-- `"native"`: each quantized weight is stored as a
-  `mipu_jax.models.quantized.QuantizedWeight` (values `[L, O, I]` + per-output
-  scales) and multiplied by an int8 × int8 → int32 or fp8 × fp8 dot, the
-  scales applied to the dot's output; weight-only modes dequantize inside the
-  step next to the dot (that module's docstring has the rules). The quantized
-  values are bitwise those of the emulated path.
+- `"emulated"` (default, the reference): the storage modes above, float matmuls of dequantized
+  operands in the compute dtype.
+- `"native"`: a quantized weight is a `mipu_jax.models.quantized.QuantizedWeight` (`[L, O, I]`
+  values + per-output scales) in an int8 × int8 → int32 or fp8 × fp8 dot, scales on its output;
+  weight-only modes dequantize next to the dot (rules: that module's docstring). Quantized values
+  are bitwise the emulated path's.
 """
 
 import functools
@@ -75,8 +64,7 @@ WEIGHT_QTYPES = {
     "fp8_e5m2": jnp.float8_e5m2,
 }
 ACT_QTYPES = quantized.ACT_DTYPES
-# Weight grids qwix has no type for, emulated with fake storage only: name ->
-# the largest level of the symmetric per-channel grid (int3: -3..3).
+# Grids qwix has no type for (fake storage only): name -> the grid's largest level (int3: -3..3).
 EMULATED_WEIGHT_LEVELS = {"int3": 3}
 STORAGES = ("fake", "real")
 COMPUTES = ("emulated", "native")
@@ -122,16 +110,14 @@ def quantize(w: jax.Array, qtype: str, channel_axes: tuple[int, ...]) -> qwix.QA
 
 
 def dequantize(q: qwix.QArray) -> jax.Array:
-  """`qwix.dequantize(q)` of a quantization made in the same program: a float8
-  `q.qvalue` kept as float8 values (`quantized.keep_float8`: on a GPU, XLA
-  would otherwise drop the rounding)."""
+  """`qwix.dequantize(q)` of a quantization made in the same program, a float8 `q.qvalue` kept
+  float8 (`quantized.keep_float8`: on a GPU, XLA would otherwise drop the rounding)."""
   return qwix.dequantize(q.replace(qvalue=quantized.keep_float8(q.qvalue)))
 
 
 def dequantize_stored(q: qwix.QArray) -> jax.Array:
-  """`qwix.dequantize(q)` of stored values (a program's input: no round trip
-  to keep), int4 values of widths XLA's GPU dot mishandles first made int8
-  (`quantized.int4_safe`)."""
+  """`qwix.dequantize(q)` of stored values (a program input: no round trip to keep), int4 values
+  of widths XLA's GPU dot mishandles first made int8 (`quantized.int4_safe`)."""
   return qwix.dequantize(q.replace(qvalue=quantized.int4_safe(q.qvalue)))
 
 
@@ -143,8 +129,7 @@ def fake_quantize(w: jax.Array, qtype: str, channel_axes: tuple[int, ...]) -> ja
 
 
 def _fake_grid(w: jax.Array, levels: int, channel_axes: tuple[int, ...]) -> jax.Array:
-  """Symmetric per-channel absmax rounding to the integer grid -levels..levels,
-  in float32 (written here because qwix has no type for such a grid)."""
+  """Symmetric per-channel absmax rounding to the grid -levels..levels, float32 (no qwix type)."""
   w = w.astype(jnp.float32)
   contract = tuple(a for a in range(w.ndim) if a not in channel_axes)
   scale = jnp.max(jnp.abs(w), axis=contract, keepdims=True) / levels
@@ -175,13 +160,9 @@ def quantize_params(params: dict, *, weight_quant: Optional[str], compute_dtype,
                     quant_lm_head: bool, tie_embeddings: bool,
                     storage: str = "fake", compute: str = "emulated",
                     act_quant: Optional[str] = None) -> dict:
-  """Learner params (pure dict, float) → sampler params in `compute_dtype`.
-
-  Matmul weights are cast to the compute dtype (or quantized when
-  `weight_quant` is set); norm weights stay float32, because the model applies
-  them in float32 (`qwen3.rms_norm`), so storing them narrower would change
-  numerics beyond what the precision mode asks for.
-  """
+  """Learner params (pure dict, float) → sampler params: matmul weights cast to `compute_dtype`
+  (or quantized with `weight_quant`), norm weights float32, as the model applies them
+  (`qwen3.rms_norm`): narrower storage would change numerics beyond what the precision mode asks."""
   if storage not in STORAGES:
     raise ValueError(f"Unknown quant storage {storage!r}; expected one of {STORAGES}.")
   check_compute(compute, weight_quant)
@@ -217,14 +198,11 @@ def quantize_params(params: dict, *, weight_quant: Optional[str], compute_dtype,
 
 @functools.lru_cache(maxsize=None)  # one function per name: it is part of a static jit key
 def make_act_quant(name: Optional[str]) -> Optional[Callable[[jax.Array], jax.Array]]:
-  """Per-token absmax fake quantizer for the model's `act_quant` hook, or None.
-
-  The hook sees `[B, T, ...]` inputs; the scale is per `(b, t)` and shared over
-  all feature axes (for the o-projection input `[B, T, N, H]` that is the whole
-  contraction), which is what a per-token dynamic quantizer on a real kernel does.
-  int8 values are clipped to ±127 (`quantized.quantize_activation`: no rounding
-  tie at a token's absmax).
-  """
+  """Per-token absmax fake quantizer for the model's `act_quant` hook, or None. The hook sees
+  `[B, T, ...]` inputs; the scale is per `(b, t)`, shared over all feature axes (the whole
+  contraction for the o-projection's `[B, T, N, H]`), as a per-token dynamic quantizer on a real
+  kernel. int8 values clip to ±127 (`quantized.quantize_activation`: no rounding tie at a token's
+  absmax)."""
   check_act_quant(name)
   if name is None:
     return None

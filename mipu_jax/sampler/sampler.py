@@ -158,7 +158,8 @@ class Sampler:
     total = r * g
     p = cfg.prefill_bucket(max(len(x) for x in prompts))
     n_bucket = cfg.decode_bucket(max_new_tokens)
-    slots = min(cfg.slot_bucket(total), max(cfg.max_concurrent_decodes, 1))
+    parts = engine.pool_parts  # slots and prompt blocks split evenly over the row shards
+    slots = -(-min(cfg.slot_bucket(total), max(cfg.max_concurrent_decodes, 1)) // parts) * parts
     chunk = max(1, slots // g)  # prompts per prefill call
     base_key = jax.random.key(seed)
     # Programs without top-k / top-p where this call has none: they compile
@@ -166,11 +167,12 @@ class Sampler:
     # on what the sampler ran before).
     truncation = bool(top_k) or (top_p is not None and top_p < 1.0)
     # The paged cache holds each prompt once for its g samples (prompt blocks):
-    # room for the prompts of one full wave of slots and the next one's first.
-    num_blocks = min(slots, -(-slots // g) + 1)
+    # room for the prompts of one full wave of a shard's slots and the next one's first.
+    per = slots // parts
+    num_blocks = min(per, -(-per // g) + 1) * parts
     state = engine.init_decode_state(num_slots=slots, prefill_length=p, decode_length=n_bucket,
                                      stop_ids=eos_ids, prompt_blocks=num_blocks)
-    scheduler = SlotScheduler(total, g, slots, num_blocks)
+    scheduler = SlotScheduler(total, g, slots, num_blocks, parts)
     prefixes: dict[int, Any] = {}  # chunk -> its prefix, until its samples are all admitted
     done: list[Any] = [None] * total  # sample -> (tokens, log-probs, finish reason)
 
@@ -209,7 +211,8 @@ class Sampler:
         if scheduler.all_admitted:
           state = engine.generate_until_done(params, state, truncation=truncation)
         else:
-          state = engine.generate_until_free(params, state, max(1, len(busy) // 4),
+          want = scheduler.emptied + max(1, len(busy) // 4)  # a quarter of the busy slots
+          state = engine.generate_until_free(params, state, want,
                                              truncation=truncation)
       done_B, n_B, fin_B = jax.device_get((state.done_B, state.num_generated_B,
                                            state.finish_B))

@@ -1,27 +1,22 @@
 """Token sampling that returns the log-prob of the distribution it drew from (docs/method.md §0).
 
 `lp_mu` is the denominator of every importance weight (docs/method.md §3), so it must be
-log μ(token) for exactly the distribution the token was drawn from:
+log μ(token) of exactly the distribution the token was drawn from:
 
-- temperature `t > 0`: the distribution is `softmax(logits / t)`;
-- top-k / top-p: the distribution is the truncated one, renormalised — tokens
-  outside the kept set get probability 0 and the log-prob is
-  `log_softmax(masked logits / t)`. The learner must then compute `lp_old` of the
-  same truncated distribution (`truncated_logprobs` below, on its own logits),
-  otherwise `lp_old - lp_mu` measures the truncation, not the mismatch; and even
-  then the PPO ratio is of truncated policies, which is biased (docs/method.md §0: warn);
-- greedy (`t == 0`): the drawn distribution is a point mass whose log-prob (0)
-  carries no information, so the returned log-prob is that of the `t = 1`
-  distribution (truncated if top-k/p are set). Greedy is for evaluation.
+- temperature `t > 0`: `softmax(logits / t)`;
+- top-k / top-p: the truncated distribution, renormalised: `log_softmax(masked logits / t)`.
+  The learner must compute `lp_old` of the same truncation (`truncated_logprobs`, on its own
+  logits), else `lp_old - lp_mu` measures the truncation, not the mismatch; even then the PPO
+  ratio is of truncated policies, which is biased (docs/method.md §0: warn);
+- greedy (`t == 0`): a point mass, whose log-prob (0) carries no information, so the log-prob
+  returned is the `t = 1` distribution's (truncated if top-k/p are set). Greedy is for evaluation.
 
-Truncation order (as Hugging Face `generate`): temperature, then top-k, then
-top-p on the renormalised top-k distribution. Ties at the threshold are kept, so
-top-k may keep more than k tokens when logits tie; top-p keeps the smallest
-prefix of the sorted distribution whose mass reaches `top_p` (at least one token).
-`top_k = 0` and `top_p >= 1` switch each off. All knobs are per-row arrays
-(traced values: changing them never recompiles); a `lax.cond` skips the sort
-over the vocabulary when no row truncates, and `truncation=False` (static)
-leaves the truncation out of the program for callers that know no row uses it.
+Truncation order (as Hugging Face `generate`): temperature, top-k, then top-p on the
+renormalised top-k distribution. Ties at the threshold are kept (top-k may keep more than k
+tokens); top-p keeps the smallest sorted prefix whose mass reaches `top_p` (at least one token).
+`top_k = 0` and `top_p >= 1` switch each off. The knobs are per-row traced arrays (changing them
+never recompiles); a `lax.cond` skips the vocabulary sort when no row truncates, and static
+`truncation=False` leaves truncation out of the program where no row uses it.
 
 Shape letters: B rows, V vocab.
 """
@@ -48,11 +43,8 @@ def truncate_logits(scaled_BV: jax.Array, top_k_B: jax.Array, top_p_B: jax.Array
 
 def sampling_logits(logits_BV: jax.Array, temperature_B: jax.Array, top_k_B: jax.Array,
                     top_p_B: jax.Array, truncation: bool = True) -> jax.Array:
-  """float32 logits of the distribution sampled from (greedy rows use t = 1).
-
-  `truncation=False` (static) leaves top-k / top-p out of the program: only
-  for callers that know no row truncates (it compiles faster).
-  """
+  """float32 logits of the distribution sampled from (greedy rows use t = 1); static
+  `truncation=False` leaves top-k / top-p out (it compiles faster) where no row truncates."""
   t_B = jnp.where(temperature_B > 0, temperature_B, 1.0).astype(jnp.float32)
   scaled_BV = logits_BV.astype(jnp.float32) / t_B[:, None]
   if not truncation:
@@ -63,8 +55,7 @@ def sampling_logits(logits_BV: jax.Array, temperature_B: jax.Array, top_k_B: jax
 
 
 def _blocks(scaled_BV: jax.Array, block: int) -> jax.Array:
-  """`[B, N, K]`: each row cut into N blocks of K = min(block, V) consecutive
-  tokens, the last padded with -inf."""
+  """`[B, N, K]`: each row cut into N blocks of K = min(block, V) tokens, the last -inf-padded."""
   b, v = scaled_BV.shape
   k = min(block, v)
   n = -(-v // k)
@@ -73,13 +64,9 @@ def _blocks(scaled_BV: jax.Array, block: int) -> jax.Array:
 
 
 def greedy(scaled_BV: jax.Array, block: int = 256) -> jax.Array:
-  """`jnp.argmax(scaled_BV, axis=-1)` (the first maximum; NaN counts as the
-  maximum, as there), through the blocks of `draw`: the first block holding
-  the row's maximum (every earlier block's maximum is smaller), then the first
-  maximum inside it. On XLA:CPU an argmax over the vocabulary is a scalar loop
-  (a reduction of value-index pairs), a sizeable share of a decode step at a 32k
-  vocabulary, where a max over it vectorizes (bench/README.md, "Sampler").
-  """
+  """`jnp.argmax(scaled_BV, axis=-1)` (first maximum; NaN counts as the maximum) through `draw`'s
+  blocks: the first block holding the row's maximum, then the first maximum inside it. On XLA:CPU
+  an argmax over the vocabulary is a scalar loop, a max vectorizes (bench/README.md, "Sampler")."""
   x_BNK = _blocks(scaled_BV, block)
   k = x_BNK.shape[-1]
   j_B = jnp.argmax(x_BNK.max(axis=-1), axis=-1)
@@ -90,18 +77,13 @@ def greedy(scaled_BV: jax.Array, block: int = 256) -> jax.Array:
 def draw(keys_B: jax.Array, scaled_BV: jax.Array, block: int = 256):
   """Exact categorical draw from `softmax(scaled_BV)`, in two Gumbel-max stages.
 
-  First a block of `block` consecutive tokens, with probability its total mass
-  (block logit = logsumexp of its logits), then a token inside that block with
-  its renormalised probability: P(j) · P(i | j) = p_i, so the law is exactly the
-  categorical one, but each row needs ~2√V random numbers instead of V. On CPU
-  the random bits are what sampling costs, so this is far cheaper than
-  `jax.random.categorical` (threefry bits for every logit). Both stages take
-  their Gumbel noise from one draw per row (the first `n` numbers for the
-  blocks, the next `block` for the token: independent), one threefry in the
-  compiled program instead of a split and two: each is compile time on CPU, in
-  every engine function that samples (bench/README.md, "Sampler").
-
-  Returns `(tokens_B int32, logz_B)` with `logz_B = logsumexp(scaled_BV)`.
+  First a block of `block` consecutive tokens with probability its total mass (block logit =
+  logsumexp of its logits), then a token inside it with its renormalised probability:
+  P(j) · P(i | j) = p_i, exactly categorical, with ~2√V random numbers per row instead of V (on
+  CPU the random bits are what sampling costs). Both stages take independent Gumbel noise from
+  one draw per row: one threefry in the compiled program instead of a split and two, each
+  costing compile time on CPU (bench/README.md, "Sampler"). Returns `(tokens_B int32, logz_B)`
+  with `logz_B = logsumexp(scaled_BV)`.
   """
   x_BNK = _blocks(scaled_BV, block)
   n, k = x_BNK.shape[1:]
@@ -115,13 +97,9 @@ def draw(keys_B: jax.Array, scaled_BV: jax.Array, block: int = 256):
 
 def sample_logits(logits_BV: jax.Array, keys_B: jax.Array, temperature_B: jax.Array,
                   top_k_B: jax.Array, top_p_B: jax.Array, truncation: bool = True):
-  """Draws one token per row; returns `(tokens_B int32, logprobs_B float32)`.
-
-  `keys_B` are typed PRNG keys, one per row, so a row's draw does not depend on
-  which other rows share the batch. The log-prob is `scaled[token] - logz`,
-  i.e. `log_softmax` of the distribution drawn from, at the drawn token.
-  `truncation`: as in `sampling_logits`.
-  """
+  """Draws one token per row; returns `(tokens_B int32, logprobs_B float32)`, the log-prob being
+  `log_softmax` of the distribution drawn from, at the token. `keys_B`: typed PRNG keys, one per
+  row, so a row's draw does not depend on its batch; `truncation`: as in `sampling_logits`."""
   scaled_BV = sampling_logits(logits_BV, temperature_B, top_k_B, top_p_B, truncation)
   drawn_B, logz_B = draw(keys_B, scaled_BV)
   greedy_B = greedy(scaled_BV)
@@ -132,12 +110,9 @@ def sample_logits(logits_BV: jax.Array, keys_B: jax.Array, temperature_B: jax.Ar
 
 def truncated_logprobs(logits_BTV: jax.Array, tokens_BT: jax.Array, temperature: float = 1.0,
                        top_k: int = 0, top_p: float = 1.0) -> jax.Array:
-  """Learner-side log-prob of `tokens_BT` under the sampler's truncated distribution.
-
-  Use this instead of `mipu_jax.models.token_logprobs` when the sampler ran with
-  top-k / top-p, so `lp_old` and `lp_mu` describe the same distribution.
-  `logits_BTV[:, t]` must be the logits that predict `tokens_BT[:, t]`.
-  """
+  """Learner-side log-prob of `tokens_BT` under the sampler's truncated distribution: use it
+  instead of `mipu_jax.models.token_logprobs` when the sampler ran with top-k / top-p, so `lp_old`
+  and `lp_mu` describe one distribution. `logits_BTV[:, t]` predicts `tokens_BT[:, t]`."""
   b, t, v = logits_BTV.shape
   n = b * t
   scaled_NV = sampling_logits(

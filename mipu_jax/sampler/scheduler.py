@@ -3,9 +3,11 @@
 Continuous batching over fixed decode slots, host-side (tunix's
 `generate/scheduler.py` plays the same part): samples are admitted in order
 (prompt-major: sample k is sample `k % G` of prompt `k // G`) into free slots;
-the G samples of a prompt share one of the decode state's prompt blocks,
-which the prompt takes when its first sample is admitted (that insert fills
-it) and gives back once its last sample is released.
+the G samples of a prompt share a prompt block, which the prompt takes when
+its first sample is admitted (that insert fills it) and gives back once its
+last sample is released. With the pool in parts (one per row shard,
+`_steps.PoolGeometry`), a sample's block is in its slot's part: a prompt
+whose samples land on several shards takes a block in each.
 """
 
 from typing import NamedTuple, Optional
@@ -21,15 +23,22 @@ class Admission(NamedTuple):
 
 
 class SlotScheduler:
-  """`total` samples, `group` per prompt, over `num_slots` slots and `num_blocks` prompt blocks."""
+  """`total` samples, `group` per prompt, over `num_slots` slots and `num_blocks`
+  prompt blocks, both split evenly over `parts` parts."""
 
-  def __init__(self, total: int, group: int, num_slots: int, num_blocks: int):
+  def __init__(self, total: int, group: int, num_slots: int, num_blocks: int, parts: int = 1):
+    if num_slots % parts or num_blocks % parts:
+      raise ValueError(f"{num_slots} slots and {num_blocks} blocks do not split over "
+                       f"{parts} parts.")
     self.total, self.group = total, group
     self.next_sample = 0  # samples before it have been admitted
     self._occupant: list[Optional[int]] = [None] * num_slots  # slot -> sample
-    self._free_blocks = list(range(num_blocks))
-    self._block_of: dict[int, int] = {}  # prompt -> its block, while it has samples out
+    self._part_of = lambda slot: slot // (num_slots // parts)
+    per = num_blocks // parts
+    self._free_blocks = [list(range(d * per, (d + 1) * per)) for d in range(parts)]
+    self._blocks_of: dict[int, dict[int, int]] = {}  # prompt -> part -> its block there
     self._unreleased: dict[int, int] = {}  # prompt -> its samples not yet released
+    self._emptied: set[int] = set()  # released slots not refilled: finished in the decode state
 
   @property
   def busy(self) -> list[int]:
@@ -37,34 +46,51 @@ class SlotScheduler:
     return [b for b, k in enumerate(self._occupant) if k is not None]
 
   @property
+  def emptied(self) -> int:
+    """Released slots not refilled since: the decode state still counts them
+    finished, so a wait for k finished samples waits for `emptied + k`."""
+    return len(self._emptied)
+
+  @property
   def all_admitted(self) -> bool:
     return self.next_sample >= self.total
 
   def admit(self) -> list[Admission]:
-    """The next samples into the free slots, in order, until the slots run out,
-    the samples do, or a new prompt finds no free block (it waits for a release)."""
+    """The next samples into free slots, in order, until the slots run out, the
+    samples do, or a prompt finds no block in a free slot's part (it waits for
+    a release). A sample takes the first free slot in a part where its prompt
+    has a block, else the first free slot whose part has a free block."""
     free = [b for b, k in enumerate(self._occupant) if k is None]
     out = []
     while free and not self.all_admitted:
       prompt = self.next_sample // self.group
-      fill = prompt not in self._block_of
-      if fill:
-        if not self._free_blocks:
+      blocks = self._blocks_of.setdefault(prompt, {})
+      slot = next((b for b in free if self._part_of(b) in blocks), None)
+      if slot is None:
+        slot = next((b for b in free if self._free_blocks[self._part_of(b)]), None)
+        if slot is None:
           break
-        self._block_of[prompt] = self._free_blocks.pop(0)
-        self._unreleased[prompt] = self.group
-      slot = free.pop(0)
+        blocks[self._part_of(slot)] = self._free_blocks[self._part_of(slot)].pop(0)
+        self._unreleased.setdefault(prompt, self.group)
+        fill = True
+      else:
+        fill = False
+      free.remove(slot)
+      self._emptied.discard(slot)
       self._occupant[slot] = self.next_sample
-      out.append(Admission(slot, self.next_sample, self._block_of[prompt], fill))
+      out.append(Admission(slot, self.next_sample, blocks[self._part_of(slot)], fill))
       self.next_sample += 1
     return out
 
   def release(self, slot: int) -> int:
     """Frees `slot`, whose sample has finished and been read; returns that sample.
-    The prompt's block is free again once all its samples are released."""
+    The prompt's blocks are free again once all its samples are released."""
     sample, self._occupant[slot] = self._occupant[slot], None
+    self._emptied.add(slot)
     prompt = sample // self.group
     self._unreleased[prompt] -= 1
     if not self._unreleased[prompt]:
-      self._free_blocks.append(self._block_of.pop(prompt))
+      del self._unreleased[prompt]
+      for part, block in self._blocks_of.pop(prompt).items():
+        self._free_blocks[part].append(block)
     return sample

@@ -1,20 +1,17 @@
 """The sampler engine's pytrees: `Prefix` (a prefill result) and `DecodeState` (docs/method.md §7).
 
-Both are fixed-shape buffers (gemma style), so the jitted prefill / insert /
-decode functions see the same shapes for a whole RL run within a bucket.
+Both are fixed-shape buffers (gemma style): the jitted prefill / insert / decode functions see
+the same shapes for a whole RL run within a bucket.
 
-Cache layout (`models/kv_cache.py`). A row's cache is its slots `[0, length)`:
-its prompt from slot 0, then its generated tokens, one per decode step at
-its own write index (`cache.index`, the row's length). No row has holes, so
-attention masks by length. The decode state's S = P + N slots per row leave
-room for a prompt of up to P (its prefill region) and N generated tokens.
-The G samples of a prompt share its full pages (a prompt block); each holds
-its own copy of the prompt's partly filled last page (`_steps.insert`). A
-request inserted later (continuous batching) restarts its slot's row.
-RoPE positions are slots, so a row's positions are 0, 1, 2, ...
+Cache layout (`models/kv_cache.py`): a row's cache is its slots `[0, length)`, its prompt from
+slot 0, then one generated token per decode step at its write index (`cache.index`, the length):
+no holes, so attention masks by length; RoPE positions are slots. The S = P + N slots per row
+hold a prompt of up to P (the prefill region) and N generated tokens. The G samples of a prompt
+share its full pages (a prompt block), each with its own copy of the prompt's partly filled last
+page (`_steps.insert`). A request inserted later (continuous batching) restarts its slot's row.
 
-Shape letters: R prefilled requests, B decode slots, P prompt bucket,
-S cache slots, N token-buffer length, V vocab, E stop ids.
+Shape letters: R prefilled requests, B decode slots, P prompt bucket, S cache slots, N
+token-buffer length, V vocab, E stop ids.
 """
 
 from typing import NamedTuple
@@ -39,8 +36,7 @@ class Prefix(NamedTuple):
     keys_R: typed PRNG key of each request; sample `j` of request `r` draws with
       `fold_in(keys_R[r], j)`, then `fold_in(·, t)` for its t-th token.
     true_length_R: prompt lengths.
-    temperature_R, top_k_R, top_p_R: sampling knobs (see `sampling.py`).
-    max_new_R: token budget of each request.
+    temperature_R, top_k_R, top_p_R, max_new_R: sampling knobs (`sampling.py`), token budget.
   """
 
   cache: KVCache
@@ -67,8 +63,7 @@ class DecodeState(NamedTuple):
     temperature_B, top_k_B, top_p_B, max_new_B: per-slot sampling knobs.
     stop_ids_E: stop token ids, padded with -1.
     tokens_BN: generated tokens, `pad_id` after the end.
-    logprobs_BN: float32 log-prob of each generated token under the
-      distribution it was drawn from (`lp_mu`), 0 after the end.
+    logprobs_BN: float32 log-prob of each token under its drawn distribution (`lp_mu`), 0 after.
   """
 
   cache: KVCache

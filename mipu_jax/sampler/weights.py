@@ -1,9 +1,8 @@
 """Weight sync: learner params → (reshard) → quantize → sampler (docs/method.md §7).
 
-The sampler's params are a pure nested dict with the model's parameter paths
-(`{'embed': ..., 'layers': {'q': ...}, ...}`), leaves in the sampler's compute
-dtype or qwix `QArray`s (real PTQ storage). Every sync produces the same tree
-structure, shapes and dtypes, so the jitted engine functions never recompile.
+The sampler's params are a pure nested dict with the model's paths (`{'embed': ..., 'layers':
+{'q': ...}, ...}`), leaves in the compute dtype or qwix `QArray`s (real PTQ storage). Every sync
+gives the same tree structure, shapes and dtypes, so the jitted engine functions never recompile.
 """
 
 from typing import Any, Optional
@@ -43,15 +42,10 @@ def check_structure(params: dict, reference: dict) -> None:
 
 
 def reshard_for_sampling(params: dict, mesh: Optional[jax.sharding.Mesh]) -> dict:
-  """Moves float learner params to the sampling layout on `mesh` (this process's
-  devices; no-op without a mesh on one process).
-
-  `mipu_jax.models.sharding.param_shardings(params, mesh, layout="sampling")`;
-  quantization then runs under `jit` on the resharded arrays, so the quantized
-  values and scales inherit the sampling layout.
-  """
-  # Several processes: the learner's arrays span every host, the sampler runs
-  # on this process's devices, so it takes a local replica first.
+  """Moves float learner params to the sampling layout on `mesh` (this process's devices; no-op
+  without a mesh on one process): `sharding.param_shardings(params, mesh, layout="sampling")`.
+  Quantization then runs under `jit` on them, so quantized values and scales inherit the layout."""
+  # Several processes: the learner's arrays span every host; take this process's replica first.
   params = jax.tree.map(
       lambda x: distributed.local_copy(x) if isinstance(x, jax.Array) else x, params)
   if mesh is None:
