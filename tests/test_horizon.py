@@ -87,6 +87,8 @@ def test_claims_by_hand():
   assert grows.mean_diff == pytest.approx(6.45)
   assert grows.verdict == "supported"
   assert horizon.degraded_setting(list(results.values())) == "int4_all"
+  assert horizon.remedies_decision(list(results.values())).startswith(
+      "**Remedies run at int4_all**")
   strong = [r for t, r in results.items() if "degrades" in t and horizon.STRONG in t][0]
   assert strong.verdict != "supported"
 
@@ -117,6 +119,7 @@ def test_report_writes_table_and_figure(tmp_path):
   assert "| fp32 | 2 |" in text and f"| {horizon.STRONG} | 0 | not run yet |" in text
   assert os.path.exists(out["files"]["curves"])
   assert json.load(open(out["files"]["summary"]))["degraded_setting"] is None  # 2 seeds
+  assert "**Remedies not run**" in text and "int4_all: undecidable with 2 seeds, t [" in text
 
 
 def test_candidates_are_samplers_of_the_study():

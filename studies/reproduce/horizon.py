@@ -250,7 +250,21 @@ def markdown(runs: Sequence[LongRun], names: Sequence[str],
   lines += ["", "Claims (paired by seed, exact sign-flip, Holm across the family; "
             "points of pass@1):", ""]
   lines += [r.line() for r in results] or ["- no claim has both rows yet"]
+  if claims is HORIZON_CLAIMS and results:
+    lines += ["", remedies_decision(results)]
   return "\n".join(lines), results
+
+
+def remedies_decision(results: Sequence[stats.ClaimResult]) -> str:
+  """Whether and where the remedies run (`degraded_setting`), with the D claims it read."""
+  setting = degraded_setting(results)
+  d = "; ".join(f"{r.claim.a[2:]}: {r.verdict.split(' (')[0]}, t [{r.diff_t_ci[0]:+.2f}, "
+                f"{r.diff_t_ci[1]:+.2f}]" for r in results if r.claim.a.startswith("D:"))
+  if setting:
+    return (f"**Remedies run at {setting}**: its late degradation is supported, t interval "
+            f"above 0 ({d}).")
+  return ("**Remedies not run**: no sampler's late degradation against the control is supported "
+          f"with a t interval above 0, the rule fixed before the runs ({d}).")
 
 
 def report(runs: Sequence[LongRun], names: Sequence[str], workdir: str, *,
