@@ -23,6 +23,7 @@ from flax import nnx
 from mipu_jax.models import attention
 from mipu_jax.models import get_config
 from mipu_jax.models import kv_cache
+from mipu_jax.models import make_mesh
 from mipu_jax.models import paged_pallas
 from mipu_jax.models import Qwen3
 from mipu_jax.sampler import Engine
@@ -99,6 +100,36 @@ def test_compiled_decode_step_writes_the_cache_in_place(model, kv, impl):
     assert not _big_ops(hlo, limit), (name, _big_ops(hlo, limit)[:5])
     # Donation: the pools come back in the input buffers.
     assert "input_output_alias" in hlo, name
+
+
+_COLLECTIVE = re.compile(r"=\s*\(?(\w+)\[([\d,]*)\][^=]*?\s(all-gather|all-reduce|all-to-all)"
+                         r"(-start)?\(")
+
+
+@pytest.mark.long
+def test_on_a_pod_each_device_decodes_its_own_part_in_place(model):
+  """The 8-device mesh (4 row shards x 2 kv-head shards), a bf16 cache in a
+  part per row shard (kv_cache.py): the compiled decode step writes each
+  device's part in place (no copy, transpose or convert of a layer's share of
+  it) and reads it through local page ids, so no page crosses devices (no
+  collective as large as one page of one kv head; gathering pages from a
+  sharded pool all-reduced [rows, heads, G, H] per page step)."""
+  cfg = SamplerConfig(dtype="bfloat16", kv_cache_storage="real", max_concurrent_decodes=8,
+                      max_prefill_length=32, max_decode_length=224, page_size=32,
+                      decode_attention="paged")
+  engine = Engine(model, cfg, mesh=make_mesh(2, 2, 2))
+  params, state = engine.load_params(), engine.init_decode_state()
+  part = state.cache.k.addressable_shards[0].data
+  assert part.shape[:2] == (1, state.cache.k.shape[1] // 4)
+  with engine.mesh_context():
+    hlo = engine_lib.PROGRAMS["generate_step"].default.lower(
+        engine._spec, params, state).compile().as_text()  # pylint: disable=protected-access
+  assert not _big_ops(hlo, part.size // engine.model_config.num_layers)
+  assert "input_output_alias" in hlo
+  page = part.shape[2] * part.shape[3]
+  moved = [m.group(0)[:120] for m in _COLLECTIVE.finditer(hlo)
+           if m.group(2) and np.prod([int(d) for d in m.group(2).split(",")]) >= page]
+  assert not moved, moved
 
 
 def test_the_hlo_check_sees_a_cache_sized_convert_and_transpose():

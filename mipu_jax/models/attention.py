@@ -317,6 +317,10 @@ def decode(q_BTNH: jax.Array, cache: kv_cache.LayerCache, impl: DecodeImpl,
       cache.k.dtype, h, g, on_tpu=not impl.interpret):
     return paged_tpu.decode(q_BTNH, *pools, lengths_B, dtype, interpret=impl.interpret,
                             pool_parts=impl.pool_parts)
+  if impl.pool_parts > 1:  # each row shard reads its own part of the pool (kv_cache.py)
+    run = lambda q, parts, ids, q_slot: paged(q, *parts, ids, q_slot, dtype)
+    return kv_cache.per_shard(run, q_BTNH.shape[0], cache.k.shape[0], impl.pool_parts)(
+        q_BTNH, pools[:4], cache.page_ids_BJ, cache.q_slot_BT)
   return paged(q_BTNH, *pools, cache.q_slot_BT, dtype)
 
 

@@ -24,6 +24,7 @@ K kv heads, H head dim, L layers, P pages per layer of a part, D parts.
 """
 
 import functools
+import math
 from typing import NamedTuple, Optional
 
 import jax
@@ -234,3 +235,34 @@ def logical_view(pool, scale, page_ids_BJ, dtype):
   x_BKGH = read_pages(pool, scale, page_ids_BJ.reshape(-1), dtype)  # [B*J, K, G, H]
   k, g, h = x_BKGH.shape[1:]
   return jnp.moveaxis(x_BKGH.reshape(b, j, k, g, h), 2, 3).reshape(b, j * g, k, h)
+
+
+def per_shard(fn, rows: int, kv_heads: int, pool_parts: int):
+  """`fn(q, pools, page_ids, per_row)` under `shard_map` on the ambient mesh:
+  rows (of `q`, the page ids and `per_row`) over the data axes that divide
+  them, kv heads (with their query heads, which follow them in `q`'s head axis,
+  and the `pools` tuple's first axis) over `tensor`; a pool of parts split with
+  the rows, each shard's page ids made local to its part (ids modulo its size).
+  Without a mesh, `fn` (the whole pool, global ids)."""
+  mesh = jax.sharding.get_abstract_mesh()
+  if mesh.empty:
+    return fn
+  row_axes = tuple(a for a in ("data", "fsdp") if a in mesh.axis_names)
+  shards = math.prod(mesh.shape[a] for a in row_axes)
+  if pool_parts > 1 and (pool_parts != shards or rows % shards):
+    raise ValueError(f"a pool of {pool_parts} parts needs as many row shards, and {rows} "
+                     f"rows split over them; the mesh has {shards}.")
+  r = row_axes if row_axes and rows % shards == 0 else None
+  tensor = mesh.shape.get("tensor", 0)
+  heads = "tensor" if tensor and kv_heads % tensor == 0 else None
+  spec = jax.sharding.PartitionSpec
+  pool = spec(heads, r if pool_parts > 1 else None, None, None)
+
+  def run(q, pools, page_ids, per_row):
+    q_spec = spec(r, *[None] * (q.ndim - 3), heads, None)
+    local = lambda q, pools, ids, per_row: fn(q, pools, ids % pools[0].shape[1], per_row)
+    return jax.shard_map(
+        local, mesh=mesh, check_vma=False, out_specs=q_spec,
+        in_specs=(q_spec, tuple(None if x is None else pool for x in pools), spec(r, None),
+                  spec(r, *[None] * (per_row.ndim - 1))))(q, pools, page_ids, per_row)
+  return run

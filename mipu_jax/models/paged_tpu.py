@@ -17,17 +17,14 @@ float32 pool-sized array) nor a float32 one (read as bfloat16).
 `unsupported` says why, and on a TPU checks the tiles the interpreter does
 not: the head dim in 128 lanes, pages in sublane tiles of the pool dtype.
 
-On a mesh the kernel runs per shard under `shard_map`: rows over the data
-axes, kv heads (and their query heads) over `tensor`. The sampler's pool has
-one part per row shard (`kv_cache.py`), its rows' pages: a shard holds its
-part and reads it through local page ids. Off a TPU it runs in Pallas' TPU
-interpreter, and `jax.export` lowers it for 'tpu' on CPU.
+On a mesh the kernel runs per shard (`kv_cache.per_shard`), each on its part
+of the pool. Off a TPU it runs in Pallas' TPU interpreter, and `jax.export`
+lowers it for 'tpu' on CPU.
 """
 
 import contextlib
 import functools
 import logging
-import math
 from typing import Optional
 
 import jax
@@ -35,8 +32,9 @@ import jax.numpy as jnp
 from jax.experimental.pallas import tpu as pltpu
 from jax.experimental.pallas.ops.tpu.paged_attention import paged_attention
 
+from mipu_jax.models import kv_cache
+
 NAME = "mipu_paged_decode_tpu"
-_ROW_AXES = ("data", "fsdp")
 
 
 def unsupported(pool_dtype, head_dim: int, page_size: Optional[int] = None, *,
@@ -111,9 +109,8 @@ def decode(q_BTNH, k_pool, v_pool, k_scale, v_scale, page_ids_BJ, lengths_B, dty
     interpret = jax.default_backend() != "tpu"
   kernel = functools.partial(paged_attention, pages_per_compute_block=ppb)
   q_BNH = q_BTNH[:, 0].astype(jnp.float32) * (h ** -0.5)
-  mesh = jax.sharding.get_abstract_mesh()
-  if not mesh.empty:
-    kernel = _per_shard(kernel, mesh, b, k_pool.shape[0], pool_parts)
+  call = kv_cache.per_shard(lambda q, pools, ids, lengths: kernel(q, *pools, lengths, ids),
+                            b, k_pool.shape[0], pool_parts)
   if interpret is False:
     interpreting = contextlib.nullcontext()
   else:
@@ -121,31 +118,7 @@ def decode(q_BTNH, k_pool, v_pool, k_scale, v_scale, page_ids_BJ, lengths_B, dty
         pltpu.InterpretParams())
     interpreting = pltpu.force_tpu_interpret_mode(params)
   with interpreting, jax.named_scope(NAME):
-    out_BNH = kernel(q_BNH, k_pool, v_pool, lengths_B.astype(jnp.int32),
-                     page_ids_BJ.astype(jnp.int32))
+    out_BNH = call(q_BNH, (k_pool, v_pool), page_ids_BJ.astype(jnp.int32),
+                   lengths_B.astype(jnp.int32))
   return out_BNH[:, None].astype(dtype)
 
-
-def _per_shard(kernel, mesh, rows: int, kv_heads: int, pool_parts: int):
-  """`kernel` under `shard_map`: rows over the data axes that divide them, kv
-  heads (with their query heads, which follow them in `N`) over `tensor`; a
-  pool of parts split with the rows, each shard's page ids made local."""
-  row_axes = tuple(a for a in _ROW_AXES if a in mesh.axis_names)
-  shards = math.prod(mesh.shape[a] for a in row_axes)
-  if pool_parts > 1 and (pool_parts != shards or rows % shards):
-    raise ValueError(f"a pool of {pool_parts} parts needs as many row shards, and {rows} "
-                     f"rows split over them; the mesh has {shards}.")
-  r = row_axes if row_axes and rows % shards == 0 else None
-  parts = r if pool_parts > 1 else None
-  tensor = mesh.shape.get("tensor", 0)
-  heads = "tensor" if tensor and kv_heads % tensor == 0 else None
-  spec = jax.sharding.PartitionSpec
-
-  def local(q, k_pages, v_pages, lengths, ids):  # a part's pages: global id modulo its size
-    return kernel(q, k_pages, v_pages, lengths, ids % k_pages.shape[1])
-
-  return jax.shard_map(
-      local, mesh=mesh,
-      in_specs=(spec(r, heads, None), spec(heads, parts, None, None),
-                spec(heads, parts, None, None), spec(r), spec(r, None)),
-      out_specs=spec(r, heads, None), check_vma=False)
