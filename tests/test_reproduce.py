@@ -263,13 +263,13 @@ def test_main_job_quick_then_the_tables_reuse_its_runs(tmp_path):
   again = reproduce.run_table(make_config, ("tis", "mis"), [0], str(workdir),
                               log=lambda _: None, train=False)
   assert again.runs[0].seconds == by_row["tis"].seconds
-  assert "did not finish" in again.pending["mis"]
+  assert "no finished run (report only)" in again.pending["mis"]
   # A report of a seed whose MIPU run is unfinished leaves random rollback
   # (which needs MIPU's rate) unfinished too, instead of failing.
   partial = reproduce.run_table(make_config, ("tis", "mipu", "random_rollback"), [1],
                                 str(workdir), log=lambda _: None, train=False)
   assert not partial.runs
-  assert "did not finish" in partial.pending["random_rollback"]
+  assert "no finished run (report only)" in partial.pending["random_rollback"]
 
 
 @pytest.mark.parametrize("rate", [0.25, 0.0])

@@ -152,8 +152,10 @@ def _table(title: str, names: Sequence[str], by_row: Mapping[str, list],
 def tables_markdown(runs: Sequence[RunSummary], pending: Mapping[str, str],
                     tiers: Sequence[str], *,
                     tables: Sequence[tuple[str, str, Sequence[str]]] = SOURCE_TABLES,
-                    skipped: Optional[Mapping[str, list]] = None) -> str:
-  """The tables (default: the sources' main, ablation, random rollback) as markdown."""
+                    skipped: Optional[Mapping[str, list]] = None,
+                    why: str = "did not finish in the budget") -> str:
+  """The tables (default: the sources' main, ablation, random rollback) as markdown;
+  `skipped` rows' seeds are noted with `why` they are missing."""
   by_row: dict[str, list[RunSummary]] = {}
   for r in runs:
     by_row.setdefault(r.row, []).append(r)
@@ -189,7 +191,7 @@ def tables_markdown(runs: Sequence[RunSummary], pending: Mapping[str, str],
               "(*: not Stable; ↓: collapsed)", "", per_seed_markdown(runs), ""]
   notes = sorted({f"{LABELS.get(r.row, r.row)}: {r.note}" for r in runs if r.note})
   notes += [f"{LABELS.get(k, k)}: pending — {v}" for k, v in sorted(pending.items())]
-  notes += [f"{LABELS.get(k, k)}: seeds {v} did not finish in the budget; not included"
+  notes += [f"{LABELS.get(k, k)}: seeds {v} {why}; not included"
             for k, v in sorted((skipped or {}).items()) if k not in pending]
   if notes:
     lines += ["Notes:", ""] + [f"- {n}" for n in notes] + [""]

@@ -209,11 +209,12 @@ def run_table(make_config: MakeConfig, rows: Sequence[str],
         s = dataclasses.replace(s, note=f"p = {p:.3f} (MIPU's rejection rate)")
       seen[cfg] = s
       runs.append(s)
-  pending = {row: f"not run (seeds {missing} did not finish in the budget)"
+  why = "did not finish in the budget" if train else "have no finished run (report only)"
+  pending = {row: f"not run (seeds {missing} {why})"
              for row, missing in skipped.items()
              if not any(r.row == row for r in runs)}
   markdown = tables_markdown(runs, pending, tiers or (), tables=tables,
-                             skipped=skipped)
+                             skipped=skipped, why=why)
   sig = signal.signal_markdown(runs)
   if sig:
     markdown += ("\n### Step 2's signal: what follows accepted and rejected updates\n\n"
