@@ -186,6 +186,8 @@ def test_on_a_pod_each_row_pages_are_in_its_device_part():
                   [2], prompt_blocks=[0])
   with pytest.raises(ValueError, match="multiples of 4"):
     engine.init_decode_state(num_slots=6, prefill_length=16, decode_length=16)
+  with pytest.raises(ValueError, match="multiple of the mesh's 4 row shards"):
+    Sampler(make_model(), mesh=mesh, max_concurrent_decodes=6)
 
 
 def test_result_tokens_carry_log_prob_through_slot_access():

@@ -102,7 +102,8 @@ def test_compiled_decode_step_writes_the_cache_in_place(model, kv, impl):
     assert "input_output_alias" in hlo, name
 
 
-_COLLECTIVE = re.compile(r"=\s*\(?(\w+)\[([\d,]*)\][^=]*?\s(all-gather|all-reduce|all-to-all)"
+_COLLECTIVE = re.compile(r"=\s*\(?(\w+)\[([\d,]*)\][^=]*?\s(all-gather|all-reduce|all-to-all|"
+                         r"collective-permute|reduce-scatter)"
                          r"(-start)?\(")
 
 

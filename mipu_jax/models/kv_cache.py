@@ -238,12 +238,9 @@ def logical_view(pool, scale, page_ids_BJ, dtype):
 
 
 def per_shard(fn, rows: int, kv_heads: int, pool_parts: int):
-  """`fn(q, pools, page_ids, per_row)` under `shard_map` on the ambient mesh:
-  rows (of `q`, the page ids and `per_row`) over the data axes that divide
-  them, kv heads (with their query heads, which follow them in `q`'s head axis,
-  and the `pools` tuple's first axis) over `tensor`; a pool of parts split with
-  the rows, each shard's page ids made local to its part (ids modulo its size).
-  Without a mesh, `fn` (the whole pool, global ids)."""
+  """`fn(q, pools, page_ids, per_row)` under `shard_map` on the ambient mesh (else `fn`):
+  rows over the data axes that divide them, kv heads (and their query heads) over `tensor`,
+  a pool of parts split with the rows, its page ids made local (modulo the part's size)."""
   mesh = jax.sharding.get_abstract_mesh()
   if mesh.empty:
     return fn

@@ -131,10 +131,13 @@ class Engine:
     # programs must compile as the learner's do (LLVM's level and XLA:CPU's
     # emitters change how float sums are rounded).
     self.cpu_compile = platform == "cpu" and not config.true_on_policy
-    # Resolved once, here, where the platform, the mesh and the cache dtype are
-    # known; a kernel off its device runs in Pallas' interpreter. The decode
-    # pool has a part per row shard (kv_cache.py).
+    # Resolved once, here, where the platform, the mesh and the cache dtype are known; a
+    # kernel off its device runs in Pallas' interpreter. A pool part per row shard (kv_cache.py).
     rows = 1 if mesh is None else math.prod(mesh.shape.get(a, 1) for a in ("data", "fsdp"))
+    if config.max_concurrent_decodes % rows:
+      raise ValueError(f"max_concurrent_decodes ({config.max_concurrent_decodes}) must be a "
+                       f"multiple of the mesh's {rows} row shards (data x fsdp): each holds "
+                       "as many slots, in its part of the KV cache.")
     decode = config.decode_attention_for(platform, 1 if mesh is None else mesh.size,
                                          kv_dtype=kv_dtype, head_dim=model.config.head_dim)
     device = {"pallas": "gpu", "pallas_tpu": "tpu"}.get(decode, platform)
@@ -263,6 +266,8 @@ class Engine:
         fill.shape != (m,):
       raise ValueError("slots, rows, sample_ids, prompt_blocks and fill must have the same "
                        "length.")
+    if np.any(slots < 0) or np.any(rows < 0) or np.any(rows >= prefix.logits_RV.shape[0]):
+      raise ValueError("Negative slot, or row outside the prefix.")
     geo = _steps.cache_geometry(decode_state, self.model_config.num_layers, self.pool_parts)
     b = decode_state.last_token_B.shape[0]
     real = slots < b
@@ -274,8 +279,6 @@ class Engine:
       raise ValueError(f"a slot's prompt block must be on its row's device: the pool has "
                        f"{geo.parts} parts, of {geo.c // geo.parts} blocks and "
                        f"{b // geo.parts} slots each.")
-    if np.any(slots < 0) or np.any(rows < 0) or np.any(rows >= prefix.logits_RV.shape[0]):
-      raise ValueError("Negative slot, or row outside the prefix.")
     # Pad to a bucket with out-of-range slot ids (dropped), so insert compiles
     # once per bucket rather than once per number of slots.
     pad = self.config.slot_bucket(m) - m
