@@ -25,10 +25,10 @@ PROMPTS = [[5, 9, 2], [7, 1, 8, 2, 8, 1, 3], [4, 4, 6, 10, 12, 3, 5, 9, 11, 2, 1
 TEMPERATURE, NEW, EOS = 0.9, 24, 7
 
 
-def _sample(dtype, *, true_on_policy=True, mesh=None):
+def _sample(dtype, *, true_on_policy=True, mesh=None, slots=4):
   model = peaked_qwen3(SAMPLER_CFG.replace(dtype=dtype))
   sampler = Sampler(model, dtype=dtype, true_on_policy=true_on_policy, eos_ids=(EOS,),
-                    max_concurrent_decodes=4, mesh=mesh)
+                    max_concurrent_decodes=slots, mesh=mesh)
   out = sampler.generate(PROMPTS, max_new_tokens=NEW, num_samples=2, temperature=TEMPERATURE,
                          seed=3)
   return model, out
@@ -135,7 +135,7 @@ def test_eight_device_sampler_equals_one_device(bf16):  # bf16 only: compile tim
   dtype, _, out_1, _ = bf16
   if len(jax.devices()) < 8:
     pytest.skip("needs 8 devices")
-  _, out_8 = _sample(dtype, mesh=make_mesh(8, 1, 1))
+  _, out_8 = _sample(dtype, mesh=make_mesh(8, 1, 1), slots=8)  # a slot per row shard
   assert out_8.tokens == out_1.tokens
   np.testing.assert_array_equal(out_8.logprobs_array, out_1.logprobs_array)
 
