@@ -173,6 +173,8 @@ def test_refusals():
           true_on_policy=True, top_k=5))
   with pytest.raises(ValueError, match="full distribution"):
     logprobs_lib.Scoring(top_p=0.9, true_on_policy=True)
+  with pytest.raises(ValueError, match="tensor=1"):
+    Sampler(peaked_qwen3(SAMPLER_CFG), true_on_policy=True, mesh=make_mesh(4, 1, 2))
   sampler = Sampler(peaked_qwen3(SAMPLER_CFG), true_on_policy=True)
   with pytest.raises(ValueError, match="top-k / top-p"):
     sampler.generate(PROMPTS[:1], max_new_tokens=2, top_k=5)

@@ -138,6 +138,9 @@ class Engine:
       raise ValueError(f"max_concurrent_decodes ({config.max_concurrent_decodes}) must be a "
                        f"multiple of the mesh's {rows} row shards (data x fsdp): each holds "
                        "as many slots, in its part of the KV cache.")
+    if config.true_on_policy and mesh is not None and mesh.shape.get("tensor", 1) > 1:
+      raise ValueError("true_on_policy needs tensor=1: a tensor split sums each contraction "
+                       "in parts, in another order than the learner's (docs/method.md §7).")
     decode = config.decode_attention_for(platform, 1 if mesh is None else mesh.size,
                                          kv_dtype=kv_dtype, head_dim=model.config.head_dim)
     device = {"pallas": "gpu", "pallas_tpu": "tpu"}.get(decode, platform)
