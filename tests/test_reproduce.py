@@ -207,6 +207,11 @@ def test_tables_have_the_sources_layout():
   assert "| + Step 2 | — |" in md and "pending — not run" in md
   assert reproduce.order_rows(["random_rollback", "baseline", "mipu"]) == [
       "mipu", "random_rollback", "baseline"]
+  # A table whose only run is the control's reference row is left out.
+  md = reproduce.tables_markdown([run("control", 0, 0.7, True), run("bf16", 0, 0.6, True)],
+                                 {}, TIERS)
+  assert md.count("| No mismatch (fp32 sampler) |") == 1
+  assert "### Mismatch or precision" in md and "### Main results" not in md
 
 
 @pytest.mark.long

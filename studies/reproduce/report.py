@@ -131,7 +131,7 @@ def _table(title: str, names: Sequence[str], by_row: Mapping[str, list],
     head += ["π Avg. [95% CI]", "π Peak Avg."]
   lines = [f"### {title}", "", "| " + " | ".join(head) + " |",
            "|" + "---|" * len(head)]
-  header = len(lines)
+  header, shown = len(lines), 0
   for name in names:
     rs = by_row.get(name)
     if rs:
@@ -146,7 +146,8 @@ def _table(title: str, names: Sequence[str], by_row: Mapping[str, list],
     else:
       continue
     lines.append(f"| {LABELS.get(name, name)} | " + " | ".join(cells) + " |")
-  return lines + [""] if len(lines) > header else []  # none of its rows ran: no table
+    shown += name != "control"
+  return lines + [""] if shown else []  # none of its rows but the reference ran: no table
 
 
 def tables_markdown(runs: Sequence[RunSummary], pending: Mapping[str, str],
