@@ -10,12 +10,17 @@ import math
 import re
 import threading
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import numpy as np
 
-if TYPE_CHECKING:  # an annotation only: the tasks import this package, not the reverse
-  from mipu_jax.tasks import base
+
+class Answered(Protocol):
+  """A problem with a reference answer (`tasks.ProblemLike` is one; the tasks
+  import this package, not the reverse)."""
+
+  @property
+  def answer(self) -> str: ...
 
 _BOX_COMMANDS = ("\\boxed", "\\fbox")
 
@@ -99,7 +104,7 @@ def grade(completion: str, gold: str) -> bool:
   return predicted is not None and is_equivalent(predicted, gold)
 
 
-def boxed_reward(problems: Sequence[base.ProblemLike],
+def boxed_reward(problems: Sequence[Answered],
                  completions: Sequence[str]) -> np.ndarray:
   """1.0 per correct boxed answer, float32 `[len(problems)]`. A `RewardFn`."""
   if len(problems) != len(completions):
