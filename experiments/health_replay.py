@@ -7,10 +7,10 @@ A run collapsed when an evaluation fell more than 15 points below its best so
 far (`harness.collapse_step`). Per run, each signal is read over the steps
 before the collapse (a collapsed run) or over the whole run (the others):
 
-- the `k3_kl` surge rule of docs/method.md §8 (`rl.health`, `HealthConfig`
-  defaults and a grid of ratios, floors and first steps): a hit is a
-  collapsed run it warned in before the collapse, a false alarm a run that did
-  not collapse and was warned about;
+- the `k3_kl` surge rule and the gradient-norm spike rule of docs/method.md
+  §8 (`rl.health`, `HealthConfig` defaults and a grid of ratios, floors and
+  first steps): a hit is a collapsed run it fired in before the collapse, a
+  false alarm a run that did not collapse and where it fired;
 - per-run signals, by the area under the ROC curve for telling the collapsed
   runs from the quantized ones that did not collapse, each pair compared over
   the same steps (those before the collapse; 0.5: chance; below 0.5: lower in
@@ -51,17 +51,17 @@ def _runs(root):
   return out
 
 
-def _surge_steps(rows, **kw):
+def _fired_steps(rows, check, **kw):
   cfg = config_lib.HealthConfig(**kw)
   monitor = health.HealthMonitor(cfg)
   return [int(r["step"]) for r in rows if r.get("step", 0) > 0
-          and monitor.check(int(r["step"]), r).metrics.get("health/" + health.SURGE)]
+          and monitor.check(int(r["step"]), r).metrics.get("health/" + check)]
 
 
-def _score(runs, start=1, **kw):
+def _score(runs, start=1, check=health.SURGE, **kw):
   hits = alarms = 0
   for _, rows, cs in runs:
-    warned = [s for s in _surge_steps(rows, **kw) if s >= start]
+    warned = [s for s in _fired_steps(rows, check, **kw) if s >= start]
     if cs is not None:
       hits += any(s < cs for s in warned)
     else:
@@ -95,12 +95,18 @@ def main(argv):
   h, a = _score(runs)
   print(f"surge rule at its defaults: warns in {h}/{len(collapsed)} collapsed runs before the "
         f"collapse, and in {a}/{len(runs) - len(collapsed)} runs that did not collapse")
+  h, a = _score(runs, check=health.SPIKE)
+  print(f"gradient-norm spike at its defaults: fires in {h}/{len(collapsed)} collapsed runs "
+        f"before the collapse, and in {a}/{len(runs) - len(collapsed)} runs that did not")
+  for ratio in (3.0, 5.0, 20.0):
+    h, a = _score(runs, check=health.SPIKE, grad_spike_ratio=ratio)
+    print(f"  at ratio {ratio:g}: {h} hits, {a} false alarms")
   grid = []
   for ratio, floor, start in itertools.product((2.0, 3.0, 4.0, 6.0), (1e-3, 1e-2, 2e-2),
                                                (1, 11, 21)):
     h, a = _score(runs, start, k3_surge_ratio=ratio, k3_surge_floor=floor)
     grid.append((h / len(collapsed) - a / (len(runs) - len(collapsed)), h, a, ratio, floor, start))
-  print("\nbest of the grid (hit rate - false-alarm rate):")
+  print("\nsurge rule, best of the grid (hit rate - false-alarm rate):")
   for j, h, a, ratio, floor, start in sorted(grid, reverse=True)[:5]:
     print(f"  ratio {ratio:g}, floor {floor:g}, from step {start}: {h} hits, {a} false alarms "
           f"(J = {j:.2f})")

@@ -50,7 +50,8 @@ def test_values_on_the_thresholds_are_healthy_and_absent_metrics_are_not_checked
 
 def test_k3_surge_over_the_running_median():
   cfg = config_lib.HealthConfig(k3_surge_ratio=2.0, k3_surge_window=4,
-                                k3_surge_min_history=3, k3_surge_floor=1e-3)
+                                k3_surge_min_history=3, k3_surge_floor=1e-3,
+                                k3_surge_warns=True)
   monitor = health.HealthMonitor(cfg)
   k3 = [0.01, 0.03, 0.02, 0.05, 0.02, 0.07]
   reports = [monitor.check(i + 1, {P + "k3_kl": v}) for i, v in enumerate(k3)]
@@ -65,6 +66,31 @@ def test_k3_surge_over_the_running_median():
   # Step 6: window of 4 drops .01: median(.03, .02, .05, .02) = .025; .07 > .05.
   assert reports[5].metrics["health/k3_kl_surge_ratio"] == pytest.approx(2.8)
   assert reports[5].failing == {"k3_kl_surge": reports[5].failing["k3_kl_surge"]}
+
+
+def test_k3_surge_is_marked_but_not_warned_by_default():
+  monitor = health.HealthMonitor(config_lib.HealthConfig(k3_surge_min_history=1))
+  monitor.check(1, {P + "k3_kl": 0.01})
+  report = monitor.check(2, {P + "k3_kl": 0.05})
+  assert report.mark == "!k3_kl_surge" and report.metrics["health/unhealthy"] == 1.0
+  assert report.warning is None
+
+
+def test_grad_norm_spike_over_the_running_median():
+  cfg = config_lib.HealthConfig(grad_spike_ratio=10.0, grad_spike_window=3,
+                                grad_spike_min_history=2)
+  monitor = health.HealthMonitor(cfg)
+  norms = [1.0, 3.0, 19.0, 21.0, 2.0, 2.5, 30.0]
+  reports = [monitor.check(i + 1, {health.GRAD_NORM: g}) for i, g in enumerate(norms)]
+  assert all("health/grad_norm_spike" not in r.metrics for r in reports[:2])
+  # Step 3: median(1, 3) = 2; 19 < 20. Step 4: median(1, 3, 19) = 3; 21 < 30.
+  assert [r.metrics["health/grad_norm_spike"] for r in reports[2:4]] == [0.0, 0.0]
+  # Step 7: window of 3 (21, 2, 2.5): median 2.5; 30 > 25, and it warns.
+  assert reports[6].metrics["health/grad_norm_spike"] == 1.0
+  assert "gradient norm 30 is 12x its median 2.5 over the last 3 steps" in reports[6].warning
+  assert monitor.check(8, {health.GRAD_NORM: float("nan")}).metrics == {}
+  with pytest.raises(ValueError, match="grad_spike_ratio"):
+    config_lib.HealthConfig(grad_spike_ratio=1.0)
 
 
 def test_k3_below_the_floor_is_no_surge():

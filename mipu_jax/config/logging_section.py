@@ -42,8 +42,8 @@ class HealthConfig:
   """Mismatch health checks after every step (docs/method.md §8).
 
   The thresholds are verl's (its rollout-correction guide's health check);
-  the `k3_kl` surge is ours. A check whose metric the step does not log
-  (no IS weights, bypass mode) is not run.
+  the gradient-norm spike and the `k3_kl` surge are ours. A check whose
+  metric the step does not log (no IS weights, bypass mode) is not run.
 
   Attributes:
     enabled: run the checks (their `health/*` metrics, warnings and the
@@ -61,6 +61,12 @@ class HealthConfig:
       has `k3_kl` = 0, where any noise is a large ratio).
     k3_surge_window: steps in the running median.
     k3_surge_min_history: steps needed before the surge check runs.
+    k3_surge_warns: print the surge as a warning too (else the bar's mark
+      and `health/k3_kl_surge` only: it told no collapse apart, §8).
+    grad_spike_ratio: `actor/grad_norm` above this many times its median
+      over the previous `grad_spike_window` steps is a spike.
+    grad_spike_window: steps in that running median.
+    grad_spike_min_history: steps needed before the spike check runs.
     warn_every: a check that keeps failing warns again after this many steps.
   """
   enabled: bool = True
@@ -75,6 +81,10 @@ class HealthConfig:
   k3_surge_floor: float = 1e-3
   k3_surge_window: int = 10
   k3_surge_min_history: int = 5
+  k3_surge_warns: bool = False
+  grad_spike_ratio: float = 10.0
+  grad_spike_window: int = 10
+  grad_spike_min_history: int = 5
   warn_every: int = 10
 
   def __post_init__(self):
@@ -87,6 +97,12 @@ class HealthConfig:
     if not 1 <= self.k3_surge_min_history <= self.k3_surge_window:
       raise ValueError("need 1 <= logging.health.k3_surge_min_history <= "
                        "k3_surge_window.")
+    if not self.grad_spike_ratio > 1:
+      raise ValueError(f"logging.health.grad_spike_ratio must be > 1, got "
+                       f"{self.grad_spike_ratio}.")
+    if not 1 <= self.grad_spike_min_history <= self.grad_spike_window:
+      raise ValueError("need 1 <= logging.health.grad_spike_min_history <= "
+                       "grad_spike_window.")
     if self.warn_every < 1:
       raise ValueError(f"logging.health.warn_every must be >= 1, got {self.warn_every}.")
 

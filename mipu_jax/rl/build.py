@@ -44,7 +44,8 @@ def make_task(cfg: TrainConfig) -> base.Task:
           f"model.init_from={cfg.model.init_from!r} has its own tokenizer "
           "(tokenizer.json), but data.task='arithmetic' drives the model with "
           "the arithmetic task's character tokenizer: its ids would mean "
-          "nothing to this checkpoint. Use data.task='math' (studies/configs/math.py).")
+          "nothing to this checkpoint. Use data.task='math' (as the repository's "
+          "studies/configs/math.py does).")
     return arithmetic_task.ArithmeticTask(data.train_tiers, ev.tiers, ev.n_per_tier,
                                           add_bos=data.add_bos)
   try:

@@ -1,9 +1,11 @@
 """Mismatch health after every step: `health/*` metrics, a warning, a bar mark.
 
 The checks and their thresholds are docs/method.md §8: verl's rollout-correction
-health check on the step's `rollout_corr/*` metrics, and a surge of `k3_kl`
-over its running median. A check whose metric the step does not log is not
-run. Everything here is a pure function of the logged rows, so a resumed run
+health check on the step's `rollout_corr/*` metrics, a spike of the gradient
+norm over its running median (the one signal that told the committed runs'
+collapses apart), and a surge of `k3_kl` (a notice that the mismatch moved:
+in the bar and the metrics, warned only on request). A check whose metric the
+step does not log is not run. Everything here is a pure function of the logged rows, so a resumed run
 (whose monitor is rebuilt from the kept rows) reports what an uninterrupted
 one would.
 """
@@ -21,6 +23,7 @@ _log = logging.getLogger(__name__)
 
 P = "rollout_corr/"
 K3 = P + "k3_kl"
+GRAD_NORM = "actor/grad_norm"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,7 +63,8 @@ CHECKS = (
           lambda v, c: f"chi2_token {v:.3g} > {c.chi2_token_max:g}"),
 )
 SURGE = "k3_kl_surge"
-NAMES = tuple(c.name for c in CHECKS) + (SURGE,)
+SPIKE = "grad_norm_spike"
+NAMES = tuple(c.name for c in CHECKS) + (SPIKE, SURGE)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -96,30 +100,50 @@ class HealthMonitor:
   def __init__(self, cfg: HealthConfig, rows: Sequence[Mapping[str, float]] = ()):
     self.cfg = cfg
     self._k3 = deque(maxlen=cfg.k3_surge_window)
+    self._grad = deque(maxlen=cfg.grad_spike_window)
     self._last_warned: dict[str, int] = {}
     self._failing_before: set[str] = set()
     for row in rows:
       if row.get("step", 0) > 0:
         self.check(int(row["step"]), row)
 
-  def _surge(self, metrics: Mapping[str, float]) -> tuple[dict[str, float], Optional[str]]:
-    value = metrics.get(K3)
+  @staticmethod
+  def _median_before(window: deque, value: Optional[float], min_history: int):
+    """`(value, median of the window before it, its length)`, the value then
+    joining the window; None where the value is missing or the window short."""
     if value is None or not math.isfinite(value):
+      return None
+    history = list(window)
+    window.append(value)
+    return (value, statistics.median(history), len(history)) if len(
+        history) >= min_history else None
+
+  def _surge(self, metrics: Mapping[str, float]) -> tuple[dict[str, float], Optional[str]]:
+    c = self.cfg
+    seen = self._median_before(self._k3, metrics.get(K3), c.k3_surge_min_history)
+    if seen is None:
       return {}, None
-    history, c = list(self._k3), self.cfg
-    self._k3.append(value)
-    if len(history) < c.k3_surge_min_history:
-      return {}, None
-    median = statistics.median(history)
+    value, median, n = seen
     out = {"health/" + SURGE: 0.0}
     if median > 0:
       out["health/k3_kl_surge_ratio"] = value / median
     if value > c.k3_surge_floor and value > c.k3_surge_ratio * median:
       out["health/" + SURGE] = 1.0
       return out, (f"k3_kl {value:.3g} is {value / median:.3g}x its median "
-                   f"{median:.3g} over the last {len(history)} steps"
-                   if median > 0 else f"k3_kl {value:.3g} after {len(history)} steps at 0")
+                   f"{median:.3g} over the last {n} steps"
+                   if median > 0 else f"k3_kl {value:.3g} after {n} steps at 0")
     return out, None
+
+  def _spike(self, metrics: Mapping[str, float]) -> tuple[dict[str, float], Optional[str]]:
+    c = self.cfg
+    seen = self._median_before(self._grad, metrics.get(GRAD_NORM), c.grad_spike_min_history)
+    if seen is None:
+      return {}, None
+    value, median, n = seen
+    spike = median > 0 and value > c.grad_spike_ratio * median
+    return {"health/" + SPIKE: float(spike)}, (
+        f"gradient norm {value:.3g} is {value / median:.3g}x its median {median:.3g} "
+        f"over the last {n} steps" if spike else None)
 
   def check(self, step: int, metrics: Mapping[str, float]) -> Report:
     """The health of step `step` from its metrics; advances the history."""
@@ -134,13 +158,14 @@ class HealthMonitor:
       out["health/" + c.name] = float(bad)
       if bad:
         failing[c.name] = c.describe(value, self.cfg)
-    surge, why = self._surge(metrics)
-    out.update(surge)
-    if why is not None:
-      failing[SURGE] = why
+    for name, (more, why) in ((SPIKE, self._spike(metrics)), (SURGE, self._surge(metrics))):
+      out.update(more)
+      if why is not None:
+        failing[name] = why
     if out:
       out["health/unhealthy"] = float(len(failing))
-    return Report(out, failing, self._warning(step, failing))
+    warned = {n: w for n, w in failing.items() if n != SURGE or self.cfg.k3_surge_warns}
+    return Report(out, failing, self._warning(step, warned))
 
   def _warning(self, step: int, failing: Mapping[str, str]) -> Optional[str]:
     """A check warns when it starts failing, then every `warn_every` steps."""
