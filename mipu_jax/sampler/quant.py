@@ -1,51 +1,14 @@
 """Every qwix call of the sampler: weight and activation quantization (docs/method.md §7).
 
-The sampler's precision creates training–inference mismatch on purpose, so this module only
-has to be faithful, not fast.
-
-Why qwix's array primitives, not its model providers: `qwix.QtProvider` (fake quant) and
-`qwix.PtqProvider` recognise a weight by tracing an `einsum`/`dot_general` operand back to a
-`Param` of the NNX module called (`flax_util.find_param`); our Qwen3 scans over layer weights
-stacked on an `L` axis, so there a weight is a slice of a scan carry: on qwix 0.1.8 `QtProvider`
-quantizes only the tied LM head and `PtqProvider` fails on the embedding lookup (`take` of a
-`WithAux`). So we apply qwix's own quantizer (`qwix.quantize` → `QArray` → `qwix.dequantize`,
-the `qarray` code the providers call) to the parameter tree, with explicit channel axes.
-
-Weights: per output channel, symmetric absmax (qwix `calibration_method='absmax'`), the scale
-shared along the contraction axes, separate along every other. Stacked layout (letters as in
-`mipu_jax/models/qwen3.py`):
-
-| param   | shape          | reduced (contraction) | kept (own scale) |
-| ------- | -------------- | --------------------- | ---------------- |
-| q       | [L, D, N, H]   | D                     | L, N, H          |
-| k, v    | [L, D, K, H]   | D                     | L, K, H          |
-| o       | [L, N, H, D]   | N, H                  | L, D             |
-| gate/up | [L, D, F]      | D                     | L, F             |
-| down    | [L, F, D]      | F                     | L, D             |
-| embed   | [V, D]         | D (per row)           | V   — only as the tied LM head |
-| lm_head | [D, V]         | D                     | V                |
-
-Norm weights are never quantized. The token embedding is quantized only as the tied LM head
-with `quant_lm_head` on (the input lookup then reads the same table, as on a real engine storing
-one tied matrix); an untied input embedding is a lookup, not a matmul: float (common PTQ practice).
-
-Storage modes:
-- `"fake"` (default): `dequantize(quantize(w))` once at weight sync: a float compute-dtype tree.
-- `"real"`: `QArray`s (int8/int4/fp8 values + float32 scales), dequantized inside every jitted
-  step before the matmuls: bit-identical to `"fake"` (same qwix ops, same order; tested), saving
-  memory and, where the compiler fuses the dequantization into the matmul, bandwidth. Slower on
-  CPU (one dequantization per decode step).
-
-Activations: per-token absmax (one scale per `[batch, position]`, shared over the feature axes)
-through the model's `act_quant` hook, on the input of every projection matmul.
-
-Compute (`quant_compute`):
-- `"emulated"` (default, the reference): the storage modes above, float matmuls of dequantized
-  operands in the compute dtype.
-- `"native"`: a quantized weight is a `mipu_jax.models.quantized.QuantizedWeight` (`[L, O, I]`
-  values + per-output scales) in an int8 × int8 → int32 or fp8 × fp8 dot, scales on its output;
-  weight-only modes dequantize next to the dot (rules: that module's docstring). Quantized values
-  are bitwise the emulated path's.
+The sampler's precision creates the mismatch on purpose, so this module has to be faithful,
+not fast. Weights: symmetric absmax per output channel, the scale shared along the contraction
+axes (§7's table); activations: per-token absmax on the input of every projection. Storage
+`fake` (dequantized once at weight sync) or `real` (`QArray`s dequantized in every step,
+bitwise `fake`); compute `emulated` (float matmuls) or `native` (`models/quantized.py`).
+qwix's array primitives (`qwix.quantize` / `qwix.dequantize`), not its model providers: these
+find a weight by tracing an einsum operand back to an NNX `Param`, and our layers' weights are
+slices of a scan carry (on qwix 0.1.8 `QtProvider` quantizes only the tied LM head and
+`PtqProvider` fails on the embedding lookup).
 """
 
 import functools

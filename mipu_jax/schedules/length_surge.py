@@ -1,48 +1,13 @@
 """Length-surge learning-rate schedule as an optax transformation (docs/method.md §6).
 
-Source: the length-decay LR scheduler of "Beyond Precision: Training-Inference
-Mismatch is an Optimization Problem and Simple LR Scheduling Fixes It" (its §3.3 and
-Algorithm 1). The rate stays at ``η_0`` until decay starts, then at every step
-``t`` with ``t mod T_decay == 0`` it becomes ``max(η / 2, η_∞)``, with the floor
-``η_∞ = min_ratio · η_0``.
-
-Steps are RL steps (one batch of rollouts, however many optimizer updates it
-makes: ``new_step=``), counted from 1 as in Algorithm 1: the first RL step is
-``t = 1``, and the rate of step ``t`` is computed *before* it scales that
-step's updates (Algorithm 1 sets ``η_t`` and then "updates model parameters
-using ``η_t``"). So the first halved step is ``T_decay`` itself. On a MIPU or
-random rollback the learner keeps this state from the rejected candidate
-(``mipu.resolve_update``): the sampler did produce that step's lengths, so a
-surge seen on a rejected step is a surge (docs/method.md §6).
-
-Modes:
-
-* ``fixed``: ``T_decay = decay_period`` from step 1 on. This is Algorithm 1
-  exactly (the paper's experiments, e.g. period 204 for Qwen3-4B-Base).
-* ``fixed`` with the period measured (``measured_surge_step``,
-  ``decay_period_from_surge``): the paper's rule, ``T_decay ≈ 1.8 × t_surge``
-  with ``t_surge`` read off the uncorrected run's length curve, made exact, for
-  a task whose surge ends before ``auto`` may fire (the small CPU task surges
-  at step 2, below ``min_steps``).
-* ``auto``: the paper picks ``decay_period`` by hand, from the step at which the
-  mean response length surged (≈ 1.8 × that step); docs/method.md §6 turns that into
-  online detection, which the paper does not have. A surge is declared at the
-  first step ``t ≥ min_steps`` whose length is ``≥ surge_ratio ×`` a baseline;
-  then ``T_decay = max(round(period_factor · t), 1)`` and halving happens at the
-  multiples of ``T_decay`` from then on (for ``period_factor ≥ 1`` the first one
-  is ``T_decay`` itself).
-
-Baseline choice (``baseline=``): ``"window"`` (default) compares with the length
-``surge_window`` steps earlier, kept in a ring buffer; it matches the paper's
-description of the surge ("the average length can triple in just a few
-steps") and needs no smoothing constant. ``"ema"`` compares with the EMA of the
-lengths of all earlier steps, which is less noisy but also fires on slow,
-steady growth. A baseline of 0 (or a step without one) never declares a surge,
-so empty responses cannot trigger a decay or produce a NaN.
-
-The rate, the length EMA, the surge step and ``T_decay`` live in the state, so
-they are logged (``schedule_metrics``) and checkpointed with the optimizer
-state.
+The length-decay LR scheduler of "Beyond Precision" (its §3.3, Algorithm 1): the rate stays at
+``η_0`` until decay starts, then halves at every multiple of ``T_decay`` down to
+``min_ratio · η_0``. ``T_decay`` is given (``fixed``; ``decay_period_from_surge`` makes it
+``≈ 1.8 × t_surge`` from a measured surge step) or set online when the mean response length
+first surges (``auto``, §6's detection, against the length ``surge_window`` steps earlier or
+an EMA; a zero baseline never surges). Steps are RL steps counted from 1, the rate of step
+``t`` set before it scales that step's updates; a rolled-back step still advances the state
+(§6). The state is logged (``schedule_metrics``) and checkpointed with the optimizer's.
 """
 
 from typing import NamedTuple, Optional, Sequence
