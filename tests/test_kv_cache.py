@@ -11,6 +11,7 @@
   the decode kernels equal `attention.paged`.
 """
 
+import logging
 import re
 
 import jax
@@ -264,11 +265,14 @@ def test_pallas_kernel_lowers_for_gpu(dtype, gather):
   assert "__gpu$xla.gpu.triton" in text and paged_pallas.NAME in text
 
 
-def test_pallas_kernel_refuses_shapes_its_tiles_do_not_fit():
+def test_pallas_kernel_refuses_shapes_its_tiles_do_not_fit(caplog):
   assert paged_pallas.supports(32, 64, 128)
   assert not paged_pallas.supports(32, 64, 12)  # head dim not a power of two
   assert not paged_pallas.supports(3, 4, 128)  # blocks of 4 keys
   assert paged_pallas.supports(3, 4, 12, interpret=True)
+  with caplog.at_level(logging.WARNING):
+    assert not paged_pallas.takes(3, 4, 128)
+  assert "the GPU kernel for rows of 3 pages of 4 slots" in caplog.text
   z = jnp.zeros((1, 2, 4, 12))
   with pytest.raises(ValueError, match="power-of-two"):
     paged_pallas.decode(jnp.zeros((1, 1, 2, 12)), z, z, None, None,

@@ -297,7 +297,7 @@ def decode(q_BTNH: jax.Array, cache: kv_cache.LayerCache, impl: DecodeImpl,
   already: query t of row b attends slots `[0, cache.q_slot_BT[b, t]]`.
 
   The kernels take one query per row (a decode step) and the shapes their
-  tiles fit (`paged_pallas.supports`, `paged_tpu.takes`); otherwise `paged`.
+  tiles fit (`paged_pallas.takes`, `paged_tpu.takes`); otherwise `paged`, with a warning.
   Returns `[B, T, N, H]` in `dtype`, the compute dtype K/V are dequantized to.
   """
   if impl.name == "invariant":  # the true on-policy mode (docs/method.md §7)
@@ -310,7 +310,7 @@ def decode(q_BTNH: jax.Array, cache: kv_cache.LayerCache, impl: DecodeImpl,
     values_BSKH = kv_cache.logical_view(cache.v, cache.v_scale, cache.page_ids_BJ, dtype)
     return attend(q_BTNH, keys_BSKH, values_BSKH, cache_mask(cache.q_slot_BT[:, 0], t, j * g))
   lengths_B = cache.q_slot_BT[:, 0] + 1  # one query: the row's length, its own slot included
-  if t == 1 and impl.name == "pallas" and paged_pallas.supports(
+  if t == 1 and impl.name == "pallas" and paged_pallas.takes(
       j, g, h, interpret=impl.interpret):
     return paged_pallas.decode(q_BTNH, *pools, lengths_B, dtype, interpret=impl.interpret)
   if t == 1 and impl.name == "pallas_tpu" and paged_tpu.takes(
