@@ -294,7 +294,7 @@ def test_random_rollback_gets_mipus_measured_rate(tmp_path, monkeypatch, rate):
         peak_avg=0.5, peak_step=1, peak_se=0.02, stable=True,
         rollback_rate=rate if row == "mipu" else 0.0, k3_kl=1e-3, seconds=1.0)
 
-  monkeypatch.setattr(reproduce.runs, "run_one", run_one)
+  monkeypatch.setattr(reproduce.table_runs, "run_one", run_one)
   result = reproduce.run_table(
       lambda row, seed, p: table.get_config(
           f"{row},seed={seed},quick" + (f",p={p}" if p else "")),

@@ -53,11 +53,11 @@ from studies.reproduce.report import plot_curves
 from studies.reproduce.report import plot_gap
 from studies.reproduce.report import plot_lr_decay
 from studies.reproduce.report import tables_markdown
-from studies.reproduce.runs import check_like_with_like
-from studies.reproduce.runs import committed_placement
-from studies.reproduce.runs import order_rows
-from studies.reproduce.runs import perturbation_report
-from studies.reproduce.runs import run_table
+from studies.reproduce.table_runs import check_like_with_like
+from studies.reproduce.table_runs import committed_placement
+from studies.reproduce.table_runs import order_rows
+from studies.reproduce.table_runs import perturbation_report
+from studies.reproduce.table_runs import run_table
 from studies.reproduce.spec import ABLATION_ROWS
 from studies.reproduce.spec import CLAIMS
 from studies.reproduce.spec import COMPARE_ROWS
