@@ -29,7 +29,6 @@ from mipu_jax.learner import step as step_lib
 from mipu_jax.models import qwen3
 from mipu_jax.models import sharding as sharding_lib
 
-_ROWS = ("data", "fsdp")
 
 
 def mesh_from_config(cfg: MeshConfig, devices=None) -> Mesh:
@@ -101,7 +100,7 @@ class Learner:
                                                      packed=spec.pack_length > 0)
     row_sh = sharding_lib.batch_sharding(mesh, 2)
     replicated = NamedSharding(mesh, P())
-    self._row_constraint = NamedSharding(mesh, P(None, _ROWS))
+    self._row_constraint = NamedSharding(mesh, P(None, sharding_lib.ROWS))
 
     def rows(x):
       return jax.lax.with_sharding_constraint(x, self._row_constraint)

@@ -30,6 +30,8 @@ from typing import NamedTuple, Optional
 import jax
 import jax.numpy as jnp
 
+from mipu_jax.models import sharding
+
 # Default page size: the largest power of two up to this that divides a row.
 # Decode attention runs one loop step per page: bigger pages mean fewer steps
 # (XLA:CPU pays a few microseconds per loop step), smaller pages less waste at
@@ -244,7 +246,7 @@ def per_shard(fn, rows: int, kv_heads: int, pool_parts: int):
   mesh = jax.sharding.get_abstract_mesh()
   if mesh.empty:
     return fn
-  row_axes = tuple(a for a in ("data", "fsdp") if a in mesh.axis_names)
+  row_axes = tuple(a for a in sharding.ROWS if a in mesh.axis_names)
   shards = math.prod(mesh.shape[a] for a in row_axes)
   if pool_parts > 1 and (pool_parts != shards or rows % shards):
     raise ValueError(f"a pool of {pool_parts} parts needs as many row shards, and {rows} "

@@ -24,6 +24,7 @@ from mipu_jax.models import attention
 from mipu_jax.models import invariant
 from mipu_jax.models import kv_cache
 from mipu_jax.models import quantized
+from mipu_jax.models import sharding
 from mipu_jax.models.config import Qwen3Config
 from mipu_jax.models.kv_cache import KVCache, init_cache  # pylint: disable=unused-import
 
@@ -100,11 +101,11 @@ def shard_rows(x: jax.Array) -> jax.Array:
   micro-batch on each device (vocabulary-sized buffers per token at long rows).
   """
   mesh = jax.sharding.get_abstract_mesh()
-  if mesh.empty or not {"data", "fsdp"} <= set(mesh.axis_names):
+  if mesh.empty or not set(sharding.ROWS) <= set(mesh.axis_names):
     return x
   if x.shape[0] % (mesh.shape["data"] * mesh.shape["fsdp"]):
     return x
-  spec = jax.sharding.PartitionSpec(("data", "fsdp"), *([None] * (x.ndim - 1)))
+  spec = jax.sharding.PartitionSpec(sharding.ROWS, *([None] * (x.ndim - 1)))
   return jax.lax.with_sharding_constraint(x, spec)
 
 

@@ -16,6 +16,7 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 AXES = ("data", "fsdp", "tensor")
+ROWS = ("data", "fsdp")  # the axes a batch's rows (and the decode pool's parts) split over
 
 # Parameter path -> per-dimension mesh axes, for the `train` layout.
 TRAIN_RULES: dict[str, tuple[Optional[str], ...]] = {
@@ -108,7 +109,7 @@ def param_shardings(params: Any, mesh: Mesh, layout: str = "train") -> dict:
 
 def batch_sharding(mesh: Mesh, ndim: int = 2) -> NamedSharding:
   """Leading (batch) axis over (data, fsdp); the rest replicated."""
-  return NamedSharding(mesh, P(("data", "fsdp"), *([None] * (ndim - 1))))
+  return NamedSharding(mesh, P(ROWS, *([None] * (ndim - 1))))
 
 
 def replicated(mesh: Mesh) -> NamedSharding:

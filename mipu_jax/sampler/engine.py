@@ -23,7 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from mipu_jax.models import attention
+from mipu_jax.models import attention, sharding
 from mipu_jax.models.qwen3 import Inference, Qwen3
 from mipu_jax.sampler import _steps, quant, weights
 from mipu_jax.sampler.config import SamplerConfig
@@ -133,7 +133,7 @@ class Engine:
     self.cpu_compile = platform == "cpu" and not config.true_on_policy
     # Resolved once, here, where the platform, the mesh and the cache dtype are known; a
     # kernel off its device runs in Pallas' interpreter. A pool part per row shard (kv_cache.py).
-    rows = 1 if mesh is None else math.prod(mesh.shape.get(a, 1) for a in ("data", "fsdp"))
+    rows = 1 if mesh is None else math.prod(mesh.shape.get(a, 1) for a in sharding.ROWS)
     if config.max_concurrent_decodes % rows:
       raise ValueError(f"max_concurrent_decodes ({config.max_concurrent_decodes}) must be a "
                        f"multiple of the mesh's {rows} row shards (data x fsdp): each holds "
@@ -364,7 +364,7 @@ class Engine:
     if self.mesh is None:
       return None
     mesh = self.mesh
-    rows = tuple(a for a in ("data", "fsdp") if a in mesh.shape) if self.pool_parts > 1 else None
+    rows = tuple(a for a in sharding.ROWS if a in mesh.shape) if self.pool_parts > 1 else None
     tensor = mesh.shape.get("tensor", 1)
 
     def spec(x, pool: bool):
