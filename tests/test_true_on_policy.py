@@ -49,7 +49,9 @@ def _rows(out):
 
 def _in_loss(model, tokens, mask, loss_mask, segment_ids=None, positions=None):
   """The log-probs the loss differentiates: `policy_logprobs` under
-  `jax.value_and_grad`, returned as its auxiliary output."""
+  `jax.value_and_grad`, returned as its auxiliary output. Their values are the
+  batch-invariant forward's; their gradient is the standard forward's (a
+  `custom_vjp`, learner/logprobs.py `invariant_logprobs`), checked finite here."""
   graphdef, state = nnx.split(model)
   scoring = logprobs_lib.Scoring(TEMPERATURE, true_on_policy=True)
 
@@ -89,8 +91,9 @@ def test_sampler_equals_the_loss_forward(dtype, request):
   np.testing.assert_array_equal(lp[on], lp_mu[on])
 
 
-def test_sampler_equals_packed_rows_under_remat(bf16):  # bf16 only: compile time
-  _, model, _, (tokens, mask, lp_mu, loss_mask) = bf16
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+def test_sampler_equals_packed_rows_under_remat(dtype, request):
+  _, model, _, (tokens, mask, lp_mu, loss_mask) = request.getfixturevalue(dtype)
   model = nnx.merge(*nnx.split(model))  # the learner's copy, under a remat policy
   model.config = model.config.replace(remat="layer")
   plan = packing.plan(mask, pack_length=64, rows_per_micro=2)
@@ -112,10 +115,12 @@ def _train_config(dtype):
       learner=config_lib.LearnerConfig(logits_chunk=16))
 
 
-def test_learner_on_eight_devices(bf16):
-  # bf16 only (compile time); one device: test_rl_loop_logs_no_mismatch runs
-  # the same learner there.
-  dtype, model, _, (tokens, mask, lp_mu, loss_mask) = bf16
+@pytest.mark.parametrize("fixture", ["fp32", "bf16"])
+def test_learner_on_eight_devices(fixture, request):
+  # One device: test_rl_loop_logs_no_mismatch runs the same learner there. In
+  # the mode the learner's log-prob forward runs replicated on every device
+  # (learner/logprobs.py), so this checks the sharded step around it.
+  dtype, model, _, (tokens, mask, lp_mu, loss_mask) = request.getfixturevalue(fixture)
   if len(jax.devices()) < 8:
     pytest.skip("needs 8 devices")
   mesh = make_mesh(4, 2, 1)
@@ -131,8 +136,9 @@ def test_learner_on_eight_devices(bf16):
   assert m["actor/first_update_ratio_min"] == 1 and m["actor/first_update_ratio_max"] == 1
 
 
-def test_eight_device_sampler_equals_one_device(bf16):  # bf16 only: compile time
-  dtype, _, out_1, _ = bf16
+@pytest.mark.parametrize("fixture", ["fp32", "bf16"])
+def test_eight_device_sampler_equals_one_device(fixture, request):
+  dtype, _, out_1, _ = request.getfixturevalue(fixture)
   if len(jax.devices()) < 8:
     pytest.skip("needs 8 devices")
   _, out_8 = _sample(dtype, mesh=make_mesh(8, 1, 1), slots=8)  # a slot per row shard
