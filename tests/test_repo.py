@@ -42,6 +42,30 @@ def test_readme_main_command_names_files_that_exist():
     assert (ROOT / path).is_file(), path
 
 
+def test_docs_name_commands_and_files_that_exist():
+  """The tracked Markdown (raw benchmark outputs aside: they record the command
+  as it was run) runs scripts as modules that exist and names files that exist."""
+  import subprocess  # pylint: disable=g-import-not-at-top
+  try:
+    docs = subprocess.run(["git", "ls-files", "*.md"], cwd=ROOT, capture_output=True,
+                          text=True, check=True).stdout.split()
+  except (OSError, subprocess.CalledProcessError):
+    pytest.skip("needs the git checkout")
+  bad = []
+  for doc in (d for d in docs if not d.startswith("bench/results/")):
+    text = (ROOT / doc).read_text()
+    bad += [(doc, m) for m in re.findall(r"python3? ((?:experiments|bench|studies)/\S+\.py)", text)]
+    for module in re.findall(r"python3? -m ((?:experiments|bench|studies)[\w.]*)", text):
+      path = ROOT / module.replace(".", "/")
+      if not (path.with_suffix(".py").is_file() or (path / "__init__.py").is_file()):
+        bad.append((doc, module))
+    for path in re.findall(r"(?<![\w/.])((?:mipu_jax|studies|experiments|bench|tests)/[\w/]+\.(?:py|sh))",
+                           text):
+      if not (ROOT / path).is_file():
+        bad.append((doc, path))
+  assert not bad, bad
+
+
 def _tracked_run_dirs():
   """`results/<study>/runs/<run>` paths in the checkout: tracked ones where git
   is there (a study writing into results/ leaves half-written runs untracked),
