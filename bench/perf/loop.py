@@ -100,7 +100,7 @@ def measure(row, variant, code_dir, steps, setting, cache_dir=None):
   With `cache_dir`, JAX's persistent compilation cache lives there (the
   tables' `harness.enable_compilation_cache`).
   """
-  sys.path.insert(0, code_dir)
+  sys.path.insert(0, code_dir)  # this process imports the compared revision, not this clone
   from absl import logging  # pylint: disable=g-import-not-at-top
   import mipu_jax  # pylint: disable=g-import-not-at-top
   from mipu_jax import config as config_lib  # pylint: disable=g-import-not-at-top
