@@ -93,7 +93,7 @@ def main(argv):
   collapsed = [r for r in runs if r[2] is not None]
   print(f"{len(runs)} committed runs with 15+ steps, {len(collapsed)} collapsed\n")
   h, a = _score(runs)
-  print(f"surge rule at its defaults: warns in {h}/{len(collapsed)} collapsed runs before the "
+  print(f"surge rule at its defaults: fires in {h}/{len(collapsed)} collapsed runs before the "
         f"collapse, and in {a}/{len(runs) - len(collapsed)} runs that did not collapse")
   h, a = _score(runs, check=health.SPIKE)
   print(f"gradient-norm spike at its defaults: fires in {h}/{len(collapsed)} collapsed runs "

@@ -91,7 +91,7 @@ def learner_memory(cfg: TrainConfig, prompt_len: int,
   graphdef, params = _abstract_model(cfg, mesh, "train")
   learner = Learner(graphdef, params, spec=step_spec(cfg),
                     optimizer=make_optimizer(cfg.optim, cfg.num_steps), mesh=mesh)
-  dp = mesh.shape["data"] * mesh.shape["fsdp"]
+  dp = sharding.row_shards(mesh)
   length = prompt_len + cfg.sampling.max_new_tokens
   if learner.spec.pack_length:
     rows = -(-cfg.data.prompts_per_step * cfg.data.group_size // dp) * dp

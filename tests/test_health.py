@@ -80,11 +80,12 @@ def test_grad_norm_spike_over_the_running_median():
   cfg = config_lib.HealthConfig(grad_spike_ratio=10.0, grad_spike_window=3,
                                 grad_spike_min_history=2)
   monitor = health.HealthMonitor(cfg)
-  norms = [1.0, 3.0, 19.0, 21.0, 2.0, 2.5, 30.0]
+  norms = [1.0, 3.0, 21.0, 21.0, 2.0, 2.5, 30.0]
   reports = [monitor.check(i + 1, {health.GRAD_NORM: g}) for i, g in enumerate(norms)]
   assert all("health/grad_norm_spike" not in r.metrics for r in reports[:2])
-  # Step 3: median(1, 3) = 2; 19 < 20. Step 4: median(1, 3, 19) = 3; 21 < 30.
-  assert [r.metrics["health/grad_norm_spike"] for r in reports[2:4]] == [0.0, 0.0]
+  # Step 3: median(1, 3) = 2 (the step's own norm left out: with it, 3); 21 > 20.
+  # Step 4: median(1, 3, 21) = 3; 21 < 30.
+  assert [r.metrics["health/grad_norm_spike"] for r in reports[2:4]] == [1.0, 0.0]
   # Step 7: window of 3 (21, 2, 2.5): median 2.5; 30 > 25, and it warns.
   assert reports[6].metrics["health/grad_norm_spike"] == 1.0
   assert "gradient norm 30 is 12x its median 2.5 over the last 3 steps" in reports[6].warning
@@ -116,15 +117,18 @@ def test_warnings_are_rate_limited_per_check():
 
 
 def test_a_resumed_monitor_reports_like_an_uninterrupted_one():
-  cfg = config_lib.HealthConfig(k3_surge_window=3, k3_surge_min_history=2)
-  rows = [{"step": float(s), P + "k3_kl": v, P + "kl": kl}
-          for s, (v, kl) in enumerate([(.01, .0), (.02, .2), (.01, .0), (.05, .0), (.04, .3)])]
+  cfg = config_lib.HealthConfig(k3_surge_window=3, k3_surge_min_history=2, k3_surge_warns=True,
+                                grad_spike_window=3, grad_spike_min_history=2)
+  rows = [{"step": float(s), P + "k3_kl": v, P + "kl": kl, health.GRAD_NORM: g}
+          for s, (v, kl, g) in enumerate([(.01, .0, 1.), (.02, .2, 2.), (.01, .0, 1.),
+                                          (.05, .0, 30.), (.04, .3, 40.)])]
   whole = health.HealthMonitor(cfg)
   expected = [whole.check(int(r["step"]), r) for r in rows[1:]]
   resumed = health.HealthMonitor(cfg, rows[:3])  # rows of steps 0-2 kept
   got = [resumed.check(int(r["step"]), r) for r in rows[3:]]
   assert [g.metrics for g in got] == [e.metrics for e in expected[2:]]
   assert [g.warning for g in got] == [e.warning for e in expected[2:]]
+  assert "k3_kl 0.05" in got[0].warning and "gradient norm 30" in got[0].warning
 
 
 def test_health_thresholds_are_documented():

@@ -44,7 +44,8 @@ def test_readme_main_command_names_files_that_exist():
 
 def test_docs_name_commands_and_files_that_exist():
   """The tracked Markdown (raw benchmark outputs aside: they record the command
-  as it was run) runs scripts as modules that exist and names files that exist."""
+  as it was run) runs scripts as modules that exist, and the Python and shell
+  files it names in the tree's code folders exist."""
   import subprocess  # pylint: disable=g-import-not-at-top
   try:
     docs = subprocess.run(["git", "ls-files", "*.md"], cwd=ROOT, capture_output=True,
@@ -59,7 +60,7 @@ def test_docs_name_commands_and_files_that_exist():
       path = ROOT / module.replace(".", "/")
       if not (path.with_suffix(".py").is_file() or (path / "__init__.py").is_file()):
         bad.append((doc, module))
-    for path in re.findall(r"(?<![\w/.])((?:mipu_jax|studies|experiments|bench|tests)/[\w/]+\.(?:py|sh))",
+    for path in re.findall(r"(?<![\w/.])((?:mipu_jax|studies|experiments|bench|tests|configs)/[\w/-]+\.(?:py|sh))",
                            text):
       if not (ROOT / path).is_file():
         bad.append((doc, path))

@@ -51,7 +51,7 @@ def _in_loss(model, tokens, mask, loss_mask, segment_ids=None, positions=None):
   """The log-probs the loss differentiates: `policy_logprobs` under
   `jax.value_and_grad`, returned as its auxiliary output. Their values are the
   batch-invariant forward's; their gradient is the standard forward's (a
-  `custom_vjp`, learner/logprobs.py `invariant_logprobs`), checked finite here."""
+  `custom_vjp`, learner/logprobs.py `invariant_logprobs`; here only checked finite)."""
   graphdef, state = nnx.split(model)
   scoring = logprobs_lib.Scoring(TEMPERATURE, true_on_policy=True)
 
@@ -179,8 +179,9 @@ def test_refusals():
           true_on_policy=True, top_k=5))
   with pytest.raises(ValueError, match="full distribution"):
     logprobs_lib.Scoring(top_p=0.9, true_on_policy=True)
-  with pytest.raises(ValueError, match="tensor=1"):
-    Sampler(peaked_qwen3(SAMPLER_CFG), true_on_policy=True, mesh=make_mesh(4, 1, 2))
+  if len(jax.devices()) >= 8:
+    with pytest.raises(ValueError, match="tensor=1"):
+      Sampler(peaked_qwen3(SAMPLER_CFG), true_on_policy=True, mesh=make_mesh(4, 1, 2))
   sampler = Sampler(peaked_qwen3(SAMPLER_CFG), true_on_policy=True)
   with pytest.raises(ValueError, match="top-k / top-p"):
     sampler.generate(PROMPTS[:1], max_new_tokens=2, top_k=5)

@@ -61,8 +61,9 @@ class HealthConfig:
       has `k3_kl` = 0, where any noise is a large ratio).
     k3_surge_window: steps in the running median.
     k3_surge_min_history: steps needed before the surge check runs.
-    k3_surge_warns: print the surge as a warning too (else the bar's mark
-      and `health/k3_kl_surge` only: it told no collapse apart, §8).
+    k3_surge_warns: print the surge as a warning too (else it shows in the
+      bar's mark, `health/k3_kl_surge` and `health/unhealthy` only: it told
+      no collapse apart, §8).
     grad_spike_ratio: `actor/grad_norm` above this many times its median
       over the previous `grad_spike_window` steps is a spike.
     grad_spike_window: steps in that running median.

@@ -30,7 +30,6 @@ from mipu_jax.models import qwen3
 from mipu_jax.models import sharding as sharding_lib
 
 
-
 def mesh_from_config(cfg: MeshConfig, devices=None) -> Mesh:
   """The (data, fsdp, tensor) mesh; a fully given shape uses the first devices."""
   devices = list(jax.devices() if devices is None else devices)
@@ -77,7 +76,7 @@ class Learner:
                spec: step_lib.StepSpec,
                optimizer: optax.GradientTransformationExtraArgs, mesh: Mesh,
                donate: bool = True):
-    dp = mesh.shape["data"] * mesh.shape["fsdp"]
+    dp = sharding_lib.row_shards(mesh)
     if spec.recompute_mlp is None:  # where the platform is known: the mesh
       spec = dataclasses.replace(spec, recompute_mlp=qwen3.recompute_mlp_for(
           mesh.devices.flat[0].platform))
@@ -207,7 +206,7 @@ class Learner:
 
   def _check_rows(self, b: int) -> None:
     chunks = self.spec.num_minibatches * self.spec.num_microbatches
-    dp = self.mesh.shape["data"] * self.mesh.shape["fsdp"]
+    dp = sharding_lib.row_shards(self.mesh)
     if b % chunks or (b // chunks) % dp:
       raise ValueError(
           f"{b} rows: need a multiple of minibatches x microbatches ({chunks}) "

@@ -22,6 +22,7 @@ class Answered(Protocol):
   @property
   def answer(self) -> str: ...
 
+
 _BOX_COMMANDS = ("\\boxed", "\\fbox")
 
 

@@ -22,7 +22,6 @@ only: XLA cannot partition the kernel's custom call, so a sharded cache uses `at
 """
 
 import functools
-import functools
 import importlib
 import logging
 import os

@@ -103,7 +103,7 @@ def shard_rows(x: jax.Array) -> jax.Array:
   mesh = jax.sharding.get_abstract_mesh()
   if mesh.empty or not set(sharding.ROWS) <= set(mesh.axis_names):
     return x
-  if x.shape[0] % (mesh.shape["data"] * mesh.shape["fsdp"]):
+  if x.shape[0] % sharding.row_shards(mesh):
     return x
   spec = jax.sharding.PartitionSpec(sharding.ROWS, *([None] * (x.ndim - 1)))
   return jax.lax.with_sharding_constraint(x, spec)

@@ -18,6 +18,12 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 AXES = ("data", "fsdp", "tensor")
 ROWS = ("data", "fsdp")  # the axes a batch's rows (and the decode pool's parts) split over
 
+
+def row_shards(mesh) -> int:
+  """How many parts a batch's rows split into on `mesh` (its `ROWS` axes)."""
+  return math.prod(mesh.shape.get(a, 1) for a in ROWS)
+
+
 # Parameter path -> per-dimension mesh axes, for the `train` layout.
 TRAIN_RULES: dict[str, tuple[Optional[str], ...]] = {
     "embed": ("tensor", "fsdp"),                        # [V, D]

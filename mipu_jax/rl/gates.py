@@ -41,6 +41,7 @@ from mipu_jax import distributed
 from mipu_jax import mipu
 from mipu_jax.config import MipuConfig, TrainConfig
 from mipu_jax.learner import LearnerState
+from mipu_jax.models import sharding
 from mipu_jax.rl import batching
 from mipu_jax.rl import rollout as rollout_lib
 from mipu_jax.rl import seeds
@@ -204,7 +205,7 @@ def _row_multiple(run: Any, b: int) -> int:
   """Smallest row count ≥ `b` that `Learner.logprobs` accepts."""
   learner = run.learner
   chunks = learner.spec.num_minibatches * learner.spec.num_microbatches
-  dp = learner.mesh.shape["data"] * learner.mesh.shape["fsdp"]
+  dp = sharding.row_shards(learner.mesh)
   unit = chunks * dp
   return -(-b // unit) * unit
 

@@ -15,7 +15,6 @@ once (`PROGRAMS`) and shared by every engine with the same static settings.
 import collections
 import contextlib
 import dataclasses
-import math
 from typing import Any, Optional, Sequence
 
 import jax
@@ -133,7 +132,7 @@ class Engine:
     self.cpu_compile = platform == "cpu" and not config.true_on_policy
     # Resolved once, here, where the platform, the mesh and the cache dtype are known; a
     # kernel off its device runs in Pallas' interpreter. A pool part per row shard (kv_cache.py).
-    rows = 1 if mesh is None else math.prod(mesh.shape.get(a, 1) for a in sharding.ROWS)
+    rows = 1 if mesh is None else sharding.row_shards(mesh)
     if config.max_concurrent_decodes % rows:
       raise ValueError(f"max_concurrent_decodes ({config.max_concurrent_decodes}) must be a "
                        f"multiple of the mesh's {rows} row shards (data x fsdp): each holds "

@@ -232,6 +232,8 @@ def run_table(make_config: MakeConfig, rows: Sequence[str],
                "stable_ses": STABLE_SES, "seeds": list(seeds)}, f, indent=2)
   seeds_run = sorted({r.seed for r in runs})
   for key, title, group in tables:
+    if not [r for r in group if r in rows and r != "control"]:
+      continue  # as the tables: the reference row alone is no comparison
     path = plot_curves(runs, [r for r in group if r in rows],
                        os.path.join(workdir, f"curves_{key}.png"),
                        title=f"{title}: mean over seeds {seeds_run} (band: min-max)")
