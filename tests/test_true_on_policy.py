@@ -136,6 +136,24 @@ def test_learner_on_eight_devices(fixture, request):
   assert m["actor/first_update_ratio_min"] == 1 and m["actor/first_update_ratio_max"] == 1
 
 
+def test_packing_learner_is_on_policy(bf16):
+  # The Learner's own packing (learner.pack_length): several responses a row.
+  dtype, model, _, (tokens, mask, lp_mu, loss_mask) = bf16
+  cfg = _train_config(dtype)
+  cfg = dataclasses.replace(cfg, learner=dataclasses.replace(cfg.learner, pack_length=64))
+  learner = Learner.from_config(cfg, model, make_mesh(1, 1, 1, devices=jax.devices()[:1]))
+  assert (learner.pack_plan(mask).segment_ids_RP.max(axis=1) > 1).any()
+  state = learner.init_state(nnx.to_pure_dict(nnx.state(model, nnx.Param)), seed=0)
+  lp_old = np.asarray(learner.logprobs(state.params, tokens, mask)) * loss_mask
+  np.testing.assert_array_equal(lp_old, lp_mu)
+  adv = np.tile([1.0, -1.0], len(tokens) // 2)
+  _, metrics = learner.step(state, host_batch(tokens, mask, loss_mask, lp_mu, adv,
+                                              lp_old_BT=lp_old))
+  m = jax.device_get(metrics)
+  assert m["rollout_corr/k3_kl"] == 0 and m["training/rollout_probs_diff_max"] == 0
+  assert m["actor/first_update_ratio_min"] == 1 and m["actor/first_update_ratio_max"] == 1
+
+
 @pytest.mark.parametrize("fixture", ["fp32", "bf16"])
 def test_eight_device_sampler_equals_one_device(fixture, request):
   dtype, _, out_1, _ = request.getfixturevalue(fixture)
