@@ -115,6 +115,19 @@ def _train_config(dtype):
       learner=config_lib.LearnerConfig(logits_chunk=16))
 
 
+def _assert_first_step_on_policy(learner, model, tokens, mask, lp_mu, loss_mask):
+  """The learner's `lp_old` is bitwise the sampler's, and its first step logs no mismatch."""
+  state = learner.init_state(nnx.to_pure_dict(nnx.state(model, nnx.Param)), seed=0)
+  lp_old = np.asarray(learner.logprobs(state.params, tokens, mask)) * loss_mask
+  np.testing.assert_array_equal(lp_old, lp_mu)
+  adv = np.tile([1.0, -1.0], len(tokens) // 2)
+  _, metrics = learner.step(state, host_batch(tokens, mask, loss_mask, lp_mu, adv,
+                                              lp_old_BT=lp_old))
+  m = jax.device_get(metrics)
+  assert m["rollout_corr/k3_kl"] == 0 and m["training/rollout_probs_diff_max"] == 0
+  assert m["actor/first_update_ratio_min"] == 1 and m["actor/first_update_ratio_max"] == 1
+
+
 @pytest.mark.parametrize("fixture", ["fp32", "bf16"])
 def test_learner_on_eight_devices(fixture, request):
   # One device: test_rl_loop_logs_no_mismatch runs the same learner there. In
@@ -125,15 +138,7 @@ def test_learner_on_eight_devices(fixture, request):
     pytest.skip("needs 8 devices")
   mesh = make_mesh(4, 2, 1)
   learner = Learner.from_config(_train_config(dtype), model, mesh)
-  state = learner.init_state(nnx.to_pure_dict(nnx.state(model, nnx.Param)), seed=0)
-  lp_old = np.asarray(learner.logprobs(state.params, tokens, mask)) * loss_mask
-  np.testing.assert_array_equal(lp_old, lp_mu)
-  adv = np.tile([1.0, -1.0], len(tokens) // 2)
-  _, metrics = learner.step(state, host_batch(tokens, mask, loss_mask, lp_mu, adv,
-                                              lp_old_BT=lp_old))
-  m = jax.device_get(metrics)
-  assert m["rollout_corr/k3_kl"] == 0 and m["training/rollout_probs_diff_max"] == 0
-  assert m["actor/first_update_ratio_min"] == 1 and m["actor/first_update_ratio_max"] == 1
+  _assert_first_step_on_policy(learner, model, tokens, mask, lp_mu, loss_mask)
 
 
 def test_packing_learner_is_on_policy(bf16):
@@ -143,15 +148,7 @@ def test_packing_learner_is_on_policy(bf16):
   cfg = dataclasses.replace(cfg, learner=dataclasses.replace(cfg.learner, pack_length=64))
   learner = Learner.from_config(cfg, model, make_mesh(1, 1, 1, devices=jax.devices()[:1]))
   assert (learner.pack_plan(mask).segment_ids_RP.max(axis=1) > 1).any()
-  state = learner.init_state(nnx.to_pure_dict(nnx.state(model, nnx.Param)), seed=0)
-  lp_old = np.asarray(learner.logprobs(state.params, tokens, mask)) * loss_mask
-  np.testing.assert_array_equal(lp_old, lp_mu)
-  adv = np.tile([1.0, -1.0], len(tokens) // 2)
-  _, metrics = learner.step(state, host_batch(tokens, mask, loss_mask, lp_mu, adv,
-                                              lp_old_BT=lp_old))
-  m = jax.device_get(metrics)
-  assert m["rollout_corr/k3_kl"] == 0 and m["training/rollout_probs_diff_max"] == 0
-  assert m["actor/first_update_ratio_min"] == 1 and m["actor/first_update_ratio_max"] == 1
+  _assert_first_step_on_policy(learner, model, tokens, mask, lp_mu, loss_mask)
 
 
 @pytest.mark.parametrize("fixture", ["fp32", "bf16"])
