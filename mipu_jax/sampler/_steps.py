@@ -136,20 +136,27 @@ class PoolGeometry(NamedTuple):
   def _base(self, part):
     return part * self.layers * self.per_layer
 
+  def block_part(self, k):
+    """The part that holds prompt block `k`."""
+    return k // (self.c // self.parts)
+
+  def slot_part(self, slot):
+    """The part of slot `slot`'s row."""
+    return slot // (self.b // self.parts)
+
   def block_page(self, k):
     """Layer 0's first page of prompt block `k`."""
-    cd = self.c // self.parts
-    return self._base(k // cd) + k % cd * self.jp
+    return self._base(self.block_part(k)) + k % (self.c // self.parts) * self.jp
 
   def own_page(self, slot):
     """Layer 0's first page of slot `slot`'s own pages."""
     bd, cd = self.b // self.parts, self.c // self.parts
-    return self._base(slot // bd) + cd * self.jp + slot % bd * self.own
+    return self._base(self.slot_part(slot)) + cd * self.jp + slot % bd * self.own
 
   def part_block(self, slot):
     """A prompt block in the part of `slot`'s row (its shard's first blocks, in turn)."""
     bd, cd = self.b // self.parts, self.c // self.parts
-    return slot // bd * cd + slot % bd % cd
+    return self.slot_part(slot) * cd + slot % bd % cd
 
 
 def init_decode_state(spec: DecodeSpec, model_cfg, num_slots: int, prefill_length: int,

@@ -277,7 +277,7 @@ class Engine:
       raise ValueError(f"prompt block outside [0, {geo.c}) (the decode state's "
                        "prompt_blocks); by default a slot uses block = slot, which needs one "
                        "block per slot.")
-    if np.any(real & (blocks // (geo.c // geo.parts) != slots // (b // geo.parts))):
+    if np.any(real & (geo.block_part(blocks) != geo.slot_part(slots))):
       raise ValueError(f"a slot's prompt block must be on its row's device: the pool has "
                        f"{geo.parts} parts, of {geo.c // geo.parts} blocks and "
                        f"{b // geo.parts} slots each.")
