@@ -24,7 +24,6 @@ K kv heads, H head dim, L layers, P pages per layer of a part, D parts.
 """
 
 import functools
-import math
 from typing import NamedTuple, Optional
 
 import jax
@@ -246,8 +245,7 @@ def per_shard(fn, rows: int, kv_heads: int, pool_parts: int):
   mesh = jax.sharding.get_abstract_mesh()
   if mesh.empty:
     return fn
-  row_axes = tuple(a for a in sharding.ROWS if a in mesh.axis_names)
-  shards = math.prod(mesh.shape[a] for a in row_axes)
+  row_axes, shards = sharding.row_axes(mesh), sharding.row_shards(mesh)
   if pool_parts > 1 and (pool_parts != shards or rows % shards):
     raise ValueError(f"a pool of {pool_parts} parts needs as many row shards, and {rows} "
                      f"rows split over them; the mesh has {shards}.")

@@ -19,9 +19,14 @@ AXES = ("data", "fsdp", "tensor")
 ROWS = ("data", "fsdp")  # the axes a batch's rows (and the decode pool's parts) split over
 
 
+def row_axes(mesh) -> tuple[str, ...]:
+  """The `ROWS` axes `mesh` has."""
+  return tuple(a for a in ROWS if a in mesh.shape)
+
+
 def row_shards(mesh) -> int:
   """How many parts a batch's rows split into on `mesh` (its `ROWS` axes)."""
-  return math.prod(mesh.shape.get(a, 1) for a in ROWS)
+  return math.prod(mesh.shape[a] for a in row_axes(mesh))
 
 
 # Parameter path -> per-dimension mesh axes, for the `train` layout.

@@ -4,10 +4,10 @@ The checks and their thresholds are docs/method.md §8: verl's rollout-correctio
 health check on the step's `rollout_corr/*` metrics, a spike of the gradient
 norm over its running median (as a rule, it told the committed runs' collapses
 apart better than the surge did), and a surge of `k3_kl` (a notice that the
-mismatch moved: in the bar and the metrics, warned only on request). A check whose metric the
-step does not log is not run. Everything here is a pure function of the logged rows, so a resumed run
-(whose monitor is rebuilt from the kept rows) reports what an uninterrupted
-one would.
+mismatch moved: in the bar and the metrics, warned only on request). A check
+whose metric the step does not log is not run. Everything here is a pure
+function of the logged rows, so a resumed run (whose monitor is rebuilt from
+the kept rows) reports what an uninterrupted one would.
 """
 
 import dataclasses

@@ -363,7 +363,7 @@ class Engine:
     if self.mesh is None:
       return None
     mesh = self.mesh
-    rows = tuple(a for a in sharding.ROWS if a in mesh.shape) if self.pool_parts > 1 else None
+    rows = sharding.row_axes(mesh) if self.pool_parts > 1 else None
     tensor = mesh.shape.get("tensor", 1)
 
     def spec(x, pool: bool):
