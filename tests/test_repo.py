@@ -46,11 +46,8 @@ def test_docs_name_commands_and_files_that_exist():
   """The tracked Markdown (raw benchmark outputs aside: they record the command
   as it was run) runs scripts as modules that exist, and the Python and shell
   files it names in the tree's code folders exist."""
-  import subprocess  # pylint: disable=g-import-not-at-top
-  try:
-    docs = subprocess.run(["git", "ls-files", "*.md"], cwd=ROOT, capture_output=True,
-                          text=True, check=True).stdout.split()
-  except (OSError, subprocess.CalledProcessError):
+  docs = _tracked("*.md")
+  if docs is None:
     pytest.skip("needs the git checkout")
   bad = []
   for doc in (d for d in docs if not d.startswith("bench/results/")):
@@ -60,22 +57,30 @@ def test_docs_name_commands_and_files_that_exist():
       path = ROOT / module.replace(".", "/")
       if not (path.with_suffix(".py").is_file() or (path / "__init__.py").is_file()):
         bad.append((doc, module))
-    for path in re.findall(r"(?<![\w/.])((?:mipu_jax|studies|experiments|bench|tests|configs)/[\w/-]+\.(?:py|sh))",
-                           text):
+    for path in re.findall(
+        r"(?<![\w/.])((?:mipu_jax|studies|experiments|bench|tests|configs)/[\w/-]+\.(?:py|sh))",
+        text):
       if not (ROOT / path).is_file():
         bad.append((doc, path))
   assert not bad, bad
+
+
+def _tracked(pattern: str):
+  """The files git tracks under `pattern` (`git ls-files`), or None outside a checkout."""
+  import subprocess  # pylint: disable=g-import-not-at-top
+  try:
+    return subprocess.run(["git", "ls-files", pattern], cwd=ROOT, capture_output=True,
+                          text=True, check=True).stdout.split()
+  except (OSError, subprocess.CalledProcessError):
+    return None
 
 
 def _tracked_run_dirs():
   """`results/<study>/runs/<run>` paths in the checkout: tracked ones where git
   is there (a study writing into results/ leaves half-written runs untracked),
   else every directory on disk."""
-  import subprocess  # pylint: disable=g-import-not-at-top
-  try:
-    out = subprocess.run(["git", "ls-files", "results"], cwd=ROOT, capture_output=True,
-                         text=True, check=True).stdout.split()
-  except (OSError, subprocess.CalledProcessError):
+  out = _tracked("results")
+  if out is None:
     return sorted(p.relative_to(ROOT).as_posix() for p in ROOT.glob("results/*/runs/*"))
   return sorted({"/".join(p.split("/")[:4]) for p in out
                  if p.count("/") >= 3 and p.split("/")[2] == "runs"})

@@ -121,6 +121,12 @@ def claims_markdown(runs: Sequence[RunSummary]) -> str:
   return "\n".join(lines)
 
 
+def compared(names: Sequence[str]) -> list[str]:
+  """A table's rows beside its reference, the fp32 control: a table (and its
+  curves) is shown only when one of these has a run."""
+  return [n for n in names if n != "control"]
+
+
 def _table(title: str, names: Sequence[str], by_row: Mapping[str, list],
            pending: Mapping[str, str], tiers: Sequence[str]) -> list[str]:
   head = ["Method", *tiers, "Avg. [95% CI]", "Eval SE", "Peak Avg.", "Stable",
@@ -131,7 +137,7 @@ def _table(title: str, names: Sequence[str], by_row: Mapping[str, list],
     head += ["π Avg. [95% CI]", "π Peak Avg."]
   lines = [f"### {title}", "", "| " + " | ".join(head) + " |",
            "|" + "---|" * len(head)]
-  header, shown = len(lines), 0
+  listed = []
   for name in names:
     rs = by_row.get(name)
     if rs:
@@ -146,8 +152,8 @@ def _table(title: str, names: Sequence[str], by_row: Mapping[str, list],
     else:
       continue
     lines.append(f"| {LABELS.get(name, name)} | " + " | ".join(cells) + " |")
-    shown += name != "control"
-  return lines + [""] if shown else []  # none of its rows but the reference ran: no table
+    listed.append(name)
+  return lines + [""] if compared(listed) else []  # none but the reference ran: no table
 
 
 def tables_markdown(runs: Sequence[RunSummary], pending: Mapping[str, str],

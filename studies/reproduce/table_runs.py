@@ -11,6 +11,7 @@ from mipu_jax.harness.runs import run_one
 from mipu_jax.harness.summary import RunSummary
 from mipu_jax.harness.summary import STABLE_SES
 from studies.reproduce import signal
+from studies.reproduce.report import compared
 from studies.reproduce.report import plot_curves
 from studies.reproduce.report import plot_gap
 from studies.reproduce.report import plot_lr_decay
@@ -232,9 +233,10 @@ def run_table(make_config: MakeConfig, rows: Sequence[str],
                "stable_ses": STABLE_SES, "seeds": list(seeds)}, f, indent=2)
   seeds_run = sorted({r.seed for r in runs})
   for key, title, group in tables:
-    if not [r for r in group if r in rows and r != "control"]:
+    shown = [r for r in group if r in rows]
+    if not compared(shown):
       continue  # as the tables: the reference row alone is no comparison
-    path = plot_curves(runs, [r for r in group if r in rows],
+    path = plot_curves(runs, shown,
                        os.path.join(workdir, f"curves_{key}.png"),
                        title=f"{title}: mean over seeds {seeds_run} (band: min-max)")
     if path:
