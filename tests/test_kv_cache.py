@@ -270,10 +270,12 @@ def test_pallas_kernel_refuses_shapes_its_tiles_do_not_fit(caplog):
   assert not paged_pallas.supports(32, 64, 12)  # head dim not a power of two
   assert not paged_pallas.supports(3, 4, 128)  # blocks of 4 keys
   assert paged_pallas.supports(3, 4, 12, interpret=True)
-  paged_pallas._warn_once.cache_clear()  # pylint: disable=protected-access
+  attention._fallback.cache_clear()  # pylint: disable=protected-access
   with caplog.at_level(logging.WARNING):
-    assert not paged_pallas.takes(3, 4, 128)
-  assert "the GPU kernel for rows of 3 pages of 4 slots" in caplog.text
+    assert not attention._serves(  # pylint: disable=protected-access
+        "the GPU kernel", paged_pallas.unsupported(3, 4, 128))
+  assert "instead of the GPU kernel: rows of 3 pages of 4 slots" in caplog.text
+  assert paged_pallas.unsupported(32, 64, 128) is None
   z = jnp.zeros((1, 2, 4, 12))
   with pytest.raises(ValueError, match="power-of-two"):
     paged_pallas.decode(jnp.zeros((1, 1, 2, 12)), z, z, None, None,

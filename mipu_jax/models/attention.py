@@ -34,7 +34,8 @@ blocks, t / s the query / key positions of one tile.
 from __future__ import annotations
 
 import functools
-from typing import NamedTuple
+import logging
+from typing import NamedTuple, Optional
 
 import jax
 import jax.numpy as jnp
@@ -291,13 +292,26 @@ class DecodeImpl(NamedTuple):
   pool_parts: int = 1
 
 
+def _serves(kernel: str, reason: Optional[str]) -> bool:
+  """Whether `kernel` serves this call (`reason` None); if not, the caller runs `paged`."""
+  if reason is not None:
+    _fallback(kernel, reason)
+  return reason is None
+
+
+@functools.cache
+def _fallback(kernel: str, reason: str) -> None:  # once per reason
+  logging.warning("decode attention runs 'paged' (XLA) instead of %s: %s.", kernel, reason)
+
+
 def decode(q_BTNH: jax.Array, cache: kv_cache.LayerCache, impl: DecodeImpl,
            dtype) -> jax.Array:
   """Attention of T new queries over one layer's paged cache, which holds them
   already: query t of row b attends slots `[0, cache.q_slot_BT[b, t]]`.
 
   The kernels take one query per row (a decode step) and the shapes their
-  tiles fit (`paged_pallas.takes`, `paged_tpu.takes`); otherwise `paged`, with a warning.
+  tiles fit (`paged_pallas.unsupported`, `paged_tpu.unsupported`); otherwise
+  `paged`, saying why once per reason.
   Returns `[B, T, N, H]` in `dtype`, the compute dtype K/V are dequantized to.
   """
   if impl.name == "invariant":  # the true on-policy mode (docs/method.md §7)
@@ -310,11 +324,12 @@ def decode(q_BTNH: jax.Array, cache: kv_cache.LayerCache, impl: DecodeImpl,
     values_BSKH = kv_cache.logical_view(cache.v, cache.v_scale, cache.page_ids_BJ, dtype)
     return attend(q_BTNH, keys_BSKH, values_BSKH, cache_mask(cache.q_slot_BT[:, 0], t, j * g))
   lengths_B = cache.q_slot_BT[:, 0] + 1  # one query: the row's length, its own slot included
-  if t == 1 and impl.name == "pallas" and paged_pallas.takes(
-      j, g, h, interpret=impl.interpret):
+  if t == 1 and impl.name == "pallas" and _serves("the GPU kernel", paged_pallas.unsupported(
+      j, g, h, interpret=impl.interpret)):
     return paged_pallas.decode(q_BTNH, *pools, lengths_B, dtype, interpret=impl.interpret)
-  if t == 1 and impl.name == "pallas_tpu" and paged_tpu.takes(
-      cache.k.dtype, h, g, on_tpu=not impl.interpret):
+  if t == 1 and impl.name == "pallas_tpu" and _serves(
+      "jax's TPU paged-attention kernel",
+      paged_tpu.unsupported(cache.k.dtype, h, g, on_tpu=not impl.interpret)):
     return paged_tpu.decode(q_BTNH, *pools, lengths_B, dtype, interpret=impl.interpret,
                             pool_parts=impl.pool_parts)
   if impl.pool_parts > 1:  # each row shard reads its own part of the pool (kv_cache.py)

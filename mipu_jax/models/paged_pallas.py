@@ -23,7 +23,6 @@ only: XLA cannot partition the kernel's custom call, so a sharded cache uses `at
 
 import functools
 import importlib
-import logging
 import os
 from typing import Optional
 
@@ -188,19 +187,13 @@ def supports(pages: int, page_size: int, head_dim: int, *, interpret: bool = Fal
   return _pow2(page_size) and _pow2(head_dim) and ppb * page_size >= _MIN_TILE
 
 
-def takes(pages: int, page_size: int, head_dim: int, *, interpret: bool = False) -> bool:
-  """`supports`, saying once per shape why not: the caller then runs `attention.paged`."""
-  ok = supports(pages, page_size, head_dim, interpret=interpret)
-  if not ok:
-    _warn_once(pages, page_size, head_dim)
-  return ok
-
-
-@functools.cache
-def _warn_once(pages: int, page_size: int, head_dim: int) -> None:
-  logging.warning("decode attention runs 'paged' (XLA) instead of the GPU kernel for rows of %d "
-                  "pages of %d slots, head dim %d: Triton's tiles need powers of two, at least "
-                  "%d keys wide.", pages, page_size, head_dim, _MIN_TILE)
+def unsupported(pages: int, page_size: int, head_dim: int, *,
+                interpret: bool = False) -> Optional[str]:
+  """Why the kernel cannot serve rows of this shape (`supports`), or None."""
+  if supports(pages, page_size, head_dim, interpret=interpret):
+    return None
+  return (f"rows of {pages} pages of {page_size} slots, head dim {head_dim}: Triton's tiles "
+          f"need powers of two, at least {_MIN_TILE} keys wide")
 
 
 PLAN_ENV = "MIPU_PALLAS_DECODE_PLAN"

@@ -24,7 +24,6 @@ lowers it for 'tpu' on CPU.
 
 import contextlib
 import functools
-import logging
 from typing import Optional
 
 import jax
@@ -57,21 +56,6 @@ def unsupported(pool_dtype, head_dim: int, page_size: Optional[int] = None, *,
   if page_size is not None and page_size % sublanes:
     return f"pages of {page_size} slots are not whole {sublanes}-row tiles of {dtype.name}"
   return None
-
-
-def takes(pool_dtype, head_dim: int, page_size: int, *, on_tpu: bool) -> bool:
-  """Whether `decode` serves this cache; if not, says why (once per reason):
-  the caller then runs `attention.paged`."""
-  reason = unsupported(pool_dtype, head_dim, page_size, on_tpu=on_tpu)
-  if reason is not None:
-    _warn_once(reason)
-  return reason is None
-
-
-@functools.cache
-def _warn_once(reason: str) -> None:
-  logging.warning("decode attention runs 'paged' (XLA) instead of jax's TPU paged-attention "
-                  "kernel: %s.", reason)
 
 
 def pages_per_block(pages: int, page_size: int, keys: int = 256) -> int:
