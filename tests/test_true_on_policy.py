@@ -130,15 +130,32 @@ def _assert_first_step_on_policy(learner, model, tokens, mask, lp_mu, loss_mask)
 
 @pytest.mark.parametrize("fixture", ["fp32", "bf16"])
 def test_learner_on_eight_devices(fixture, request):
-  # One device: test_rl_loop_logs_no_mismatch runs the same learner there. In
-  # the mode the learner's log-prob forward runs replicated on every device
-  # (learner/logprobs.py), so this checks the sharded step around it.
+  # One device: test_rl_loop_logs_no_mismatch runs the same learner there. Each
+  # device scores its own row (test_learner_forward_on_a_mesh below).
   dtype, model, _, (tokens, mask, lp_mu, loss_mask) = request.getfixturevalue(fixture)
   if len(jax.devices()) < 8:
     pytest.skip("needs 8 devices")
   mesh = make_mesh(4, 2, 1)
   learner = Learner.from_config(_train_config(dtype), model, mesh)
   _assert_first_step_on_policy(learner, model, tokens, mask, lp_mu, loss_mask)
+
+
+@pytest.mark.parametrize("rows", [8, 4])
+def test_learner_forward_on_a_mesh(bf16, rows):
+  # 8 rows over 8 row shards: each device runs the mode's forward on its own row
+  # with the whole weights (a shard_map); 4 rows do not split over 8: replicated.
+  # Bitwise the sampler's either way.
+  if len(jax.devices()) < 8:
+    pytest.skip("needs 8 devices")
+  _, model, _, (tokens, mask, lp_mu, loss_mask) = bf16
+  graphdef, state = nnx.split(model)
+  scoring = logprobs_lib.Scoring(TEMPERATURE, true_on_policy=True)
+  forward = lambda s, t, m: logprobs_lib.policy_logprobs(nnx.merge(graphdef, s), t, m, scoring)
+  with jax.set_mesh(make_mesh(4, 2, 1)):
+    args = (state, jnp.asarray(tokens[:rows]), jnp.asarray(mask[:rows]))
+    assert ("shard_map" in str(jax.make_jaxpr(forward)(*args))) == (rows == 8)
+    lp = np.asarray(jax.jit(forward)(*args))
+  np.testing.assert_array_equal(lp * loss_mask[:rows], lp_mu[:rows])
 
 
 def test_packing_learner_is_on_policy(bf16):

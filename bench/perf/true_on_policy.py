@@ -2,6 +2,7 @@ r"""The price of the true on-policy mode (docs/method.md §7), mode on against o
 
     python -m bench.perf.true_on_policy [--dtype bfloat16 --hidden 256 --layers 4 --seqs 16
                                        --prompt 48 --new 64 --repeats 5] [--tiny] [--json F]
+    XLA_FLAGS=--xla_force_host_platform_device_count=8 python -m bench.perf.true_on_policy --data 8
 
 On one device, at one model size, for each of mode off and on:
   * row invariance at the model's own einsums: the largest difference between a
@@ -10,7 +11,7 @@ On one device, at one model size, for each of mode off and on:
   * the sampler's tokens/s (`Sampler.generate`, warm: the fastest of
     `--repeats` calls, each decoding `--seqs` x `--new` tokens);
   * the learner step's time (`Learner.step` on those samples, warm, fastest of
-    `--repeats`);
+    `--repeats`), on `--data` devices (the sampler on one);
   (the four timed calls alternate, so that load drifting on a shared machine
   hits mode on and off alike; mode off compiles the sampler with its CPU
   options, LLVM -O1 and XLA:CPU's loop emitters, mode on with jax's defaults);
@@ -75,7 +76,7 @@ def _setup(a, model_cfg, true_on_policy):
       sampling=config_lib.SamplingConfig(dtype=dtype, true_on_policy=true_on_policy,
                                          max_new_tokens=a.new),
       data=config_lib.DataConfig(prompts_per_step=a.seqs // 2, group_size=2),
-      learner=config_lib.LearnerConfig(mesh=config_lib.MeshConfig(1, 1, 1)))
+      learner=config_lib.LearnerConfig(mesh=config_lib.MeshConfig(a.data, 1, 1)))
   model = models.Qwen3(model_cfg.replace(dtype=dtype), rngs=nnx.Rngs(0))
   sampler = Sampler(model, dtype=dtype, true_on_policy=true_on_policy,
                     max_concurrent_decodes=a.seqs, max_prefill_length=a.prompt,
@@ -130,18 +131,23 @@ def main():
   p.add_argument("--prompt", type=int, default=48)
   p.add_argument("--new", type=int, default=64)
   p.add_argument("--repeats", type=int, default=5)
+  p.add_argument("--data", type=int, default=1, help="the learner's devices (data axis)")
   p.add_argument("--tiny", action="store_true", help="smoke run: a tiny model, few tokens")
   p.add_argument("--json", default="")
   a = p.parse_args()
   if a.tiny:
     a.hidden, a.layers, a.ffn, a.vocab, a.head_dim = 64, 2, 128, 256, 16
     a.seqs, a.prompt, a.new, a.repeats = 4, 16, 16, 1
+  if a.data > jax.device_count() or a.seqs % a.data:
+    p.error(f"--data {a.data}: needs as many devices (jax has {jax.device_count()}; on a CPU "
+            f"set XLA_FLAGS=--xla_force_host_platform_device_count) and --seqs a multiple")
   model_cfg = models.Qwen3Config(
       vocab_size=a.vocab, hidden_size=a.hidden, num_layers=a.layers, num_heads=a.heads,
       num_kv_heads=a.kv_heads, head_dim=a.head_dim, intermediate_size=a.ffn,
       rope_theta=10_000.0, dtype=a.dtype)
   print(f"jax {jax.__version__}, {jax.devices()[0].device_kind}, {a.dtype}, "
-        f"D={a.hidden} L={a.layers} F={a.ffn} V={a.vocab}, {a.seqs} x ({a.prompt} + {a.new})")
+        f"D={a.hidden} L={a.layers} F={a.ffn} V={a.vocab}, {a.seqs} x ({a.prompt} + {a.new}), "
+        f"learner on {a.data} device(s)")
   gaps = _row_gaps(model_cfg, a.seqs * a.prompt)
   for name, g in gaps.items():
     print(f"row alone vs in {a.seqs * a.prompt} rows, {name}: plain {g['plain']:.3g}, "

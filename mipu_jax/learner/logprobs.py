@@ -123,8 +123,9 @@ def invariant_logprobs(model, tokens_BT: jax.Array, mask_BT: jax.Array, scoring:
   weights; the gradient is the standard forward's (`policy_logprobs` with the
   mode off, recomputed in the backward pass as under remat): the same function,
   differentiable, where the invariant one loops over data-dependent key
-  blocks. On a mesh the forward runs replicated: a contraction split over
-  devices would sum in another order.
+  blocks. On a mesh each device runs the forward on its own rows with the
+  whole weights (`invariant.per_row_shard`): a contraction split over devices
+  would sum in another order.
   """
   graphdef, state = nnx.split(model)
   mask_BT = mask_BT.astype(bool)
@@ -132,9 +133,7 @@ def invariant_logprobs(model, tokens_BT: jax.Array, mask_BT: jax.Array, scoring:
     positions_BT = jnp.maximum(jnp.cumsum(mask_BT, axis=1) - 1, 0)
   standard = dataclasses.replace(scoring, true_on_policy=False)
 
-  def forward(state, tokens_BT, mask_BT, positions_BT):
-    state, tokens_BT, mask_BT, positions_BT = invariant.replicated(
-        (state, tokens_BT, mask_BT, positions_BT))
+  def local(state, tokens_BT, mask_BT, positions_BT):
     model = nnx.merge(graphdef, state)
     b, t = tokens_BT.shape
     h_BTD = model(tokens_BT, mask_BT=mask_BT, positions_BT=positions_BT,
@@ -145,6 +144,9 @@ def invariant_logprobs(model, tokens_BT: jax.Array, mask_BT: jax.Array, scoring:
         jnp.full((m,), scoring.temperature, jnp.float32), tokens_BT[:, 1:].reshape(m))
     pad = lambda x_M: jnp.pad(x_M.reshape(b, t - 1), ((0, 0), (1, 0)))
     return pad(lp_M), pad(ent_M)
+
+  def forward(state, tokens_BT, mask_BT, positions_BT):
+    return invariant.per_row_shard(local, state, tokens_BT, mask_BT, positions_BT)
 
   def reference(state, tokens_BT, mask_BT, segment_ids_BT, positions_BT):
     return policy_logprobs(nnx.merge(graphdef, state), tokens_BT, mask_BT, standard,

@@ -25,6 +25,7 @@ import jax
 import jax.numpy as jnp
 
 from mipu_jax.models import kv_cache
+from mipu_jax.models import sharding
 
 TILE = 32  # rows of every per-token tile
 KEY_BLOCK = 16  # key positions per attention block (the sampler's page size)
@@ -33,12 +34,27 @@ NEG_INF = float(jnp.finfo(jnp.float32).min)
 
 def replicated(tree):
   """`tree` constrained to every device of the active mesh (a no-op without
-  one): a contraction split over devices would sum in another order."""
+  one, or inside `per_row_shard`): a contraction split over devices would sum
+  in another order."""
   mesh = jax.sharding.get_abstract_mesh()
-  if mesh.empty:
+  if mesh.empty or mesh.manual_axes:
     return tree
   spec = jax.sharding.PartitionSpec()
   return jax.tree.map(lambda x: jax.lax.with_sharding_constraint(x, spec), tree)
+
+
+def per_row_shard(fn, whole, *rows):
+  """`fn(whole, *rows)` on each device with its shard of the rows (`rows`'
+  leading axis over the active mesh's row axes, `shard_map`) and all of
+  `whole`: every row's arithmetic here is its own, so its bits do not depend on
+  the split. Without a mesh, or with rows its shards do not divide, replicated."""
+  mesh = jax.sharding.get_abstract_mesh()
+  axes = () if mesh.empty or mesh.manual_axes else sharding.row_axes(mesh)
+  if not axes or rows[0].shape[0] % sharding.row_shards(mesh):
+    return fn(*replicated((whole,) + rows))
+  spec = jax.sharding.PartitionSpec
+  return jax.shard_map(fn, mesh=mesh, in_specs=(spec(),) + (spec(axes),) * len(rows),
+                       out_specs=spec(axes), check_vma=False)(whole, *rows)
 
 
 def map_rows(fn, *xs_M):

@@ -101,7 +101,7 @@ def shard_rows(x: jax.Array) -> jax.Array:
   micro-batch on each device (vocabulary-sized buffers per token at long rows).
   """
   mesh = jax.sharding.get_abstract_mesh()
-  if mesh.empty or not set(sharding.ROWS) <= set(mesh.axis_names):
+  if mesh.empty or mesh.manual_axes or not set(sharding.ROWS) <= set(mesh.axis_names):
     return x
   if x.shape[0] % sharding.row_shards(mesh):
     return x

@@ -78,9 +78,10 @@ from studies.reproduce.spec import TABLE_SEEDS
 from studies.reproduce.spec import TableResult
 
 __all__ = [
-    "ABLATION_ROWS", "CLAIMS", "ISOLATE_CLAIMS", "TABLE_SEEDS", "ISOLATE_ROWS", "COMPARE_ROWS", "COMPARE_TABLES", "LABELS", "MAIN_ROWS",
-    "MakeConfig", "PANELS", "PRECISION_CLAIMS", "PRECISION_FIELDS", "PRECISION_ROWS", "ROLLBACK_ROWS", "ROW_FIELDS",
-    "SOURCE_TABLES", "TableResult",
-    "check_like_with_like", "claims_markdown", "committed_placement", "order_rows", "per_seed_markdown", "placement_markdown", "plot_curves",
-    "plot_gap", "plot_lr_decay", "run_table", "tables_markdown",
-    ]
+    "ABLATION_ROWS", "CLAIMS", "ISOLATE_CLAIMS", "TABLE_SEEDS", "ISOLATE_ROWS", "COMPARE_ROWS",
+    "COMPARE_TABLES", "LABELS", "MAIN_ROWS", "MakeConfig", "PANELS", "PRECISION_CLAIMS",
+    "PRECISION_FIELDS", "PRECISION_ROWS", "ROLLBACK_ROWS", "ROW_FIELDS", "SOURCE_TABLES",
+    "TableResult", "check_like_with_like", "claims_markdown", "committed_placement", "order_rows",
+    "per_seed_markdown", "placement_markdown", "plot_curves", "plot_gap", "plot_lr_decay",
+    "run_table", "tables_markdown",
+]
