@@ -66,9 +66,9 @@ def test_auto_falls_back_to_paged_with_one_warning(no_triton, caplog):
 
 def test_pallas_by_name_is_an_error_that_says_why(no_triton):
   cfg = SamplerConfig(decode_attention="pallas")
-  for platform, devices in (("gpu", 1), ("cpu", 1), ("gpu", 8)):
+  for platform in ("gpu", "cpu"):
     with pytest.raises(RuntimeError, match="no Pallas Triton backend"):
-      cfg.decode_attention_for(platform, devices)
+      cfg.decode_attention_for(platform)
   with pytest.raises(RuntimeError, match='decode_attention="pallas" cannot run'):
     Engine(Qwen3(get_config("tiny"), rngs=nnx.Rngs(0)), SamplerConfig(decode_attention="pallas"))
   # The other choices do not need the backend.

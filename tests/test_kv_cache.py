@@ -265,6 +265,23 @@ def test_pallas_kernel_lowers_for_gpu(dtype, gather):
   assert "__gpu$xla.gpu.triton" in text and paged_pallas.NAME in text
 
 
+@NEEDS_TRITON
+def test_pallas_kernel_lowers_for_gpu_per_shard():
+  """On the 8-device mesh the GPU kernel runs per shard (XLA cannot partition
+  its custom call): each call takes its shard's part of the pool (4 parts, 4 of
+  the 8 kv heads), lowered for 'cuda' as above."""
+  b, j, g, k, n, h = 8, 32, 64, 8, 16, 128
+  cfg = type("C", (), dict(num_kv_heads=k, head_dim=h, num_layers=2))
+  kp, vp, _, _ = kv_cache.init_pool(cfg, b * j, g, jnp.bfloat16)
+  fn = jax.jit(lambda q, kp, vp, ids, lengths: paged_pallas.decode(
+      q, kp, vp, None, None, ids, lengths, jnp.bfloat16, interpret=False, pool_parts=4))
+  with jax.set_mesh(make_mesh(2, 2, 2)):
+    text = fn.trace(jnp.zeros((b, 1, n, h), jnp.bfloat16), kp, vp, jnp.zeros((b, j), jnp.int32),
+                    jnp.full((b,), j * g, jnp.int32)).lower(lowering_platforms=("cuda",)).as_text()
+  assert "__gpu$xla.gpu.triton" in text and paged_pallas.NAME in text
+  assert f"tensor<{k // 2}x{2 * b * j // 4}x{g}x{h}xbf16>" in text
+
+
 def test_pallas_kernel_refuses_shapes_its_tiles_do_not_fit(caplog):
   assert paged_pallas.supports(32, 64, 128)
   assert not paged_pallas.supports(32, 64, 12)  # head dim not a power of two
@@ -324,13 +341,9 @@ def test_decode_attention_auto_is_a_kernel_on_a_gpu_or_a_tpu():
   # Without Pallas Triton "auto" falls back on a GPU (tests/test_gpu_decode_fallback.py).
   triton = paged_pallas.missing_backend() is None
   assert cfg.decode_attention_for("gpu") == ("pallas" if triton else "paged")
-  assert cfg.decode_attention_for("tpu") == cfg.decode_attention_for("tpu", 8) == "pallas_tpu"
+  assert cfg.decode_attention_for("tpu") == "pallas_tpu"
   assert cfg.decode_attention_for("cpu") == "paged"
   assert cfg.replace(decode_attention="dense").decode_attention_for("gpu") == "dense"
-  assert cfg.decode_attention_for("gpu", devices=8) == "paged"  # a sharded cache
-  # jax cannot partition the GPU kernel over devices; the TPU one runs per shard.
-  if triton:
-    assert cfg.replace(decode_attention="pallas").decode_attention_for("gpu", devices=4) == "paged"
   assert cfg.replace(decode_attention="pallas_tpu").decode_attention_for("cpu") == "pallas_tpu"
   engine = Engine(Qwen3(get_config("tiny"), rngs=nnx.Rngs(0)), cfg)
   assert engine.decode_attention == ("pallas" if jax.default_backend() == "gpu" else "paged")

@@ -178,12 +178,12 @@ def test_sampler_with_the_kernel_equals_the_paged_path():
 
 
 def test_auto_runs_the_kernel_on_a_tpu_where_it_serves_the_cache(caplog):
-  """On one TPU and on a pod (the pool in a part per row shard), for the caches it takes."""
-  pick = lambda asked, kv, head_dim=128, devices=1: SamplerConfig(
-      decode_attention=asked).decode_attention_for("tpu", devices, kv_dtype=jnp.dtype(kv),
+  """On one TPU and on a pod (the pool in a part per row shard: the same choice), for the
+  caches it takes."""
+  pick = lambda asked, kv, head_dim=128: SamplerConfig(
+      decode_attention=asked).decode_attention_for("tpu", kv_dtype=jnp.dtype(kv),
                                                    head_dim=head_dim)
   assert pick("auto", "bfloat16") == pick("auto", "float8_e4m3fn") == "pallas_tpu"
-  assert pick("auto", "bfloat16", devices=8) == "pallas_tpu"
   with caplog.at_level(logging.WARNING):
     assert pick("auto", "int8") == pick("auto", "float32") == "paged"
     assert pick("auto", "bfloat16", head_dim=16) == "paged"  # not whole 128-lane tiles

@@ -326,7 +326,8 @@ def decode(q_BTNH: jax.Array, cache: kv_cache.LayerCache, impl: DecodeImpl,
   lengths_B = cache.q_slot_BT[:, 0] + 1  # one query: the row's length, its own slot included
   if t == 1 and impl.name == "pallas" and _serves("the GPU kernel", paged_pallas.unsupported(
       j, g, h, interpret=impl.interpret)):
-    return paged_pallas.decode(q_BTNH, *pools, lengths_B, dtype, interpret=impl.interpret)
+    return paged_pallas.decode(q_BTNH, *pools, lengths_B, dtype, interpret=impl.interpret,
+                               pool_parts=impl.pool_parts)
   if t == 1 and impl.name == "pallas_tpu" and _serves(
       "jax's TPU paged-attention kernel",
       paged_tpu.unsupported(cache.k.dtype, h, g, on_tpu=not impl.interpret)):

@@ -16,9 +16,9 @@ page's keys; "slots" loads one pool-row index per slot (as SGLang's Triton decod
 
 Written against Pallas' core API and its Triton backend, not the `pallas.ops.gpu` kernels jax
 deprecated after 0.11.0 (bench/README.md: what ran on which jax). Off a GPU it runs in Pallas'
-interpreter (tested against `attention.paged`); its 'cuda' lowering is checked on CPU. One device
-only: XLA cannot partition the kernel's custom call, so a sharded cache uses `attention.paged`
-(`SamplerConfig.decode_attention_for`).
+interpreter (tested against `attention.paged`); its 'cuda' lowering is checked on CPU. XLA
+cannot partition the kernel's custom call, so on a mesh it runs per shard under `shard_map`, as
+jax's TPU kernel (`kv_cache.per_shard`).
 """
 
 import functools
@@ -29,6 +29,8 @@ from typing import Optional
 import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
+
+from mipu_jax.models import kv_cache
 
 _MIN_TILE = 16  # Triton's smallest dot dimension.
 NAME = "mipu_paged_decode"
@@ -229,7 +231,7 @@ def _fits(block: int, splits: int, slots: int, unit: int, interpret: bool) -> bo
 
 
 def decode(q_BTNH, k_pool, v_pool, k_scale, v_scale, page_ids_BJ, lengths_B, dtype, *,
-           interpret=None, plan=None, gather=None):
+           interpret=None, plan=None, gather=None, pool_parts: int = 1):
   """`attention.paged` for one query per row (T = 1), as a Pallas kernel.
 
   Args and returns: as `attention.paged`, with each row's length `lengths_B` (it attends slots
@@ -238,6 +240,7 @@ def decode(q_BTNH, k_pool, v_pool, k_scale, v_scale, page_ids_BJ, lengths_B, dty
   `block` pages, fetched through the page table) or "slots" (the pools as `[K, P * G, H]` rows, a
   block is `block` slots, each fetched through its own row index: no page-id loads). Default:
   `env_plan()`, else "pages" with `split_plan`'s blocks and splits, 4 warps, 2 stages.
+  `pool_parts`: as `paged_tpu.decode`; on a mesh the kernel runs per shard (`kv_cache.per_shard`).
   """
   b, t, n, h = q_BTNH.shape
   if t != 1:
@@ -250,6 +253,18 @@ def decode(q_BTNH, k_pool, v_pool, k_scale, v_scale, page_ids_BJ, lengths_B, dty
     raise ValueError(f"the Pallas decode kernel needs a power-of-two page size and head "
                      f"dim and blocks of >= {_MIN_TILE} keys; got {j} pages of {g} slots, "
                      f"head dim {h} (decode_attention='paged' takes any shape).")
+  local = functools.partial(_decode, dtype=dtype, interpret=interpret, plan=plan,
+                            gather=gather)
+  call = kv_cache.per_shard(lambda q, pools, ids, lengths: local(q, *pools, ids, lengths),
+                            b, k_pool.shape[0], pool_parts)
+  return call(q_BTNH, (k_pool, v_pool, k_scale, v_scale), page_ids_BJ, lengths_B)
+
+
+def _decode(q_BTNH, k_pool, v_pool, k_scale, v_scale, page_ids_BJ, lengths_B, *, dtype,
+            interpret, plan, gather):
+  """`decode` on one device's rows and pool."""
+  b, _, _, h = q_BTNH.shape
+  g, j = k_pool.shape[2], page_ids_BJ.shape[1]
   unit_of = lambda gather: g if gather == "pages" else 1  # slots per gathered unit
   if plan is None:
     env = env_plan()

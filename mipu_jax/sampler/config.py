@@ -216,29 +216,23 @@ class SamplerConfig(SamplerPrecision):
                        "'real' or 'auto'.")
     return kv
 
-  def decode_attention_for(self, platform: str, devices: int = 1, *,
-                           kv_dtype: Any = None, head_dim: Optional[int] = None) -> str:
-    """The decode attention on `platform`, the cache on `devices` devices
-    (docs/method.md §7): "auto" is the Pallas kernel on one GPU, jax's TPU
-    kernel on a TPU, else "paged". Without Pallas' Triton backend "auto" is
-    "paged" (one warning) and "pallas" an error; on several devices "pallas"
-    is "paged" (XLA cannot partition its custom call). A cache the TPU kernel
-    cannot serve (`paged_tpu.unsupported`, checked where `kv_dtype` is given)
-    is an error by name, "paged" with a warning under "auto"."""
+  def decode_attention_for(self, platform: str, *, kv_dtype: Any = None,
+                           head_dim: Optional[int] = None) -> str:
+    """The decode attention on `platform` (docs/method.md §7): "auto" is the
+    Pallas kernel on a GPU, jax's TPU kernel on a TPU, else "paged"; on a mesh
+    either kernel runs per shard. Without Pallas' Triton backend "auto" is
+    "paged" (one warning) and "pallas" an error. A cache the TPU kernel cannot
+    serve (`paged_tpu.unsupported`, checked where `kv_dtype` is given) is an
+    error by name, "paged" with a warning under "auto"."""
     if self.true_on_policy:
       return "invariant"
     asked = self.decode_attention
     if asked == "pallas" and (missing := paged_pallas.missing_backend()):
       raise RuntimeError(f'decode_attention="pallas" cannot run: {missing}; the kernel '
                          'is written for it. Use "auto" or "paged".')
-    if asked == "pallas" and devices > 1:
-      logging.warning('decode_attention="pallas" runs "paged": the GPU kernel takes a cache on '
-                      "one device, and this one is sharded over %d.", devices)
-      return "paged"
     name = asked
     if asked == "auto":
-      name = {"tpu": "pallas_tpu", "gpu": "pallas" if devices == 1 else "paged"}.get(
-          platform, "paged")
+      name = {"tpu": "pallas_tpu", "gpu": "pallas"}.get(platform, "paged")
       if name == "pallas" and (missing := paged_pallas.missing_backend()):
         _warn_auto_without_kernel(missing)
         name = "paged"

@@ -140,8 +140,8 @@ class Engine:
     if config.true_on_policy and mesh is not None and mesh.shape.get("tensor", 1) > 1:
       raise ValueError("true_on_policy needs tensor=1: a tensor split sums each contraction "
                        "in parts, in another order than the learner's (docs/method.md §7).")
-    decode = config.decode_attention_for(platform, 1 if mesh is None else mesh.size,
-                                         kv_dtype=kv_dtype, head_dim=model.config.head_dim)
+    decode = config.decode_attention_for(platform, kv_dtype=kv_dtype,
+                                         head_dim=model.config.head_dim)
     device = {"pallas": "gpu", "pallas_tpu": "tpu"}.get(decode, platform)
     self._spec = _steps.DecodeSpec(
         graphdef=nnx.graphdef(abstract),
