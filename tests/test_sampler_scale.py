@@ -92,12 +92,16 @@ def test_pallas_decode_refilled_and_sharded_equal_one_wave(model, kernel):
                     decode_attention=kernel, **kw)
   assert sharded.engine.decode_attention == kernel
   _same(_generate(sharded), one_wave, atol=5e-6)
-  # The kernel is in the decode programs (not a silent fallback to the XLA path).
+  # The kernel is in the decode programs (not a silent fallback to the XLA
+  # path), on the mesh per shard.
   for sampler in (refill, sharded):
     eng = sampler.engine
     state = eng.init_decode_state()
-    lowered = eng.programs["generate_until_done"].lower(eng._spec, sampler.params, state)  # pylint: disable=protected-access
-    assert f'"{paged_pallas.NAME}/' in lowered.as_text(debug_info=True)
+    with eng.mesh_context():
+      lowered = eng.programs["generate_until_done"].lower(eng._spec, sampler.params, state)  # pylint: disable=protected-access
+    text = lowered.as_text(debug_info=True)
+    assert f'"{paged_pallas.NAME}/' in text
+    assert ("manual_computation" in text) == (sampler is sharded)
 
 
 @pytest.fixture(scope="module")

@@ -11,7 +11,7 @@ On one device, at one model size, for each of mode off and on:
   * the sampler's tokens/s (`Sampler.generate`, warm: the fastest of
     `--repeats` calls, each decoding `--seqs` x `--new` tokens);
   * the learner step's time (`Learner.step` on those samples, warm, fastest of
-    `--repeats`), on `--data` devices (the sampler on one);
+    `--repeats`); both on `--data` devices (rows over a data axis);
   (the four timed calls alternate, so that load drifting on a shared machine
   hits mode on and off alike; mode off compiles the sampler with its CPU
   options, LLVM -O1 and XLA:CPU's loop emitters, mode on with jax's defaults);
@@ -78,9 +78,10 @@ def _setup(a, model_cfg, true_on_policy):
       data=config_lib.DataConfig(prompts_per_step=a.seqs // 2, group_size=2),
       learner=config_lib.LearnerConfig(mesh=config_lib.MeshConfig(a.data, 1, 1)))
   model = models.Qwen3(model_cfg.replace(dtype=dtype), rngs=nnx.Rngs(0))
+  mesh = mesh_from_config(cfg.learner.mesh)
   sampler = Sampler(model, dtype=dtype, true_on_policy=true_on_policy,
                     max_concurrent_decodes=a.seqs, max_prefill_length=a.prompt,
-                    max_decode_length=a.new)
+                    max_decode_length=a.new, mesh=mesh if a.data > 1 else None)
   rng = np.random.default_rng(1)
   prompts = [rng.integers(1, model_cfg.vocab_size, a.prompt).tolist()
              for _ in range(a.seqs // 2)]
@@ -94,7 +95,7 @@ def _setup(a, model_cfg, true_on_policy):
     tokens[i, :a.prompt], tokens[i, a.prompt:a.prompt + r] = p, resp
     mask[i, :a.prompt + r], lp_mu[i, a.prompt:a.prompt + r] = 1, lp
     loss_mask[i, a.prompt:a.prompt + r] = 1
-  learner = Learner.from_config(cfg, model, mesh_from_config(cfg.learner.mesh), donate=False)
+  learner = Learner.from_config(cfg, model, mesh, donate=False)
   state = learner.init_state(nnx.to_pure_dict(nnx.state(model, nnx.Param)), seed=0)
   lp_old = np.asarray(learner.logprobs(state.params, tokens, mask)) * loss_mask
   on = loss_mask > 0
@@ -147,7 +148,7 @@ def main():
       rope_theta=10_000.0, dtype=a.dtype)
   print(f"jax {jax.__version__}, {jax.devices()[0].device_kind}, {a.dtype}, "
         f"D={a.hidden} L={a.layers} F={a.ffn} V={a.vocab}, {a.seqs} x ({a.prompt} + {a.new}), "
-        f"learner on {a.data} device(s)")
+        f"on {a.data} device(s)")
   gaps = _row_gaps(model_cfg, a.seqs * a.prompt)
   for name, g in gaps.items():
     print(f"row alone vs in {a.seqs * a.prompt} rows, {name}: plain {g['plain']:.3g}, "

@@ -314,9 +314,14 @@ def decode(q_BTNH: jax.Array, cache: kv_cache.LayerCache, impl: DecodeImpl,
   `paged`, saying why once per reason.
   Returns `[B, T, N, H]` in `dtype`, the compute dtype K/V are dequantized to.
   """
-  if impl.name == "invariant":  # the true on-policy mode (docs/method.md §7)
-    return invariant.attend_paged(q_BTNH, cache, dtype)
   pools = (cache.k, cache.v, cache.k_scale, cache.v_scale, cache.page_ids_BJ)
+  if impl.name == "invariant":  # the true on-policy mode (docs/method.md §7)
+    if impl.pool_parts == 1:
+      return invariant.attend_paged(q_BTNH, cache, dtype)
+    run = lambda q, parts, ids, q_slot: invariant.attend_paged(
+        q, kv_cache.LayerCache(*parts, ids, q_slot), dtype)
+    return kv_cache.per_shard(run, q_BTNH.shape[0], cache.k.shape[0], impl.pool_parts)(
+        q_BTNH, pools[:4], cache.page_ids_BJ, cache.q_slot_BT)
   _, t, _, h = q_BTNH.shape
   j, g = cache.page_ids_BJ.shape[1], cache.k.shape[2]
   if impl.name == "dense":  # every slot, gathered

@@ -59,7 +59,15 @@ def per_row_shard(fn, whole, *rows):
 
 def map_rows(fn, *xs_M):
   """`fn` over `[TILE, ...]` tiles of the `[M, ...]` arrays `xs_M`, one loop
-  step per tile (rows padded with zeros), outputs back to `[M, ...]`."""
+  step per tile (rows padded with zeros), outputs back to `[M, ...]`. On a
+  mesh each device maps its own rows (XLA cannot split a loop's steps over
+  devices: it would run every tile on each)."""
+  mesh = jax.sharding.get_abstract_mesh()
+  axes = () if mesh.empty or mesh.manual_axes else sharding.row_axes(mesh)
+  if axes and xs_M[0].shape[0] % sharding.row_shards(mesh) == 0:
+    spec = jax.sharding.PartitionSpec(axes)
+    return jax.shard_map(lambda *xs: map_rows(fn, *xs), mesh=mesh, in_specs=(spec,) * len(xs_M),
+                         out_specs=spec, check_vma=False)(*xs_M)
   m = xs_M[0].shape[0]
   n = max(-(-m // TILE), 1)
   pad = n * TILE - m
