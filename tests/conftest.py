@@ -31,6 +31,14 @@ import pytest  # noqa: E402
 FIXTURES = pathlib.Path(__file__).parent / "fixtures"
 
 
+def pytest_configure(config):
+  """xdist's load scheduling first sends each worker a quarter of its share of
+  consecutive tests, which would hand one worker every long test: one at a time
+  instead (unless `--maxschedchunk` is given)."""
+  if getattr(config.option, "maxschedchunk", 0) is None:
+    config.option.maxschedchunk = 1
+
+
 def pytest_collection_modifyitems(items):
   """The tests marked `long` first (stable otherwise): xdist hands out tests in
   collection order, and a minute-long test drawn last leaves one core idle."""

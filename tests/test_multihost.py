@@ -67,7 +67,7 @@ def _run(workdir, nproc):
   return multiprocess.read_results(workdir, nproc, "params", "params")
 
 
-@pytest.mark.long
+@pytest.mark.multiprocess  # a minute of three processes: on demand, as the fault tests
 def test_two_processes_run_the_loop_as_one(tmp_path):
   (single,) = _run(str(tmp_path / "one"), 1)
   p0, p1 = _run(str(tmp_path / "two"), 2)

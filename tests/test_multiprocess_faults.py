@@ -11,8 +11,7 @@ command on every process must finish the run bitwise as an uninterrupted one.
 
 A job takes one to two minutes on 2 cores and the default suite must stay
 under 10 minutes, so every test here is marked `multiprocess`
-(docs/reliability.md has the command); `tests/test_multihost.py` keeps two
-real processes in the default suite.
+(docs/reliability.md has the command), as is `tests/test_multihost.py`.
 
 This file is also the target:
 `python tests/test_multiprocess_faults.py WORKDIR PID NPROC PORT`, with a fault
