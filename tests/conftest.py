@@ -33,8 +33,8 @@ FIXTURES = pathlib.Path(__file__).parent / "fixtures"
 
 def pytest_configure(config):
   """xdist's load scheduling first sends each worker a quarter of its share of
-  consecutive tests, which would hand one worker every long test: one at a time
-  instead (unless `--maxschedchunk` is given)."""
+  consecutive tests, which would hand one worker every long test: two to start,
+  then one at a time (unless `--maxschedchunk` is given)."""
   if getattr(config.option, "maxschedchunk", 0) is None:
     config.option.maxschedchunk = 1
 

@@ -148,12 +148,12 @@ def test_sampler_and_learner_on_one_mesh(dtype):
   _assert_first_step_on_policy(learner, model, *_rows(out))
 
 
-@pytest.mark.parametrize("rows", [8, 4])
+@pytest.mark.parametrize("rows", [8, 3])
 def test_learner_forward_on_a_mesh(bf16, rows):
   # 8 rows over 8 row shards: each device runs the mode's forward on its own row
-  # with the whole weights (one shard_map); 4 rows do not split over 8: each
-  # tile loop splits its own tokens (invariant.map_rows). Bitwise the sampler's
-  # either way.
+  # with the whole weights (one shard_map); 3 rows (3 x 44 tokens) do not split
+  # over 8: each tile loop splits its tokens, padded (invariant.map_rows).
+  # Bitwise the sampler's either way.
   if len(jax.devices()) < 8:
     pytest.skip("needs 8 devices")
   _, model, _, (tokens, mask, lp_mu, loss_mask) = bf16

@@ -47,7 +47,8 @@ def per_row_shard(fn, whole, *rows):
   """`fn(whole, *rows)` on each device with its shard of the rows (`rows`'
   leading axis over the active mesh's row axes, `shard_map`) and all of
   `whole`: every row's arithmetic here is its own, so its bits do not depend on
-  the split. Without a mesh, or with rows its shards do not divide, replicated."""
+  the split. Without a mesh, or with rows its shards do not divide, replicated
+  (its tile loops then split their tokens: `map_rows`)."""
   mesh = jax.sharding.get_abstract_mesh()
   axes = () if mesh.empty or mesh.manual_axes else sharding.row_axes(mesh)
   if not axes or rows[0].shape[0] % sharding.row_shards(mesh):
@@ -62,13 +63,15 @@ def map_rows(fn, *xs_M):
   step per tile (rows padded with zeros), outputs back to `[M, ...]`. On a
   mesh each device maps its own rows (XLA cannot split a loop's steps over
   devices: it would run every tile on each)."""
+  m = xs_M[0].shape[0]
   mesh = jax.sharding.get_abstract_mesh()
   axes = () if mesh.empty or mesh.manual_axes else sharding.row_axes(mesh)
-  if axes and xs_M[0].shape[0] % sharding.row_shards(mesh) == 0:
+  if axes:  # rows padded with zeros to a multiple of the row shards
+    grow = lambda x: jnp.pad(x, [(0, -m % sharding.row_shards(mesh))] + [(0, 0)] * (x.ndim - 1))
     spec = jax.sharding.PartitionSpec(axes)
-    return jax.shard_map(lambda *xs: map_rows(fn, *xs), mesh=mesh, in_specs=(spec,) * len(xs_M),
-                         out_specs=spec, check_vma=False)(*xs_M)
-  m = xs_M[0].shape[0]
+    out = jax.shard_map(lambda *xs: map_rows(fn, *xs), mesh=mesh, in_specs=(spec,) * len(xs_M),
+                        out_specs=spec, check_vma=False)(*map(grow, xs_M))
+    return jax.tree.map(lambda y: y[:m], out)
   n = max(-(-m // TILE), 1)
   pad = n * TILE - m
   tiles = tuple(

@@ -239,15 +239,12 @@ def logical_view(pool, scale, page_ids_BJ, dtype):
 
 
 def per_shard(fn, rows: int, kv_heads: int, pool_parts: int):
-  """`fn(q, pools, page_ids, per_row)` under `shard_map` on the ambient mesh (else `fn`; inside
-  a `shard_map`, `fn` on the local pool):
+  """`fn(q, pools, page_ids, per_row)` under `shard_map` on the ambient mesh (else `fn`):
   rows over the data axes that divide them, kv heads (and their query heads) over `tensor`,
   a pool of parts split with the rows, its page ids made local (modulo the part's size)."""
   mesh = jax.sharding.get_abstract_mesh()
   if mesh.empty:
     return fn
-  if mesh.manual_axes:  # inside a shard_map already: this device's rows and pool
-    return lambda q, pools, ids, per_row: fn(q, pools, ids % pools[0].shape[1], per_row)
   row_axes, shards = sharding.row_axes(mesh), sharding.row_shards(mesh)
   if pool_parts > 1 and (pool_parts != shards or rows % shards):
     raise ValueError(f"a pool of {pool_parts} parts needs as many row shards, and {rows} "
