@@ -314,14 +314,9 @@ def decode(q_BTNH: jax.Array, cache: kv_cache.LayerCache, impl: DecodeImpl,
   `paged`, saying why once per reason.
   Returns `[B, T, N, H]` in `dtype`, the compute dtype K/V are dequantized to.
   """
-  pools = (cache.k, cache.v, cache.k_scale, cache.v_scale, cache.page_ids_BJ)
   if impl.name == "invariant":  # the true on-policy mode (docs/method.md §7)
-    if impl.pool_parts == 1:
-      return invariant.attend_paged(q_BTNH, cache, dtype)
-    run = lambda q, parts, ids, q_slot: invariant.attend_paged(
-        q, kv_cache.LayerCache(*parts, ids, q_slot), dtype)
-    return kv_cache.per_shard(run, q_BTNH.shape[0], cache.k.shape[0], impl.pool_parts)(
-        q_BTNH, pools[:4], cache.page_ids_BJ, cache.q_slot_BT)
+    return _on_parts(lambda q, c: invariant.attend_paged(q, c, dtype), q_BTNH, cache, impl)
+  pools = (cache.k, cache.v, cache.k_scale, cache.v_scale, cache.page_ids_BJ)
   _, t, _, h = q_BTNH.shape
   j, g = cache.page_ids_BJ.shape[1], cache.k.shape[2]
   if impl.name == "dense":  # every slot, gathered
@@ -338,11 +333,19 @@ def decode(q_BTNH: jax.Array, cache: kv_cache.LayerCache, impl: DecodeImpl,
       paged_tpu.unsupported(cache.k.dtype, h, g, on_tpu=not impl.interpret)):
     return paged_tpu.decode(q_BTNH, *pools, lengths_B, dtype, interpret=impl.interpret,
                             pool_parts=impl.pool_parts)
-  if impl.pool_parts > 1:  # each row shard reads its own part of the pool (kv_cache.py)
-    run = lambda q, parts, ids, q_slot: paged(q, *parts, ids, q_slot, dtype)
-    return kv_cache.per_shard(run, q_BTNH.shape[0], cache.k.shape[0], impl.pool_parts)(
-        q_BTNH, pools[:4], cache.page_ids_BJ, cache.q_slot_BT)
-  return paged(q_BTNH, *pools, cache.q_slot_BT, dtype)
+  return _on_parts(lambda q, c: paged(q, c.k, c.v, c.k_scale, c.v_scale, c.page_ids_BJ,
+                                      c.q_slot_BT, dtype), q_BTNH, cache, impl)
+
+
+def _on_parts(attend_view, q_BTNH, cache: kv_cache.LayerCache, impl: DecodeImpl):
+  """`attend_view(q, cache)`; with a pool of parts, each row shard on its own part
+  (`kv_cache.per_shard`)."""
+  if impl.pool_parts == 1:
+    return attend_view(q_BTNH, cache)
+  run = lambda q, parts, ids, q_slot: attend_view(q, kv_cache.LayerCache(*parts, ids, q_slot))
+  return kv_cache.per_shard(run, q_BTNH.shape[0], cache.k.shape[0], impl.pool_parts)(
+      q_BTNH, (cache.k, cache.v, cache.k_scale, cache.v_scale), cache.page_ids_BJ,
+      cache.q_slot_BT)
 
 
 def paged(q_BTNH: jax.Array, k_pool: jax.Array, v_pool: jax.Array, k_scale, v_scale,
