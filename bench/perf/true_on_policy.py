@@ -4,7 +4,7 @@ r"""The price of the true on-policy mode (docs/method.md §7), mode on against o
                                        --prompt 48 --new 64 --repeats 5] [--tiny] [--json F]
     XLA_FLAGS=--xla_force_host_platform_device_count=8 python -m bench.perf.true_on_policy --data 8
 
-On one device, at one model size, for each of mode off and on:
+On one device (or `--data` devices), at one model size, for each of mode off and on:
   * row invariance at the model's own einsums: the largest difference between a
     row computed alone and inside `--seqs` rows, for a plain jitted einsum and
     for the mode's tiles (`invariant.map_rows`);
@@ -132,7 +132,7 @@ def main():
   p.add_argument("--prompt", type=int, default=48)
   p.add_argument("--new", type=int, default=64)
   p.add_argument("--repeats", type=int, default=5)
-  p.add_argument("--data", type=int, default=1, help="the learner's devices (data axis)")
+  p.add_argument("--data", type=int, default=1, help="devices of the sampler's and the learner's data axis")
   p.add_argument("--tiny", action="store_true", help="smoke run: a tiny model, few tokens")
   p.add_argument("--json", default="")
   a = p.parse_args()
