@@ -42,6 +42,10 @@ part() {
   local rc=$?
   echo "$name: rc $rc in $(( $(date +%s) - t0 )) s (limit $t s)" | tee -a "$OUT/window.txt"
   tail -4 "$OUT/$name.log"
+  # The device brings back at most 8 files: everything so far, packed after each part.
+  if [ -n "${DEST:-}" ]; then
+    tar -czf "$DEST/window.tgz" -C "$OUT" . && cp "$OUT/window.txt" "$OUT/env.txt" "$DEST/"
+  fi
 }
 
 case "${1:-kernel}" in
@@ -51,7 +55,7 @@ case "${1:-kernel}" in
     else
       acc=(); export JAX_PLATFORMS=cuda; collect=()
     fi
-    rm -f "$OUT/window.txt"
+    DEST=$OUT; OUT=$(mktemp -d); cp "$DEST/env.txt" "$OUT/"   # packed into $DEST/window.tgz
     # The sampler against its bound, Qwen3-0.6B, 64 x (1,024 + 1,024): bf16, FP8 KV.
     part sampler_0p6b 170 python3 -m bench.gpu.accelerator "${acc[@]}" --parts sampler \
       --sampler_modes "bf16,bf16 + fp8 KV" --out "$OUT/sampler_0p6b"
