@@ -10,6 +10,8 @@
 #                                     # 4-plan sweep), the tests on the GPU
 #   bash bench/gpu_checks.sh verify   # the kernel's comparison tests, the native-vs-emulated
 #                                     # gap (bench/probes/native_gap.py), FP8 weights at a 1.7B shape
+#   bash bench/gpu_checks.sh followup # after a window: true on-policy under XLA flag sets, the GPU
+#                                     # tests in full, the math run at 512 new tokens
 #   bash bench/gpu_checks.sh window   # the accelerator window: everything below in order of
 #                                     # value within BUDGET seconds (default 420), each part
 #                                     # under its own timeout; TINY=1 smoke-runs it on a CPU
@@ -82,6 +84,38 @@ case "${1:-kernel}" in
     [ -z "${TINY:-}" ] && part plans 120 python3 -m bench.gpu.paged_kernel \
       --json "$OUT/paged_kernel.json"
     echo "window: $(( $(date +%s) - START )) s of ${BUDGET:-420}"
+    ;;
+  followup)
+    # After a window: the true on-policy comparison under XLA flag sets, the GPU tests in
+    # full (in parallel: compiling is CPU work), then the math run at a smaller size.
+    DEST=$OUT; OUT=$(mktemp -d); cp "$DEST/env.txt" "$OUT/"
+    export JAX_PLATFORMS=cuda XLA_PYTHON_CLIENT_PREALLOCATE=false
+    flags() {  # flags NAME XLA_FLAGS [pytest -k]
+      XLA_FLAGS="$2" timeout 110 python3 -m pytest -q -rxXfs -p no:cacheprovider \
+        tests/test_true_on_policy.py ${3:+-k "$3"} > "$OUT/tp_$1.log" 2>&1
+      echo "tp_$1 ($2): rc $?" >> "$OUT/window.txt"
+    }
+    k="sampler_equals_the_loss_forward or packed_rows or bf16_rows_differ"
+    nu=--xla_gpu_enable_while_loop_unrolling=WHILE_LOOP_UNROLLING_NO_UNROLL
+    flags default "" &
+    flags cublas "--xla_gpu_enable_triton_gemm=false" "$k" &
+    flags noautotune "--xla_gpu_autotune_level=0" "$k" &
+    flags nounroll "$nu" "$k" &
+    flags all3 "--xla_gpu_enable_triton_gemm=false --xla_gpu_autotune_level=0 $nu" "$k" &
+    JAX_DEFAULT_MATMUL_PRECISION=highest flags highest "" "$k" &
+    for f in test_kv_cache test_sampler_scale test_native_quant; do
+      ( timeout 120 python3 -m pytest -q -rxXfs -p no:cacheprovider "tests/$f.py" > "$OUT/$f.log" 2>&1
+        echo "$f: rc $?" >> "$OUT/window.txt" ) &
+    done
+    wait
+    unset XLA_PYTHON_CLIENT_PREALLOCATE
+    tar -czf "$DEST/window.tgz" -C "$OUT" . && cp "$OUT/window.txt" "$DEST/"
+    grep -h -E "passed|failed|Max abs|Mismatched" "$OUT"/*.log | head -40
+    part math 170 python3 -m bench.gpu.accelerator --parts math --math_max_new 512 \
+      --math_eval_problems 1 --math_workdir /tmp/mathwork --out "$OUT/math"
+    cp /tmp/mathwork/run/*.jsonl "$OUT/" 2>/dev/null
+    tar -czf "$DEST/window.tgz" -C "$OUT" . && cp "$OUT/window.txt" "$DEST/"
+    cat "$OUT/window.txt"; cat "$OUT/math/accelerator.md" 2>/dev/null
     ;;
   kernel)
     JAX_PLATFORMS=cuda timeout 150 python3 -m pytest -q -x -p no:cacheprovider tests/test_kv_cache.py \

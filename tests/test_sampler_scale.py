@@ -1,6 +1,7 @@
 """The sampler at scale: at most `max_concurrent_decodes` slots with refill, and a KV
 cache sharded over the mesh, both equal to the one-wave single-device rollout."""
 
+import jax
 import numpy as np
 import pytest
 
@@ -45,6 +46,8 @@ def test_refilled_slots_equal_one_wave(model):
 
 
 def test_sharded_rollout_equals_single_device(model):
+  if len(jax.devices()) < 8:  # one GPU: the suite runs these on 8 CPU devices
+    pytest.skip("needs 8 devices")
   mesh = make_mesh(2, 2, 2)
   sharded = Sampler(model, eos_ids=[7], mesh=mesh, max_concurrent_decodes=8)
   single = Sampler(model, eos_ids=[7], max_concurrent_decodes=8)
@@ -66,6 +69,8 @@ def test_native_sampler_refilled_and_sharded_equal_one_wave(model, quant):
   rounding once had a tie; fp8 x fp8) through chunked prefill, refilled slots
   on the 8-device mesh and a quantized KV cache: the same rollout as one wave
   on one device. Log-probs within 3e-6 (measured: 1.2e-6 int8, 9.5e-7 fp8)."""
+  if len(jax.devices()) < 8:  # one GPU: the suite runs these on 8 CPU devices
+    pytest.skip("needs 8 devices")
   kw = dict(quant_compute="native", eos_ids=[7], **quant)
   one_wave = _generate(Sampler(model, **kw))
   sharded = Sampler(model, mesh=make_mesh(2, 2, 2), max_concurrent_decodes=4,
@@ -81,6 +86,8 @@ def test_pallas_decode_refilled_and_sharded_equal_one_wave(model, kernel):
   cache: the rollout of the XLA paged path in one wave on one device; on the
   8-device mesh, per shard on its part of the pool, the same. Log-probs
   within 5e-6 (measured: 1.4e-6 kernel, 9.5e-7 kernel sharded)."""
+  if len(jax.devices()) < 8:  # one GPU: the suite runs these on 8 CPU devices
+    pytest.skip("needs 8 devices")
   kw = dict(eos_ids=[7], kv_cache_dtype="int8")
   one_wave = _generate(Sampler(model, decode_attention="paged", **kw))
   refill = Sampler(model, max_concurrent_decodes=4, min_slot_bucket=4,
