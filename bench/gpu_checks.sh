@@ -46,7 +46,8 @@ part() {
   tail -4 "$OUT/$name.log"
   # The device brings back at most 8 files: everything so far, packed after each part.
   if [ -n "${DEST:-}" ]; then
-    tar -czf "$DEST/window.tgz" -C "$OUT" . && cp "$OUT/window.txt" "$OUT/env.txt" "$DEST/"
+    tar -czf "$DEST/window.tgz.$BASHPID" -C "$OUT" . && mv "$DEST/window.tgz.$BASHPID" \
+      "$DEST/window.tgz" && cp "$OUT/window.txt" "$OUT/env.txt" "$DEST/"
   fi
 }
 
@@ -65,17 +66,20 @@ case "${1:-kernel}" in
     part sampler_1p7b 130 python3 -m bench.gpu.accelerator "${acc[@]}" --preset qwen3_1p7b \
       --parts sampler --sampler_modes "bf16,fp8 native" --sampler_seqs 16 \
       --sampler_prompt 256 --sampler_new 256 --out "$OUT/sampler_1p7b"
-    # studies/configs/math.py for 2 RL steps on a random Qwen3-0.6B checkpoint, phases by the loop's timers.
-    part math 130 python3 -m bench.gpu.accelerator "${acc[@]}" --parts math --out "$OUT/math"
-    # The GPU tests, file by file, stopping a file at its first failure.
-    for f in test_kv_cache test_gpu_decode_fallback test_native_quant test_sampler_scale; do
-      [ -f "tests/$f.py" ] && part "$f" 75 python3 -m pytest -q -x -p no:cacheprovider \
-        "${collect[@]}" "tests/$f.py"
+    # studies/configs/math.py for 2 RL steps on a random Qwen3-0.6B checkpoint, phases by the
+    # loop's timers (512 new tokens: 150 s on an H200; its metrics kept if it runs out of time).
+    part math 170 python3 -m bench.gpu.accelerator "${acc[@]}" --parts math --math_max_new 512 \
+      --math_eval_problems 1 --math_workdir "$OUT/mathwork" --out "$OUT/math"
+    cp "$OUT"/mathwork/run/*.jsonl "$OUT/" 2>/dev/null; rm -rf "$OUT/mathwork"
+    # The GPU tests (true on-policy's bitwise check among them), the files side by side
+    # (compiling is CPU work), each test under its own limit where pytest-timeout is there.
+    per_test=(); python3 -c "import pytest_timeout" 2>/dev/null && per_test=(--timeout 60)
+    for f in test_kv_cache test_gpu_decode_fallback test_native_quant test_sampler_scale \
+        test_true_on_policy; do
+      part "$f" 130 env XLA_PYTHON_CLIENT_PREALLOCATE=false python3 -m pytest -q -rxXfs \
+        -p no:cacheprovider "${per_test[@]}" "${collect[@]}" "tests/$f.py" &
     done
-    # True on-policy (docs/method.md §7): does the sampler == learner bitwise hold with XLA's
-    # GPU kernels, and at what price (mode on against off)?
-    part true_on_policy_tests 120 python3 -m pytest -q -x -p no:cacheprovider "${collect[@]}" \
-      tests/test_true_on_policy.py
+    wait
     part true_on_policy 100 python3 -m bench.perf.true_on_policy ${TINY:+--tiny} \
       --json "$OUT/true_on_policy.json"
     # If time is left: the XLA paged path beside the kernel, then the launch-plan sweep.
@@ -83,7 +87,8 @@ case "${1:-kernel}" in
       --sampler_modes "bf16 paged XLA" --out "$OUT/sampler_xla"
     [ -z "${TINY:-}" ] && part plans 120 python3 -m bench.gpu.paged_kernel \
       --json "$OUT/paged_kernel.json"
-    echo "window: $(( $(date +%s) - START )) s of ${BUDGET:-420}"
+    echo "window: $(( $(date +%s) - START )) s of ${BUDGET:-420}" | tee -a "$OUT/window.txt"
+    tar -czf "$DEST/window.tgz" -C "$OUT" . && cp "$OUT/window.txt" "$DEST/"
     ;;
   followup)
     # After a window: the true on-policy comparison under XLA flag sets, the GPU tests in

@@ -15,6 +15,7 @@ from mipu_jax.learner import Learner, host_batch, packing
 from mipu_jax.learner import logprobs as logprobs_lib
 from mipu_jax.models import make_mesh
 from mipu_jax.sampler import Sampler, SamplerConfig
+from mipu_jax.sampler import config as sampler_config
 from mipu_jax.testing.models import SAMPLER_CFG, peaked_qwen3
 
 # Ragged prompts (the last spans two key blocks), two samples each (GRPO
@@ -82,7 +83,15 @@ def bf16():
   return _sampled("bfloat16")
 
 
-@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+# Measured on an H200 (jax 0.11.2, bench/README.md "GPU figures"): in float32 XLA's GPU
+# programs give 2 of 166 log-probs other bits (4.4e-5; 71 by one ulp without TF32); bf16 was
+# bitwise. The cause is not pinned down (docs/method.md §7).
+_GPU_FP32 = pytest.mark.xfail(jax.default_backend() == "gpu", strict=True,
+                              reason="float32 not bitwise on a GPU (measured on an H200)")
+DTYPES = [pytest.param("fp32", marks=_GPU_FP32), "bf16"]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
 def test_sampler_equals_the_loss_forward(dtype, request):
   _, model, out, (tokens, mask, lp_mu, loss_mask) = request.getfixturevalue(dtype)
   assert len(set(out.lengths.tolist())) > 1  # ragged responses
@@ -91,7 +100,7 @@ def test_sampler_equals_the_loss_forward(dtype, request):
   np.testing.assert_array_equal(lp[on], lp_mu[on])
 
 
-@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+@pytest.mark.parametrize("dtype", DTYPES)
 def test_sampler_equals_packed_rows_under_remat(dtype, request):
   _, model, _, (tokens, mask, lp_mu, loss_mask) = request.getfixturevalue(dtype)
   model = nnx.merge(*nnx.split(model))  # the learner's copy, under a remat policy
@@ -227,6 +236,20 @@ def test_refusals():
   sampler = Sampler(peaked_qwen3(SAMPLER_CFG), true_on_policy=True)
   with pytest.raises(ValueError, match="top-k / top-p"):
     sampler.generate(PROMPTS[:1], max_new_tokens=2, top_k=5)
+
+
+def test_float32_on_a_gpu_warns(caplog):
+  """The mode in float32 on a GPU says it was measured not bitwise there; bf16
+  and the CPU say nothing (once per process: the test starts the count again)."""
+  sampler_config._warn_true_on_policy_float32_gpu.cache_clear()
+  with caplog.at_level("WARNING"):
+    assert SamplerConfig(dtype="bfloat16", true_on_policy=True).decode_attention_for(
+        "gpu") == "invariant"
+    SamplerConfig(dtype="float32", true_on_policy=True).decode_attention_for("cpu")
+  assert "not bitwise" not in caplog.text
+  with caplog.at_level("WARNING"):
+    SamplerConfig(dtype="float32", true_on_policy=True).decode_attention_for("gpu")
+  assert "not bitwise on an H200" in caplog.text
 
 
 def test_rl_loop_logs_no_mismatch(tmp_path):

@@ -225,6 +225,8 @@ class SamplerConfig(SamplerPrecision):
     serve (`paged_tpu.unsupported`, checked where `kv_dtype` is given) is an
     error by name, "paged" with a warning under "auto"."""
     if self.true_on_policy:
+      if platform == "gpu" and as_dtype(self.dtype) == jnp.float32:
+        _warn_true_on_policy_float32_gpu()
       return "invariant"
     asked = self.decode_attention
     if asked == "pallas" and (missing := paged_pallas.missing_backend()):
@@ -266,6 +268,13 @@ class SamplerConfig(SamplerPrecision):
 
   def slot_bucket(self, num_sequences: int) -> int:
     return bucket(num_sequences, minimum=self.min_slot_bucket)
+
+
+@functools.cache
+def _warn_true_on_policy_float32_gpu() -> None:  # once per process
+  logging.warning("true_on_policy in float32 on a GPU: measured not bitwise on an H200 (a few "
+                  "log-probs differ by up to 4.4e-5; bfloat16 was bitwise), docs/method.md §7. "
+                  "The loop logs the gap each step (rollout_corr/k3_kl, training/rollout_probs_diff_max).")
 
 
 @functools.cache
