@@ -31,6 +31,12 @@ export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
 cat "$OUT/env.txt"
 
 START=$(date +%s)
+# pack NAME: $OUT into $DEST/NAME; a log that another part is still writing is taken as
+# it stands (tar's "file changed as we read it", status 1), a failed pack removed.
+pack() {
+  tar --warning=no-file-changed -czf "$DEST/$1" -C "$OUT" . || [ $? -eq 1 ] \
+    || { rm -f "$DEST/$1"; return 1; }
+}
 # part NAME MAX_SECONDS CMD...: runs CMD under min(MAX_SECONDS, what is left of BUDGET),
 # output in $OUT/NAME.log, its status and time in $OUT/window.txt; skipped under 30 s left.
 part() {
@@ -46,8 +52,8 @@ part() {
   tail -4 "$OUT/$name.log"
   # The device brings back at most 8 files: everything so far, packed after each part.
   if [ -n "${DEST:-}" ]; then
-    tar -czf "$DEST/window.tgz.$BASHPID" -C "$OUT" . && mv "$DEST/window.tgz.$BASHPID" \
-      "$DEST/window.tgz" && cp "$OUT/window.txt" "$OUT/env.txt" "$DEST/"
+    pack "window.tgz.$BASHPID" && mv "$DEST/window.tgz.$BASHPID" "$DEST/window.tgz"
+    cp "$OUT/window.txt" "$OUT/env.txt" "$DEST/"
   fi
 }
 
@@ -69,8 +75,8 @@ case "${1:-kernel}" in
     # studies/configs/math.py for 2 RL steps on a random Qwen3-0.6B checkpoint, phases by the
     # loop's timers (512 new tokens: 150 s on an H200; its metrics kept if it runs out of time).
     part math 170 python3 -m bench.gpu.accelerator "${acc[@]}" --parts math --math_max_new 512 \
-      --math_eval_problems 1 --math_workdir "$OUT/mathwork" --out "$OUT/math"
-    cp "$OUT"/mathwork/run/*.jsonl "$OUT/" 2>/dev/null; rm -rf "$OUT/mathwork"
+      --math_eval_problems 1 --math_workdir /tmp/window_math --out "$OUT/math"
+    cp /tmp/window_math/run/*.jsonl "$OUT/" 2>/dev/null
     # The GPU tests (true on-policy's bitwise check among them), the files side by side
     # (compiling is CPU work), each test under its own limit where pytest-timeout is there.
     per_test=(); python3 -c "import pytest_timeout" 2>/dev/null && per_test=(--timeout 60)
@@ -88,7 +94,7 @@ case "${1:-kernel}" in
     [ -z "${TINY:-}" ] && part plans 120 python3 -m bench.gpu.paged_kernel \
       --json "$OUT/paged_kernel.json"
     echo "window: $(( $(date +%s) - START )) s of ${BUDGET:-420}" | tee -a "$OUT/window.txt"
-    tar -czf "$DEST/window.tgz" -C "$OUT" . && cp "$OUT/window.txt" "$DEST/"
+    pack window.tgz; cp "$OUT/window.txt" "$DEST/"
     ;;
   followup)
     # After a window: the true on-policy comparison under XLA flag sets, the GPU tests in
