@@ -39,6 +39,14 @@ def pytest_configure(config):
     config.option.maxschedchunk = 1
 
 
+def pytest_runtest_setup(item):
+  """`@pytest.mark.devices(n)`: the test builds an n-device mesh, skipped where
+  fewer devices exist (one GPU; the suite runs it on its 8 CPU devices)."""
+  marker = item.get_closest_marker("devices")
+  if marker and len(jax.devices()) < marker.args[0]:
+    pytest.skip(f"needs {marker.args[0]} devices")
+
+
 def pytest_collection_modifyitems(items):
   """The tests marked `long` first (stable otherwise): xdist hands out tests in
   collection order, and a minute-long test drawn last leaves one core idle."""

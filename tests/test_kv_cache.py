@@ -109,6 +109,7 @@ _COLLECTIVE = re.compile(r"=\s*\(?(\w+)\[([\d,]*)\][^=]*?\s(all-gather|all-reduc
 
 
 @pytest.mark.long
+@pytest.mark.devices(8)
 def test_on_a_pod_each_device_decodes_its_own_part_in_place(model):
   """The 8-device mesh (4 row shards x 2 kv-head shards), a bf16 cache in a
   part per row shard (kv_cache.py): the compiled decode step writes each
@@ -116,8 +117,6 @@ def test_on_a_pod_each_device_decodes_its_own_part_in_place(model):
   it) and reads it through local page ids, so no page crosses devices (no
   collective as large as one page of one kv head; gathering pages from a
   sharded pool all-reduced [rows, heads, G, H] per page step)."""
-  if len(jax.devices()) < 8:  # one GPU: the suite runs these on 8 CPU devices
-    pytest.skip("needs 8 devices")
   cfg = SamplerConfig(dtype="bfloat16", kv_cache_storage="real", max_concurrent_decodes=8,
                       max_prefill_length=32, max_decode_length=224, page_size=32,
                       decode_attention="paged")
@@ -268,12 +267,11 @@ def test_pallas_kernel_lowers_for_gpu(dtype, gather):
 
 
 @NEEDS_TRITON
+@pytest.mark.devices(8)
 def test_pallas_kernel_lowers_for_gpu_per_shard():
   """On the 8-device mesh the GPU kernel runs per shard (XLA cannot partition
   its custom call): each call takes its shard's part of the pool (4 parts, 4 of
   the 8 kv heads), lowered for 'cuda' as above."""
-  if len(jax.devices()) < 8:  # one GPU: the suite runs these on 8 CPU devices
-    pytest.skip("needs 8 devices")
   b, j, g, k, n, h = 8, 32, 64, 8, 16, 128
   cfg = type("C", (), dict(num_kv_heads=k, head_dim=h, num_layers=2))
   kp, vp, _, _ = kv_cache.init_pool(cfg, b * j, g, jnp.bfloat16)

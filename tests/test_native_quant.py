@@ -233,11 +233,10 @@ def test_mismatch_lab_reports_both_paths(model):
 
 
 @pytest.mark.parametrize("compute,storage", [("native", "fake"), ("emulated", "real")])
+@pytest.mark.devices(8)
 def test_memory_plan_of_a_quantized_sampler_on_a_mesh(compute, storage):
   """The sampler's quantized weights (QuantizedWeight / QArray leaves) get the
   sampling layout's shardings: the memory plan compiles on a 2 x 4 mesh."""
-  if len(jax.devices()) < 8:  # one GPU: the suite runs this on 8 CPU devices
-    pytest.skip("needs 8 devices")
   from mipu_jax import config as config_lib  # pylint: disable=g-import-not-at-top
   from mipu_jax import memory_plan  # pylint: disable=g-import-not-at-top
   from mipu_jax.testing import tiny_run_config  # pylint: disable=g-import-not-at-top

@@ -45,9 +45,8 @@ def test_refilled_slots_equal_one_wave(model):
   assert refill.engine.trace_counts["generate_until_free"] >= 1  # it did refill
 
 
+@pytest.mark.devices(8)
 def test_sharded_rollout_equals_single_device(model):
-  if len(jax.devices()) < 8:  # one GPU: the suite runs these on 8 CPU devices
-    pytest.skip("needs 8 devices")
   mesh = make_mesh(2, 2, 2)
   sharded = Sampler(model, eos_ids=[7], mesh=mesh, max_concurrent_decodes=8)
   single = Sampler(model, eos_ids=[7], max_concurrent_decodes=8)
@@ -64,13 +63,12 @@ def test_sharded_rollout_equals_single_device(model):
     dict(weight_quant="int8", act_quant="int8", kv_cache_dtype="int8"),
     dict(weight_quant="fp8_e4m3", act_quant="fp8", kv_cache_dtype="fp8")],
     ids=["int8", "fp8"])
+@pytest.mark.devices(8)
 def test_native_sampler_refilled_and_sharded_equal_one_wave(model, quant):
   """The native low-precision matmuls (int8 x int8 -> int32, whose activation
   rounding once had a tie; fp8 x fp8) through chunked prefill, refilled slots
   on the 8-device mesh and a quantized KV cache: the same rollout as one wave
   on one device. Log-probs within 3e-6 (measured: 1.2e-6 int8, 9.5e-7 fp8)."""
-  if len(jax.devices()) < 8:  # one GPU: the suite runs these on 8 CPU devices
-    pytest.skip("needs 8 devices")
   kw = dict(quant_compute="native", eos_ids=[7], **quant)
   one_wave = _generate(Sampler(model, **kw))
   sharded = Sampler(model, mesh=make_mesh(2, 2, 2), max_concurrent_decodes=4,
@@ -85,9 +83,8 @@ def test_pallas_decode_refilled_and_sharded_equal_one_wave(model, kernel):
   kernel: tests/test_paged_tpu.py) through refilled slots and an int8 KV
   cache: the rollout of the XLA paged path in one wave on one device; on the
   8-device mesh, per shard on its part of the pool, the same. Log-probs
-  within 5e-6 (measured: 1.4e-6 kernel, 9.5e-7 kernel sharded)."""
-  if len(jax.devices()) < 8:  # one GPU: the suite runs these on 8 CPU devices
-    pytest.skip("needs 8 devices")
+  within 5e-6 (measured: 1.4e-6 kernel, 9.5e-7 kernel sharded). With fewer
+  than 8 devices (one GPU) the one-device half runs, then the test skips."""
   kw = dict(eos_ids=[7], kv_cache_dtype="int8")
   one_wave = _generate(Sampler(model, decode_attention="paged", **kw))
   refill = Sampler(model, max_concurrent_decodes=4, min_slot_bucket=4,
@@ -95,20 +92,26 @@ def test_pallas_decode_refilled_and_sharded_equal_one_wave(model, kernel):
   assert refill.engine.decode_attention == kernel
   _same(_generate(refill), one_wave, atol=5e-6)
   assert refill.engine.trace_counts["generate_until_free"] >= 1  # it did refill
+  _assert_kernel_in_decode(refill, sharded=False)
+  if len(jax.devices()) < 8:
+    pytest.skip("the mesh half needs 8 devices (the one-device half passed)")
   sharded = Sampler(model, mesh=make_mesh(2, 2, 2), max_concurrent_decodes=8,
                     decode_attention=kernel, **kw)
   assert sharded.engine.decode_attention == kernel
   _same(_generate(sharded), one_wave, atol=5e-6)
-  # The kernel is in the decode programs (not a silent fallback to the XLA
-  # path), on the mesh per shard.
-  for sampler in (refill, sharded):
-    eng = sampler.engine
-    state = eng.init_decode_state()
-    with eng.mesh_context():
-      lowered = eng.programs["generate_until_done"].lower(eng._spec, sampler.params, state)  # pylint: disable=protected-access
-    text = lowered.as_text(debug_info=True)
-    assert f'"{paged_pallas.NAME}/' in text
-    assert ("manual_computation" in text) == (sampler is sharded)
+  _assert_kernel_in_decode(sharded, sharded=True)
+
+
+def _assert_kernel_in_decode(sampler, *, sharded):
+  """The Pallas kernel is in the decode program (not a silent fallback to the
+  XLA path), on a mesh per shard."""
+  eng = sampler.engine
+  state = eng.init_decode_state()
+  with eng.mesh_context():
+    lowered = eng.programs["generate_until_done"].lower(eng._spec, sampler.params, state)  # pylint: disable=protected-access
+  text = lowered.as_text(debug_info=True)
+  assert f'"{paged_pallas.NAME}/' in text
+  assert ("manual_computation" in text) == sharded
 
 
 @pytest.fixture(scope="module")

@@ -138,14 +138,13 @@ def _assert_first_step_on_policy(learner, model, tokens, mask, lp_mu, loss_mask)
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.devices(8)
 def test_sampler_and_learner_on_one_mesh(dtype):
   # An RL step on a mesh: the sampler and the learner both on the 8 devices
   # (rows over data x fsdp, the learner's weights over fsdp; one device:
   # test_rl_loop_logs_no_mismatch), at a model (2 layers of 64) where they once
   # differed by 9.5e-7, when XLA partitioned the sampler's tile loops and paged
   # attention itself.
-  if len(jax.devices()) < 8:
-    pytest.skip("needs 8 devices")
   cfg = SAMPLER_CFG.replace(dtype=dtype, vocab_size=256, hidden_size=64, num_layers=2,
                             head_dim=16, intermediate_size=128)
   model, mesh = peaked_qwen3(cfg), make_mesh(4, 2, 1)
@@ -158,13 +157,12 @@ def test_sampler_and_learner_on_one_mesh(dtype):
 
 
 @pytest.mark.parametrize("rows", [8, 3])
+@pytest.mark.devices(8)
 def test_learner_forward_on_a_mesh(bf16, rows):
   # 8 rows over 8 row shards: each device runs the mode's forward on its own row
   # with the whole weights (one shard_map); 3 rows (3 x 44 tokens) do not split
   # over 8: each tile loop splits its tokens, padded (invariant.map_rows).
   # Bitwise the sampler's either way.
-  if len(jax.devices()) < 8:
-    pytest.skip("needs 8 devices")
   _, model, _, (tokens, mask, lp_mu, loss_mask) = bf16
   graphdef, state = nnx.split(model)
   scoring = logprobs_lib.Scoring(TEMPERATURE, true_on_policy=True)
@@ -188,10 +186,9 @@ def test_packing_learner_is_on_policy(bf16):
 
 
 @pytest.mark.parametrize("fixture", ["fp32", "bf16"])
+@pytest.mark.devices(8)
 def test_eight_device_sampler_equals_one_device(fixture, request):
   dtype, _, out_1, _ = request.getfixturevalue(fixture)
-  if len(jax.devices()) < 8:
-    pytest.skip("needs 8 devices")
   _, out_8 = _sample(dtype, mesh=make_mesh(8, 1, 1), slots=8)  # a slot per row shard
   assert out_8.tokens == out_1.tokens
   np.testing.assert_array_equal(out_8.logprobs_array, out_1.logprobs_array)
