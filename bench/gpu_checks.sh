@@ -74,6 +74,7 @@ case "${1:-kernel}" in
       --sampler_prompt 256 --sampler_new 256 --out "$OUT/sampler_1p7b"
     # studies/configs/math.py for 2 RL steps on a random Qwen3-0.6B checkpoint, phases by the
     # loop's timers (512 new tokens: 150 s on an H200; its metrics kept if it runs out of time).
+    rm -rf /tmp/window_math  # a run left there would be resumed, not measured
     part math 170 python3 -m bench.gpu.accelerator "${acc[@]}" --parts math --math_max_new 512 \
       --math_eval_problems 1 --math_workdir /tmp/window_math --out "$OUT/math"
     cp /tmp/window_math/run/*.jsonl "$OUT/" 2>/dev/null
@@ -120,12 +121,13 @@ case "${1:-kernel}" in
     done
     wait
     unset XLA_PYTHON_CLIENT_PREALLOCATE
-    tar -czf "$DEST/window.tgz" -C "$OUT" . && cp "$OUT/window.txt" "$DEST/"
+    pack window.tgz; cp "$OUT/window.txt" "$DEST/"
     grep -h -E "passed|failed|Max abs|Mismatched" "$OUT"/*.log | head -40
+    rm -rf /tmp/mathwork
     part math 170 python3 -m bench.gpu.accelerator --parts math --math_max_new 512 \
       --math_eval_problems 1 --math_workdir /tmp/mathwork --out "$OUT/math"
     cp /tmp/mathwork/run/*.jsonl "$OUT/" 2>/dev/null
-    tar -czf "$DEST/window.tgz" -C "$OUT" . && cp "$OUT/window.txt" "$DEST/"
+    pack window.tgz; cp "$OUT/window.txt" "$DEST/"
     cat "$OUT/window.txt"; cat "$OUT/math/accelerator.md" 2>/dev/null
     ;;
   kernel)
