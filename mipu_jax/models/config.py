@@ -1,11 +1,12 @@
-"""Qwen3 architecture config and presets (docs/method.md §7).
+"""Qwen3 and Qwen3-MoE architecture config and presets (docs/method.md §7, §7a).
 
 The presets' dimensions equal the public Hugging Face `config.json` files of
-Qwen/Qwen3-{0.6B,1.7B,4B,8B}; `tiny` is a CPU-sized model for tests and the
-small RL task.
+Qwen/Qwen3-{0.6B,1.7B,4B,8B} and Qwen/Qwen3-{30B-A3B,235B-A22B}; `tiny` and
+`tiny_moe` are CPU-sized models for tests and the small RL task.
 """
 
 import dataclasses
+import math
 from typing import Any
 
 import jax.numpy as jnp
@@ -31,6 +32,7 @@ def as_dtype(dtype: Any) -> jnp.dtype:
 
 REMAT_POLICIES = ("none", "layer", "dots")
 ATTENTIONS = ("dense", "blockwise", "cudnn", "splash")
+MOE_IMPLS = ("auto", "ragged_dot", "blocked")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,6 +58,21 @@ class Qwen3Config:
     attention: "dense" (the reference), "blockwise" (flash-style, pure JAX),
       "cudnn" (GPU) or "splash" (TPU); `mipu_jax.models.attention`.
     attention_block: query and key tile of the blockwise and splash kernels.
+    num_experts: E, experts per MoE layer; 0 is a dense model (Hugging Face
+      `Qwen3MoeConfig`'s fields from here on, docs/method.md §7a).
+    num_experts_per_tok: k, experts each token is routed to (top-k).
+    moe_intermediate_size: each expert's SwiGLU width.
+    norm_topk_prob: the k gate weights are renormalised to sum to 1 (HF's
+      default is False; the released Qwen3-MoE checkpoints set True).
+    decoder_sparse_step: layer i is MoE when (i + 1) % step == 0 ...
+    mlp_only_layers: ... and i is not listed here (those keep a dense MLP of
+      width `intermediate_size`).
+    router_aux_loss_coef: weight of the load-balancing loss when the learner
+      adds it (`MoEConfig.aux_loss`).
+    moe_impl: the experts' grouped matmul: "ragged_dot" (`jax.lax.ragged_dot`,
+      XLA's / the TPU's grouped matmul), "blocked" (rows sorted by expert in
+      fixed blocks, a batched dot: XLA:CPU lowers ragged_dot to a masked dot
+      over every expert) or "auto" (blocked on a CPU, ragged_dot elsewhere).
   """
 
   vocab_size: int
@@ -73,6 +90,14 @@ class Qwen3Config:
   remat: Any = "none"
   attention: str = "dense"
   attention_block: int = 512
+  num_experts: int = 0
+  num_experts_per_tok: int = 0
+  moe_intermediate_size: int = 0
+  norm_topk_prob: bool = False
+  decoder_sparse_step: int = 1
+  mlp_only_layers: tuple[int, ...] = ()
+  router_aux_loss_coef: float = 0.001
+  moe_impl: str = "auto"
 
   def __post_init__(self):
     for name in ("vocab_size", "hidden_size", "num_layers", "num_heads",
@@ -94,6 +119,65 @@ class Qwen3Config:
       raise ValueError(f"attention_block must be >= 1, got {self.attention_block}.")
     object.__setattr__(self, "param_dtype", as_dtype(self.param_dtype))
     object.__setattr__(self, "dtype", as_dtype(self.dtype))
+    object.__setattr__(self, "mlp_only_layers", tuple(int(i) for i in self.mlp_only_layers))
+    self._check_moe()
+
+  def _check_moe(self):
+    """MoE fields: all unset (dense) or consistent; errors name the field."""
+    if self.num_experts < 0:
+      raise ValueError(f"Qwen3Config.num_experts must be >= 0, got {self.num_experts}.")
+    if self.moe_impl not in MOE_IMPLS:
+      raise ValueError(f"unknown moe_impl {self.moe_impl!r}; choose one of {MOE_IMPLS}.")
+    if self.num_experts == 0:
+      return
+    if not 1 <= self.num_experts_per_tok <= self.num_experts:
+      raise ValueError(
+          f"Qwen3Config.num_experts_per_tok ({self.num_experts_per_tok}) must be in "
+          f"[1, num_experts={self.num_experts}].")
+    if self.moe_intermediate_size <= 0:
+      raise ValueError("Qwen3Config.moe_intermediate_size must be positive, got "
+                       f"{self.moe_intermediate_size}.")
+    if self.decoder_sparse_step < 1:
+      raise ValueError(
+          f"Qwen3Config.decoder_sparse_step must be >= 1, got {self.decoder_sparse_step}.")
+    bad = [i for i in self.mlp_only_layers if not 0 <= i < self.num_layers]
+    if bad:
+      raise ValueError(f"Qwen3Config.mlp_only_layers {bad} are not layers of a "
+                       f"{self.num_layers}-layer model.")
+    if not (math.isfinite(self.router_aux_loss_coef) and self.router_aux_loss_coef >= 0):
+      raise ValueError("Qwen3Config.router_aux_loss_coef must be finite and >= 0, got "
+                       f"{self.router_aux_loss_coef}.")
+
+  def is_moe_layer(self, i: int) -> bool:
+    """Layer i has a sparse MoE block (Hugging Face `Qwen3MoeDecoderLayer`'s rule)."""
+    return (self.num_experts > 0 and i not in self.mlp_only_layers
+            and (i + 1) % self.decoder_sparse_step == 0)
+
+  @property
+  def moe_layers(self) -> tuple[int, ...]:
+    """The MoE layers' indices (L_moe of them); empty for a dense model."""
+    return tuple(i for i in range(self.num_layers) if self.is_moe_layer(i))
+
+  @property
+  def dense_layers(self) -> tuple[int, ...]:
+    """The layers with a dense SwiGLU MLP."""
+    return tuple(i for i in range(self.num_layers) if not self.is_moe_layer(i))
+
+  @property
+  def is_moe(self) -> bool:
+    return bool(self.moe_layers)
+
+  def layer_runs(self) -> tuple[tuple[int, int, bool], ...]:
+    """Consecutive layers of one kind as `(start, stop, is_moe)`: each run is one
+    `lax.scan` over stacked weights (a dense model is a single run)."""
+    runs = []
+    for i in range(self.num_layers):
+      kind = self.is_moe_layer(i)
+      if runs and runs[-1][2] == kind:
+        runs[-1] = (runs[-1][0], i + 1, kind)
+      else:
+        runs.append((i, i + 1, kind))
+    return tuple(runs)
 
   def replace(self, **kwargs) -> "Qwen3Config":
     return dataclasses.replace(self, **kwargs)
@@ -101,9 +185,20 @@ class Qwen3Config:
   def num_params(self) -> int:
     d, f, n, k, h = (self.hidden_size, self.intermediate_size, self.num_heads,
                      self.num_kv_heads, self.head_dim)
-    per_layer = 2 * d + d * n * h + 2 * d * k * h + n * h * d + 2 * h + 3 * d * f
+    per_layer = 2 * d + d * n * h + 2 * d * k * h + n * h * d + 2 * h
+    mlp = (len(self.dense_layers) * 3 * d * f
+           + len(self.moe_layers) * self.num_experts * (d + 3 * d * self.moe_intermediate_size))
     head = 0 if self.tie_embeddings else d * self.vocab_size
-    return self.vocab_size * d + self.num_layers * per_layer + d + head
+    return self.vocab_size * d + self.num_layers * per_layer + mlp + d + head
+
+  def num_active_params(self) -> int:
+    """Parameters one token's forward pass multiplies by: each MoE layer counts
+    its router and its k routed experts only (MFU on active parameters)."""
+    if not self.is_moe:
+      return self.num_params()
+    e, k, fm, d = (self.num_experts, self.num_experts_per_tok, self.moe_intermediate_size,
+                   self.hidden_size)
+    return self.num_params() - len(self.moe_layers) * (e - k) * 3 * d * fm
 
 
 _QWEN3 = dict(vocab_size=151936, rope_theta=1_000_000.0, rms_eps=1e-6, head_dim=128)
@@ -120,6 +215,21 @@ PRESETS: dict[str, Qwen3Config] = {
                             intermediate_size=9728, tie_embeddings=True, **_QWEN3),
     "qwen3_8b": Qwen3Config(hidden_size=4096, num_layers=36, num_heads=32, num_kv_heads=8,
                             intermediate_size=12288, tie_embeddings=False, **_QWEN3),
+    # Mixture of experts (Qwen/Qwen3-30B-A3B, Qwen/Qwen3-235B-A22B config.json).
+    "qwen3_30b_a3b": Qwen3Config(hidden_size=2048, num_layers=48, num_heads=32, num_kv_heads=4,
+                                 intermediate_size=6144, tie_embeddings=False,
+                                 num_experts=128, num_experts_per_tok=8,
+                                 moe_intermediate_size=768, norm_topk_prob=True, **_QWEN3),
+    "qwen3_235b_a22b": Qwen3Config(hidden_size=4096, num_layers=94, num_heads=64,
+                                   num_kv_heads=4, intermediate_size=12288,
+                                   tie_embeddings=False, num_experts=128, num_experts_per_tok=8,
+                                   moe_intermediate_size=1536, norm_topk_prob=True, **_QWEN3),
+    # CPU-sized MoE: `tiny`'s attention, 8 experts of width 32, top-2.
+    "tiny_moe": Qwen3Config(vocab_size=256, hidden_size=64, num_layers=2, num_heads=4,
+                            num_kv_heads=2, head_dim=16, intermediate_size=128,
+                            tie_embeddings=True, rope_theta=10_000.0, num_experts=8,
+                            num_experts_per_tok=2, moe_intermediate_size=32,
+                            norm_topk_prob=True),
 }
 
 

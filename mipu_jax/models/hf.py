@@ -1,4 +1,4 @@
-"""Hugging Face interop: Qwen3 `config.json` + safetensors directories (docs/method.md §7).
+"""Hugging Face interop: Qwen3 / Qwen3-MoE `config.json` + safetensors directories (docs/method.md §7, §7a).
 
 The only module that knows Hugging Face tensor names. Layouts (ours <- HF):
   embed [V, D]           <- model.embed_tokens.weight [V, D]
@@ -9,6 +9,11 @@ The only module that knows Hugging Face tensor names. Layouts (ours <- HF):
   layers.down [L, F, D]  <- mlp.down_proj [D, F]
   norms                  <- input_layernorm, post_attention_layernorm, q_norm, k_norm, model.norm
   lm_head [D, V]         <- lm_head.weight [V, D] (untied models only)
+Qwen3-MoE's sparse layers (`Qwen3MoeForCausalLM`, the released per-expert names):
+  layers.router [L_moe, D, E]            <- mlp.gate.weight [E, D] (transposed)
+  layers.experts_gate/up [L_moe, E, D, F] <- mlp.experts.{e}.gate_proj / up_proj [F, D]
+  layers.experts_down [L_moe, E, F, D]   <- mlp.experts.{e}.down_proj [D, F]
+  the dense layers' gate / up / down stack over the dense layers only.
 """
 
 import json
@@ -37,10 +42,12 @@ def config_from_hf(hf: dict, **overrides) -> Qwen3Config:
   """Qwen3Config from a parsed `config.json`; unsupported features are errors."""
   model_type = hf.get("model_type")
   archs = hf.get("architectures") or []
-  if model_type != "qwen3" or (archs and "Qwen3ForCausalLM" not in archs):
+  arch = {"qwen3": "Qwen3ForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM"}.get(model_type)
+  if arch is None or (archs and arch not in archs):
     raise CheckpointError(
         f"Unsupported architecture: model_type={model_type!r}, architectures={archs}; "
-        "mipu_jax loads Qwen3ForCausalLM (model_type 'qwen3') only.")
+        "mipu_jax loads Qwen3ForCausalLM (model_type 'qwen3') and Qwen3MoeForCausalLM "
+        "(model_type 'qwen3_moe') only.")
   if hf.get("hidden_act", "silu") != "silu":
     raise CheckpointError(f"Unsupported hidden_act {hf['hidden_act']!r}; Qwen3 uses 'silu'.")
   if hf.get("attention_bias", False):
@@ -61,8 +68,23 @@ def config_from_hf(hf: dict, **overrides) -> Qwen3Config:
       intermediate_size=hf["intermediate_size"],
       tie_embeddings=hf.get("tie_word_embeddings", False),
       rope_theta=float(theta), rms_eps=hf.get("rms_norm_eps", 1e-6))
+  if model_type == "qwen3_moe":
+    # transformers 5 writes `num_local_experts`; the released files `num_experts`.
+    experts = hf.get("num_experts", hf.get("num_local_experts"))
+    if experts is None:
+      raise CheckpointError("config.json of a qwen3_moe model has no 'num_experts'.")
+    kwargs.update(
+        num_experts=experts, num_experts_per_tok=hf.get("num_experts_per_tok", 8),
+        moe_intermediate_size=hf.get("moe_intermediate_size", 768),
+        norm_topk_prob=bool(hf.get("norm_topk_prob", False)),
+        decoder_sparse_step=hf.get("decoder_sparse_step", 1),
+        mlp_only_layers=tuple(hf.get("mlp_only_layers") or ()),
+        router_aux_loss_coef=float(hf.get("router_aux_loss_coef", 0.001)))
   kwargs.update(overrides)
-  return Qwen3Config(**kwargs)
+  try:
+    return Qwen3Config(**kwargs)
+  except (TypeError, ValueError) as e:
+    raise CheckpointError(f"config.json describes no valid model: {e}") from e
 
 
 def config_to_hf(cfg: Qwen3Config) -> dict:
@@ -78,6 +100,13 @@ def config_to_hf(cfg: Qwen3Config) -> dict:
       "tie_word_embeddings": cfg.tie_embeddings, "use_sliding_window": False,
       "sliding_window": None, "max_position_embeddings": 40960,
       "dtype": jnp.dtype(cfg.param_dtype).name, "initializer_range": 0.02,
+      **({} if not cfg.num_experts else {
+          "architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe",
+          "num_experts": cfg.num_experts, "num_experts_per_tok": cfg.num_experts_per_tok,
+          "moe_intermediate_size": cfg.moe_intermediate_size,
+          "norm_topk_prob": cfg.norm_topk_prob, "decoder_sparse_step": cfg.decoder_sparse_step,
+          "mlp_only_layers": list(cfg.mlp_only_layers),
+          "router_aux_loss_coef": cfg.router_aux_loss_coef, "output_router_logits": False}),
   }
 
 
@@ -92,9 +121,17 @@ def _expected_shapes(cfg: Qwen3Config) -> dict[str, tuple[int, ...]]:
         p + "self_attn.q_proj.weight": (n * h, d), p + "self_attn.k_proj.weight": (k * h, d),
         p + "self_attn.v_proj.weight": (k * h, d), p + "self_attn.o_proj.weight": (d, n * h),
         p + "self_attn.q_norm.weight": (h,), p + "self_attn.k_norm.weight": (h,),
-        p + "mlp.gate_proj.weight": (f, d), p + "mlp.up_proj.weight": (f, d),
-        p + "mlp.down_proj.weight": (d, f),
     })
+    if cfg.is_moe_layer(i):
+      fm = cfg.moe_intermediate_size
+      shapes[p + "mlp.gate.weight"] = (cfg.num_experts, d)
+      for e in range(cfg.num_experts):
+        q = f"{p}mlp.experts.{e}."
+        shapes.update({q + "gate_proj.weight": (fm, d), q + "up_proj.weight": (fm, d),
+                       q + "down_proj.weight": (d, fm)})
+    else:
+      shapes.update({p + "mlp.gate_proj.weight": (f, d), p + "mlp.up_proj.weight": (f, d),
+                     p + "mlp.down_proj.weight": (d, f)})
   if not cfg.tie_embeddings:
     shapes["lm_head.weight"] = (v, d)
   return shapes
@@ -152,8 +189,12 @@ def _read_tensors(path: str, cfg: Qwen3Config) -> dict[str, np.ndarray]:
 def _to_ours(t: dict[str, np.ndarray], cfg: Qwen3Config, dtype) -> dict[str, Any]:
   d, n, k, h = cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
 
-  def stack(suffix, fn):
-    return np.stack([fn(t[f"model.layers.{i}.{suffix}"]) for i in range(cfg.num_layers)])
+  def stack(suffix, fn, layers=range(cfg.num_layers)):
+    return np.stack([fn(t[f"model.layers.{i}.{suffix}"]) for i in layers])
+
+  def experts(name, fn):
+    return np.stack([np.stack([fn(t[f"model.layers.{i}.mlp.experts.{e}.{name}.weight"])
+                               for e in range(cfg.num_experts)]) for i in cfg.moe_layers])
 
   layers = {
       "attn_norm": stack("input_layernorm.weight", lambda w: w),
@@ -164,10 +205,20 @@ def _to_ours(t: dict[str, np.ndarray], cfg: Qwen3Config, dtype) -> dict[str, Any
       "q_norm": stack("self_attn.q_norm.weight", lambda w: w),
       "k_norm": stack("self_attn.k_norm.weight", lambda w: w),
       "mlp_norm": stack("post_attention_layernorm.weight", lambda w: w),
-      "gate": stack("mlp.gate_proj.weight", lambda w: w.T),
-      "up": stack("mlp.up_proj.weight", lambda w: w.T),
-      "down": stack("mlp.down_proj.weight", lambda w: w.T),
   }
+  if cfg.dense_layers:
+    layers.update({
+        "gate": stack("mlp.gate_proj.weight", lambda w: w.T, cfg.dense_layers),
+        "up": stack("mlp.up_proj.weight", lambda w: w.T, cfg.dense_layers),
+        "down": stack("mlp.down_proj.weight", lambda w: w.T, cfg.dense_layers),
+    })
+  if cfg.moe_layers:
+    layers.update({
+        "router": stack("mlp.gate.weight", lambda w: w.T, cfg.moe_layers),
+        "experts_gate": experts("gate_proj", lambda w: w.T),
+        "experts_up": experts("up_proj", lambda w: w.T),
+        "experts_down": experts("down_proj", lambda w: w.T),
+    })
   out = {"embed": t["model.embed_tokens.weight"], "layers": layers,
          "final_norm": t["model.norm.weight"]}
   if not cfg.tie_embeddings:
@@ -189,9 +240,19 @@ def _from_ours(params: dict, cfg: Qwen3Config) -> dict[str, np.ndarray]:
     t[p + "self_attn.o_proj.weight"] = lay["o"][i].reshape(n * h, d).T
     t[p + "self_attn.q_norm.weight"] = lay["q_norm"][i]
     t[p + "self_attn.k_norm.weight"] = lay["k_norm"][i]
-    t[p + "mlp.gate_proj.weight"] = lay["gate"][i].T
-    t[p + "mlp.up_proj.weight"] = lay["up"][i].T
-    t[p + "mlp.down_proj.weight"] = lay["down"][i].T
+    if cfg.is_moe_layer(i):
+      j = cfg.moe_layers.index(i)
+      t[p + "mlp.gate.weight"] = lay["router"][j].T
+      for e in range(cfg.num_experts):
+        q = f"{p}mlp.experts.{e}."
+        t[q + "gate_proj.weight"] = lay["experts_gate"][j, e].T
+        t[q + "up_proj.weight"] = lay["experts_up"][j, e].T
+        t[q + "down_proj.weight"] = lay["experts_down"][j, e].T
+    else:
+      j = cfg.dense_layers.index(i)
+      t[p + "mlp.gate_proj.weight"] = lay["gate"][j].T
+      t[p + "mlp.up_proj.weight"] = lay["up"][j].T
+      t[p + "mlp.down_proj.weight"] = lay["down"][j].T
   if not cfg.tie_embeddings:
     t["lm_head.weight"] = params["lm_head"].T
   return t

@@ -1,7 +1,8 @@
-"""Qwen3 decoder in Flax NNX (docs/method.md §7).
+"""Qwen3 and Qwen3-MoE decoders in Flax NNX (docs/method.md §7, §7a).
 
-RMSNorm, RoPE, grouped-query attention with per-head q/k RMSNorm, SwiGLU MLP,
-tied or untied embeddings. Layer weights are stacked on a leading `L` axis and
+RMSNorm, RoPE, grouped-query attention with per-head q/k RMSNorm, SwiGLU MLP or
+a sparse mixture-of-experts block (`mipu_jax.models.moe`), tied or untied
+embeddings. Layer weights are stacked on a leading `L` axis and
 the layers run under `jax.lax.scan`, so a 36-layer model compiles as fast as a
 one-layer one and the KV cache is one array per K/V. Attention is
 `mipu_jax.models.attention` (dense / blockwise / cuDNN / splash, by config),
@@ -10,7 +11,10 @@ each layer is rematerialised by the config's policy (`remat`), and packed rows
 
 Shape letters: B batch, T query positions, S key positions (cache slots),
 D hidden, N query heads, K kv heads, Q = N // K, H head dim, F MLP width,
-V vocab, L layers.
+V vocab, L layers, E experts, k experts per token, L_moe MoE layers.
+
+Layers of one kind that follow each other are one scan (`Qwen3Config.layer_runs`):
+a dense model, or an all-MoE one, is a single scan.
 """
 
 import dataclasses
@@ -23,6 +27,7 @@ from flax import nnx
 from mipu_jax.models import attention
 from mipu_jax.models import invariant
 from mipu_jax.models import kv_cache
+from mipu_jax.models import moe
 from mipu_jax.models import quantized
 from mipu_jax.models import sharding
 from mipu_jax.models.config import Qwen3Config
@@ -63,11 +68,17 @@ class Output(NamedTuple):
     logits: float32 `[B, T, V]`, or None (`logits=False`).
     cache: the cache with the call's tokens written, or None without a cache.
     hidden: the final normalised hidden state `[B, T, D]`.
+    routing: MoE models: int32 `[B, T, L_moe, k]`, the experts each token was
+      routed to in each MoE layer (-1 where `mask_BT` is 0); None when dense.
+    moe_stats: MoE models: `moe.LayerStats` stacked `[L_moe, E]` (expert load
+      and mean router probability over the real tokens); None when dense.
   """
 
   logits: Optional[jax.Array]
   cache: Optional[KVCache]
   hidden: jax.Array
+  routing: Optional[jax.Array] = None
+  moe_stats: Optional[moe.LayerStats] = None
 
 
 def rms_norm(x, weight, eps):
@@ -123,22 +134,35 @@ def _proj(eq: str, x, xq, w, n_in: int):
 
 
 def _layer(cfg: Qwen3Config, x_BTD, w, positions_BT, act_quant, attend,
-           recompute_mlp: bool = False):
+           recompute_mlp: bool = False, sparse=None):
   """One decoder layer. `w` holds this layer's weights (already in compute dtype).
 
   `attend(q, k, v) -> (out, layer_cache)` is the call's attention: over the
   T positions themselves, or through this layer's cache view, which it
-  returns with the new K/V written. Returns the new hidden state and that.
-  `recompute_mlp`: as `Qwen3.__call__`.
+  returns with the new K/V written. Returns the new hidden state, that, and
+  the MoE block's `(experts_BTk, stats)` (None for a dense MLP).
+  `recompute_mlp`: as `Qwen3.__call__`. `sparse`: an MoE layer's
+  `(mask_BT, forced_BTk or None)`; None for a dense one.
   """
   x_BTD = shard_rows(x_BTD)
   q_BTNH, k_BTKH, v_BTKH = _attention_in(cfg, w, x_BTD, positions_BT, act_quant)
   attn_BTNH, layer_cache = attend(q_BTNH, k_BTKH, v_BTKH)
+  if sparse is not None:
+    mask_BT, forced_BTk = sparse
+    routed = []
+
+    def mlp(h_BTD, hq_BTD):
+      out, experts, stats = moe.moe_block(cfg, h_BTD, hq_BTD, w, act_quant, mask_BT, forced_BTk)
+      routed.append((experts, stats))
+      return out
+
+    x_BTD = _attention_out(cfg, w, x_BTD, attn_BTNH, act_quant, mlp)
+    return shard_rows(x_BTD), layer_cache, routed[0]
   # Under a remat policy the layer is recomputed anyway.
   recompute = recompute_mlp and cfg.remat == "none"
   mlp_in = _gated_mlp_in_recomputed if recompute else _gated_mlp_in
   x_BTD = _attention_out_mlp(cfg, w, x_BTD, attn_BTNH, act_quant, mlp_in)
-  return shard_rows(x_BTD), layer_cache
+  return shard_rows(x_BTD), layer_cache, None
 
 
 def _attention_in(cfg: Qwen3Config, w, x_BTD, positions_BT, act_quant):
@@ -153,22 +177,32 @@ def _attention_in(cfg: Qwen3Config, w, x_BTD, positions_BT, act_quant):
   return q_BTNH, k_BTKH, v_BTKH
 
 
-def _attention_out_mlp(cfg: Qwen3Config, w, x_BTD, attn_BTNH, act_quant, mlp_in):
-  """The layer after its attention: output projection, residual, the MLP, residual."""
+def _attention_out(cfg: Qwen3Config, w, x_BTD, attn_BTNH, act_quant, mlp):
+  """The layer after its attention: output projection, residual, the MLP
+  (`mlp(h, h quantized) -> out`), residual."""
   o_BTD = _proj("BTNH,NHD->BTD", attn_BTNH, _aq(attn_BTNH, act_quant), w["o"], 2)
   x_BTD = x_BTD + o_BTD.astype(x_BTD.dtype)
 
   h_BTD = rms_norm(x_BTD, w["mlp_norm"], cfg.rms_eps)
   hq_BTD = _aq(h_BTD, act_quant)
-  act_BTF = mlp_in(h_BTD, hq_BTD, w["gate"], w["up"])
-  down_BTD = _proj("BTF,FD->BTD", act_BTF, _aq(act_BTF, act_quant), w["down"], 1)
-  return x_BTD + down_BTD.astype(x_BTD.dtype)
+  return x_BTD + mlp(h_BTD, hq_BTD).astype(x_BTD.dtype)
 
 
-def _invariant_layer(cfg: Qwen3Config, x_BTD, w, positions_BT, attend):
+def _attention_out_mlp(cfg: Qwen3Config, w, x_BTD, attn_BTNH, act_quant, mlp_in):
+  """`_attention_out` with the dense SwiGLU MLP (`mlp_in`, then the down projection)."""
+
+  def mlp(h_BTD, hq_BTD):
+    act_BTF = mlp_in(h_BTD, hq_BTD, w["gate"], w["up"])
+    return _proj("BTF,FD->BTD", act_BTF, _aq(act_BTF, act_quant), w["down"], 1)
+
+  return _attention_out(cfg, w, x_BTD, attn_BTNH, act_quant, mlp)
+
+
+def _invariant_layer(cfg: Qwen3Config, x_BTD, w, positions_BT, attend, sparse=None):
   """`_layer` in the true on-policy mode: the same per-token arithmetic, run on
   fixed row tiles (`invariant.map_rows`) so a token's bits do not depend on the
-  batch (docs/method.md §7)."""
+  batch (docs/method.md §7). An MoE layer routes each token on its own and runs
+  its experts per (token, slot) (`moe.experts_mlp_per_token`)."""
   b, t, d = x_BTD.shape
   flat = lambda a: a.reshape((b * t,) + a.shape[2:])
   unflat = lambda a: a.reshape((b, t) + a.shape[1:])
@@ -182,8 +216,31 @@ def _invariant_layer(cfg: Qwen3Config, x_BTD, w, positions_BT, attend):
 
   q, k, v = invariant.map_rows(attention_in, flat(x_BTD), flat(positions_BT))
   attn_BTNH, layer_cache = attend(unflat(q), unflat(k), unflat(v))
-  x_BTD = invariant.map_rows(attention_out_mlp, flat(x_BTD), flat(attn_BTNH))
-  return unflat(x_BTD), layer_cache
+  if sparse is None:
+    x_BTD = invariant.map_rows(attention_out_mlp, flat(x_BTD), flat(attn_BTNH))
+    return unflat(x_BTD), layer_cache, None
+  mask_BT, forced_BTk = sparse
+  kk = cfg.num_experts_per_tok
+  forced = (jnp.full((b * t, kk), -1, jnp.int32) if forced_BTk is None
+            else flat(forced_BTk).astype(jnp.int32))
+
+  def attention_out_moe(x_tD, attn_tNH, forced_tk):
+    routed = []
+
+    def mlp(h_tD, _):
+      r = moe.route(h_tD[0], w["router"], kk, cfg.norm_topk_prob, forced_tk)
+      routed.append(r)
+      return moe.experts_mlp_per_token(h_tD[0], r, w)[None]
+
+    x = _attention_out(cfg, w, x_tD[None], attn_tNH[None], None, mlp)[0]
+    return x, routed[0].experts, routed[0].probs
+
+  x_MD, experts_Mk, probs_ME = invariant.map_rows(
+      attention_out_moe, flat(x_BTD), flat(attn_BTNH), forced)
+  mask_M = flat(mask_BT)
+  stats = moe.layer_stats(moe.Routing(experts_Mk, None, probs_ME), mask_M)
+  experts = jnp.where(mask_M[:, None], experts_Mk, -1)
+  return unflat(x_MD), layer_cache, (unflat(experts), stats)
 
 
 def _gated_mlp_in(h_BTD, hq_BTD, w_gate, w_up):
@@ -230,12 +287,40 @@ def remat(body, policy: str):
   raise ValueError(f"unknown remat policy {policy!r}.")
 
 
+def _check_routing(cfg: Qwen3Config, routing_BTLk, b: int, t: int):
+  """Forced routing `[B, T, L_moe, k]` checked against the model and the batch,
+  as `[L_moe, B, T, k]` (the MoE scans' inputs); None stays None."""
+  if routing_BTLk is None:
+    return None
+  if not cfg.is_moe:
+    raise ValueError("routing_BTLk (routing replay) was given to a dense model: it has no "
+                     "MoE layers (num_experts=0).")
+  want = (b, t, len(cfg.moe_layers), cfg.num_experts_per_tok)
+  if tuple(routing_BTLk.shape) != want:
+    raise ValueError(f"routing_BTLk has shape {tuple(routing_BTLk.shape)}; this batch and "
+                     f"model need [B, T, L_moe, k] = {list(want)}.")
+  if not jnp.issubdtype(routing_BTLk.dtype, jnp.integer):
+    raise ValueError(f"routing_BTLk must hold integer expert ids, got {routing_BTLk.dtype}.")
+  return jnp.transpose(routing_BTLk.astype(jnp.int32), (2, 0, 1, 3))
+
+
 def _normal(rngs, shape, dtype, std=0.02):
   return (std * jax.random.normal(rngs.params(), shape, jnp.float32)).astype(dtype)
 
 
+ATTENTION_NAMES = ("attn_norm", "q", "k", "v", "o", "q_norm", "k_norm", "mlp_norm")
+DENSE_MLP_NAMES = ("gate", "up", "down")
+MOE_NAMES = ("router", "experts_gate", "experts_up", "experts_down")
+
+
 class Layers(nnx.Module):
-  """The L decoder layers, weights stacked on a leading layer axis."""
+  """The L decoder layers, weights stacked on a leading layer axis.
+
+  Attention weights and norms are `[L, ...]`; the dense MLPs' `gate`, `up`,
+  `down` are stacked over the dense layers only (`cfg.dense_layers`) and the
+  MoE blocks' `router [L_moe, D, E]`, `experts_gate / experts_up
+  [L_moe, E, D, F]` and `experts_down [L_moe, E, F, D]` over the MoE layers.
+  """
 
   def __init__(self, cfg: Qwen3Config, *, rngs: nnx.Rngs):
     l, d, n, k, h, f = (cfg.num_layers, cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads,
@@ -249,16 +334,26 @@ class Layers(nnx.Module):
     self.q_norm = nnx.Param(jnp.ones((l, h), pd))
     self.k_norm = nnx.Param(jnp.ones((l, h), pd))
     self.mlp_norm = nnx.Param(jnp.ones((l, d), pd))
-    self.gate = nnx.Param(_normal(rngs, (l, d, f), pd))
-    self.up = nnx.Param(_normal(rngs, (l, d, f), pd))
-    self.down = nnx.Param(_normal(rngs, (l, f, d), pd))
-
-  NAMES = ("attn_norm", "q", "k", "v", "o", "q_norm", "k_norm", "mlp_norm", "gate", "up", "down")
+    names = ATTENTION_NAMES
+    ld, lm = len(cfg.dense_layers), len(cfg.moe_layers)
+    if ld:
+      self.gate = nnx.Param(_normal(rngs, (ld, d, f), pd))
+      self.up = nnx.Param(_normal(rngs, (ld, d, f), pd))
+      self.down = nnx.Param(_normal(rngs, (ld, f, d), pd))
+      names += DENSE_MLP_NAMES
+    if lm:
+      e, fm = cfg.num_experts, cfg.moe_intermediate_size
+      self.router = nnx.Param(_normal(rngs, (lm, d, e), pd))
+      self.experts_gate = nnx.Param(_normal(rngs, (lm, e, d, fm), pd))
+      self.experts_up = nnx.Param(_normal(rngs, (lm, e, d, fm), pd))
+      self.experts_down = nnx.Param(_normal(rngs, (lm, e, fm, d), pd))
+      names += MOE_NAMES
+    self.names = names
 
   def stacked(self, dtype) -> dict[str, jax.Array]:
-    """Weights as a dict of [L, ...] arrays; matmul weights cast to `dtype`, norms kept."""
+    """Weights as a dict of stacked arrays; matmul weights cast to `dtype`, norms kept."""
     out = {}
-    for name in self.NAMES:
+    for name in self.names:
       value = getattr(self, name)[...]
       keep = name.endswith("norm") or isinstance(value, quantized.QuantizedWeight)
       out[name] = value if keep else value.astype(dtype)
@@ -281,7 +376,8 @@ class Qwen3(nnx.Module):
                positions_BT: Optional[jax.Array] = None,
                segment_ids_BT: Optional[jax.Array] = None,
                cache: Optional[KVCache] = None, inference: Inference = Inference(),
-               logits: bool = True, recompute_mlp: bool = False) -> Output:
+               logits: bool = True, recompute_mlp: bool = False,
+               routing_BTLk: Optional[jax.Array] = None) -> Output:
     """Runs the decoder.
 
     Args:
@@ -300,7 +396,10 @@ class Qwen3(nnx.Module):
         and the sampler's prefill take the hidden state).
       recompute_mlp: the backward pass recomputes each layer's gate and up
         projections and SwiGLU instead of saving them, without a remat policy
-        (`recompute_mlp_for`): the same math.
+        (`recompute_mlp_for`): the same math (dense layers).
+      routing_BTLk: MoE models: int `[B, T, L_moe, k]` expert ids to route each
+        token to (routing replay, docs/method.md §7a; a position with an id < 0
+        keeps its own routing); None routes by the live router.
     """
     cfg = self.config
     b, t = tokens_BT.shape
@@ -321,16 +420,22 @@ class Qwen3(nnx.Module):
       x_BTD = jnp.take(embed_VD, tokens_BT, axis=0).astype(cfg.dtype)
     weights = self.layers.stacked(cfg.dtype)
     act_quant = inference.act_quant
+    routing_LBTk = _check_routing(cfg, routing_BTLk, b, t)
 
     if inference.invariant:
       if act_quant is not None or (cache is not None and inference.decode.name != "invariant"):
         raise ValueError("the batch-invariant forward takes no activation quantizer, and "
                          "over a cache the 'invariant' decode attention.")
       weights = invariant.replicated(weights)
-      run_layer = lambda x, w, attend: _invariant_layer(cfg, x, w, positions_BT, attend)
+      run_layer = lambda x, w, attend, sparse=None: _invariant_layer(
+          cfg, x, w, positions_BT, attend, sparse)
     else:
-      run_layer = lambda x, w, attend: _layer(cfg, x, w, positions_BT, act_quant, attend,
-                                              recompute_mlp)
+      run_layer = lambda x, w, attend, sparse=None: _layer(
+          cfg, x, w, positions_BT, act_quant, attend, recompute_mlp, sparse)
+
+    if cfg.is_moe:
+      return self._call_runs(tokens_BT, x_BTD, weights, run_layer, mask_BT, positions_BT,
+                             segment_ids_BT, cache, inference, logits, routing_LBTk)
 
     if cache is None:
       attn_mask = attention.row_mask(mask_BT, segment_ids_BT)
@@ -364,7 +469,7 @@ class Qwen3(nnx.Module):
           new = view.append(k, v, mask_BT, inference.kv_round)
           return attention.decode(q, new, inference.decode, cfg.dtype), new
 
-        x, view = run_layer(x, w, attend)
+        x, view, _ = run_layer(x, w, attend)
         return (x, (view.k, view.v, view.k_scale, view.v_scale)), None
 
       pools = (cache.k, cache.v, cache.k_scale, cache.v_scale)
@@ -373,6 +478,12 @@ class Qwen3(nnx.Module):
       new_cache = KVCache(k=k, v=v, k_scale=k_s, v_scale=v_s, pages=cache.pages,
                           index=index_B + jnp.sum(mask_BT, axis=1, dtype=jnp.int32))
 
+    return self._head(x_BTD, new_cache, inference, logits)
+
+  def _head(self, x_BTD, new_cache, inference: Inference, logits: bool, routing=None,
+            moe_stats=None) -> Output:
+    """Final norm and (optionally) the LM head."""
+    cfg = self.config
     if inference.invariant:
       b, t, d = x_BTD.shape
       h_BTD = invariant.map_rows(
@@ -382,8 +493,81 @@ class Qwen3(nnx.Module):
       h_BTD = rms_norm(x_BTD, self.final_norm[...], cfg.rms_eps)
     logits_BTV = None
     if logits:
+      act_quant = inference.act_quant
       logits_BTV = self.logits(h_BTD, act_quant if inference.quant_lm_head else None)
-    return Output(logits=logits_BTV, cache=new_cache, hidden=h_BTD)
+    return Output(logits=logits_BTV, cache=new_cache, hidden=h_BTD, routing=routing,
+                  moe_stats=moe_stats)
+
+  def _call_runs(self, tokens_BT, x_BTD, weights, run_layer, mask_BT, positions_BT,
+                 segment_ids_BT, cache, inference, logits, routing_LBTk) -> Output:
+    """`__call__` of a model with MoE layers: one scan per run of layers of a kind
+    (`Qwen3Config.layer_runs`), each over its slice of the attention weights and
+    its kind's stacked MLP weights; the MoE runs return their routing as the
+    scan's outputs and read forced routing (replay) as its inputs."""
+    cfg = self.config
+    t = tokens_BT.shape[1]
+    attn_w = {n: weights[n] for n in ATTENTION_NAMES}
+    kind_names = {False: DENSE_MLP_NAMES, True: MOE_NAMES}
+    kind_pos = {False: 0, True: 0}
+    if cache is None:
+      attn_mask = attention.row_mask(mask_BT, segment_ids_BT)
+
+      def attend_fn(layer):
+        del layer
+
+        def attend(q, k, v):
+          if inference.invariant:
+            return invariant.attend_rows(q, k, v, positions_BT), None
+          return attention.attend(
+              q, k, v, attn_mask, implementation=cfg.attention, block_q=cfg.attention_block,
+              block_k=cfg.attention_block, prefix_rows=segment_ids_BT is None), None
+        return attend
+    else:
+      index_B = cache.index.astype(jnp.int32)
+      q_slot_BT = index_B[:, None] + jnp.arange(t, dtype=jnp.int32)[None, :]
+      per_layer = cache.pages_per_layer(cfg.num_layers, inference.decode.pool_parts)
+    pools = None if cache is None else (cache.k, cache.v, cache.k_scale, cache.v_scale)
+    routed, stats = [], []
+    for start, stop, is_moe in cfg.layer_runs():
+      p0 = kind_pos[is_moe]
+      kind_pos[is_moe] += stop - start
+      w_run = {n: jax.tree.map(lambda a: a[start:stop], w) for n, w in attn_w.items()}
+      w_run.update({n: jax.tree.map(lambda a, p0=p0, n_=stop - start: a[p0:p0 + n_], weights[n])
+                    for n in kind_names[is_moe]})
+      forced = None if routing_LBTk is None or not is_moe else routing_LBTk[p0:p0 + stop - start]
+
+      def body(carry, xs, is_moe=is_moe):
+        x, pools = carry
+        w, layer, forced_BTk = xs
+        if pools is None:
+          attend, view = attend_fn(layer), None
+        else:
+          view = kv_cache.LayerCache(*pools, cache.pages + layer * per_layer, q_slot_BT)
+
+          def attend(q, k, v):
+            new = view.append(k, v, mask_BT, inference.kv_round)
+            return attention.decode(q, new, inference.decode, cfg.dtype), new
+        sparse = (mask_BT, forced_BTk) if is_moe else None
+        x, new_view, out = run_layer(x, w, attend, sparse)
+        if pools is not None:
+          pools = (new_view.k, new_view.v, new_view.k_scale, new_view.v_scale)
+        return (x, pools), out
+
+      if cache is None:
+        body = remat(body, cfg.remat)
+      (x_BTD, pools), out = jax.lax.scan(
+          body, (x_BTD, pools), (w_run, jnp.arange(start, stop), forced))
+      if is_moe:
+        routed.append(out[0])
+        stats.append(out[1])
+    new_cache = None
+    if cache is not None:
+      k, v, k_s, v_s = pools
+      new_cache = KVCache(k=k, v=v, k_scale=k_s, v_scale=v_s, pages=cache.pages,
+                          index=index_B + jnp.sum(mask_BT, axis=1, dtype=jnp.int32))
+    routing = jnp.transpose(jnp.concatenate(routed, axis=0), (1, 2, 0, 3))
+    moe_stats = jax.tree.map(lambda *a: jnp.concatenate(a, axis=0), *stats)
+    return self._head(x_BTD, new_cache, inference, logits, routing, moe_stats)
 
   def logits(self, h_BTD, act_quant: ActQuant = None):
     """LM head: float32 logits from the final normalised hidden state."""

@@ -1,0 +1,213 @@
+"""The Qwen3-MoE sparse block: top-k routing, dropless experts, routing replay (docs/method.md §7a).
+
+A token's router logits `h W_router` (compute dtype) go through a float32
+softmax over the E experts; the top k are its experts and their
+probabilities its gate weights (renormalised to sum 1 when `norm_topk_prob`),
+cast to the compute dtype, as Hugging Face's `Qwen3MoeTopKRouter`. Routing is
+dropless: every (token, expert) pair is computed, there is no capacity. The
+expert SwiGLUs run as one grouped matmul over the (token, slot) rows sorted by
+expert: `jax.lax.ragged_dot` (XLA's / the TPU's grouped matmul), or on a CPU
+the "blocked" form below.
+
+Routing replay (R2 / R3, docs/method.md §7a): given forced expert ids, only the
+indices are replaced; the gate weights are the live router softmax gathered at
+them (renormalised when `norm_topk_prob`), so the router keeps its gradient.
+Forced ids must lie in [0, E) (the model checks them where they are concrete).
+
+Shape letters: n tokens (flattened B·T), E experts, k experts per token,
+m = n·k routed rows, D hidden, F expert width, b blocks, s block rows.
+"""
+
+from typing import Callable, NamedTuple, Optional
+
+import jax
+import jax.numpy as jnp
+
+from mipu_jax.models import quantized
+
+BLOCK_ROWS = 16  # rows per block of the "blocked" grouped matmul
+
+
+class Routing(NamedTuple):
+  """One MoE layer's routing of n tokens.
+
+  Attributes:
+    experts: int32 `[n, k]`, each token's expert ids (top-k order, or as forced).
+    gates: `[n, k]` gate weights in the compute dtype.
+    probs: float32 `[n, E]` router softmax (the load-balancing loss reads it).
+  """
+
+  experts: jax.Array
+  gates: jax.Array
+  probs: jax.Array
+
+
+def route(x_nD: jax.Array, router_DE: jax.Array, k: int, norm_topk_prob: bool,
+          forced_nk: Optional[jax.Array] = None) -> Routing:
+  """Top-k routing of tokens `x_nD` (Hugging Face `Qwen3MoeTopKRouter`).
+
+  `forced_nk` (int, -1 where none): replayed expert ids; a row with any id < 0
+  keeps its own top-k (positions with no token, which no loss reads).
+  """
+  logits_nE = jnp.einsum("nD,DE->nE", x_nD, router_DE.astype(x_nD.dtype))
+  probs_nE = jax.nn.softmax(logits_nE.astype(jnp.float32), axis=-1)
+  top_nk, experts_nk = jax.lax.top_k(probs_nE, k)
+  experts_nk = experts_nk.astype(jnp.int32)
+  if forced_nk is not None:
+    forced_nk = forced_nk.astype(jnp.int32)
+    use = jnp.all(forced_nk >= 0, axis=-1, keepdims=True)
+    experts_nk = jnp.where(use, forced_nk, experts_nk)
+    top_nk = jnp.take_along_axis(probs_nE, experts_nk, axis=-1)
+    # Slots in top-k order (probability down, then id): the order of the forced
+    # slots does not matter, and a token's own routing replays bitwise.
+    order = jnp.lexsort((experts_nk, -top_nk), axis=-1)
+    experts_nk = jnp.take_along_axis(experts_nk, order, axis=-1)
+    top_nk = jnp.take_along_axis(top_nk, order, axis=-1)
+  if norm_topk_prob:
+    top_nk = top_nk / jnp.sum(top_nk, axis=-1, keepdims=True)
+  return Routing(experts_nk, top_nk.astype(x_nD.dtype), probs_nE)
+
+
+def _dense_weight(w) -> jax.Array:
+  """An expert weight `[E, I, O]` as a float array: a sampler's `QuantizedWeight`
+  (`[E, O, I]` values and scales) dequantized; no maintained low-precision grouped
+  matmul runs on XLA:CPU or GPU, so the experts' native dot is the dequantized one."""
+  if isinstance(w, quantized.QuantizedWeight):
+    return jnp.swapaxes(quantized.dequantize(w), -1, -2)
+  return w
+
+
+def _blocked_matmul(x_mI: jax.Array, w_EIO: jax.Array, experts_m: jax.Array,
+                    group_sizes_E: jax.Array) -> jax.Array:
+  """Rows `x_mI` sorted by expert times their expert's weight, in blocks of
+  `BLOCK_ROWS` rows that each belong to one expert (groups padded to whole
+  blocks): a batched dot over at most m / s + E blocks, so the work is the
+  routed rows' own (XLA:CPU lowers `ragged_dot` to a masked dot over all E)."""
+  m, e = x_mI.shape[0], w_EIO.shape[0]
+  s = BLOCK_ROWS
+  nb = m // s + e  # enough blocks for any group sizes
+  padded_E = (group_sizes_E + s - 1) // s * s
+  pad_start_E = jnp.cumsum(padded_E) - padded_E
+  start_E = jnp.cumsum(group_sizes_E) - group_sizes_E
+  rank_m = jnp.arange(m, dtype=jnp.int32) - start_E[experts_m]
+  slot_m = pad_start_E[experts_m] + rank_m
+  xp = jnp.zeros((nb * s, x_mI.shape[1]), x_mI.dtype).at[slot_m].set(x_mI)
+  block_start = jnp.arange(nb, dtype=jnp.int32) * s
+  block_expert = jnp.clip(
+      jnp.searchsorted(jnp.cumsum(padded_E), block_start, side="right"), 0, e - 1)
+  y = jnp.einsum("bsI,bIO->bsO", xp.reshape(nb, s, -1), w_EIO[block_expert])
+  return y.reshape(nb * s, -1)[slot_m]
+
+
+def grouped_matmul(x_mI: jax.Array, w_EIO, experts_m: jax.Array, group_sizes_E: jax.Array,
+                   impl: str) -> jax.Array:
+  """`x_m · w[experts_m]` for rows sorted by expert (`group_sizes_E` rows each)."""
+  w_EIO = _dense_weight(w_EIO).astype(x_mI.dtype)
+  if impl == "auto":
+    impl = "blocked" if jax.default_backend() == "cpu" else "ragged_dot"
+  if impl == "blocked":
+    return _blocked_matmul(x_mI, w_EIO, experts_m, group_sizes_E)
+  return jax.lax.ragged_dot(x_mI, w_EIO, group_sizes_E)
+
+
+def experts_mlp(h_nD: jax.Array, hq_nD: jax.Array, routing: Routing, w: dict,
+                act_quant: Optional[Callable], impl: str) -> jax.Array:
+  """Dropless experts: each token's k SwiGLUs, weighted by its gates and summed.
+
+  `hq_nD` is `h_nD` after the sampler's activation quantizer (or `h_nD`); the
+  experts' down projection sees its input quantized the same way.
+  """
+  n, k = routing.experts.shape
+  e = w["experts_gate"].shape[0]
+  flat_m = routing.experts.reshape(-1)
+  order_m = jnp.argsort(flat_m, stable=True)
+  experts_m = flat_m[order_m]
+  group_sizes_E = jnp.bincount(flat_m, length=e).astype(jnp.int32)
+  x_mD = hq_nD[order_m // k]
+  gate_mF = grouped_matmul(x_mD, w["experts_gate"], experts_m, group_sizes_E, impl)
+  up_mF = grouped_matmul(x_mD, w["experts_up"], experts_m, group_sizes_E, impl)
+  act_mF = jax.nn.silu(gate_mF) * up_mF
+  if act_quant is not None:
+    act_mF = act_quant(act_mF[None])[0]
+  y_mD = grouped_matmul(act_mF, w["experts_down"], experts_m, group_sizes_E, impl)
+  y_nkD = jnp.zeros_like(y_mD).at[order_m].set(y_mD).reshape(n, k, -1)
+  return jnp.sum(y_nkD * routing.gates[..., None].astype(y_nkD.dtype), axis=1).astype(
+      h_nD.dtype)
+
+
+def experts_mlp_per_token(h_nD: jax.Array, routing: Routing, w: dict) -> jax.Array:
+  """The experts as one `[D] x [D, F]` product per (token, slot) with the slot's
+  expert weights gathered: no row shares a dot with another, so a token's bits
+  do not depend on its batch (the true on-policy mode, docs/method.md §7)."""
+  gather = lambda name: _dense_weight(w[name]).astype(h_nD.dtype)[routing.experts]
+  gate_nkF = jnp.einsum("nD,nkDF->nkF", h_nD, gather("experts_gate"))
+  up_nkF = jnp.einsum("nD,nkDF->nkF", h_nD, gather("experts_up"))
+  y_nkD = jnp.einsum("nkF,nkFD->nkD", jax.nn.silu(gate_nkF) * up_nkF, gather("experts_down"))
+  return jnp.sum(y_nkD * routing.gates[..., None].astype(y_nkD.dtype), axis=1).astype(
+      h_nD.dtype)
+
+
+def experts_mlp_reference(h_nD: jax.Array, routing: Routing, w: dict) -> jax.Array:
+  """Every expert on every token, weighted by a dense `[n, E]` gate matrix (zero
+  off the token's k): the test reference, E/k times the work."""
+  e = w["experts_gate"].shape[0]
+  dense_nE = jnp.zeros((h_nD.shape[0], e), routing.gates.dtype)
+  dense_nE = dense_nE.at[jnp.arange(h_nD.shape[0])[:, None], routing.experts].add(routing.gates)
+  wf = lambda name: _dense_weight(w[name]).astype(h_nD.dtype)
+  gate_nEF = jnp.einsum("nD,EDF->nEF", h_nD, wf("experts_gate"))
+  up_nEF = jnp.einsum("nD,EDF->nEF", h_nD, wf("experts_up"))
+  y_nED = jnp.einsum("nEF,EFD->nED", jax.nn.silu(gate_nEF) * up_nEF, wf("experts_down"))
+  return jnp.einsum("nED,nE->nD", y_nED, dense_nE.astype(y_nED.dtype))
+
+
+class LayerStats(NamedTuple):
+  """Per-layer routing statistics over the real tokens (float32).
+
+  Attributes:
+    load: `[E]` fraction of the routed (token, slot) pairs each expert got.
+    mean_prob: `[E]` mean router probability per expert (differentiable).
+  """
+
+  load: jax.Array
+  mean_prob: jax.Array
+
+
+def layer_stats(routing: Routing, mask_n: jax.Array) -> LayerStats:
+  e = routing.probs.shape[-1]
+  m = mask_n.astype(jnp.float32)
+  count_E = jnp.zeros((e,), jnp.float32).at[routing.experts].add(
+      jnp.broadcast_to(m[:, None], routing.experts.shape))
+  real = jnp.maximum(jnp.sum(m), 1.0)
+  load = count_E / (real * routing.experts.shape[-1])
+  mean_prob = jnp.sum(routing.probs * m[:, None], axis=0) / real
+  return LayerStats(load, mean_prob)
+
+
+def load_balancing_loss(stats: LayerStats) -> jax.Array:
+  """Switch-Transformer load-balancing loss `E · Σ_e load_e · mean_prob_e`, mean
+  over MoE layers (`stats` stacked `[L_moe, E]`); 1 at a uniform routing
+  (docs/method.md §7a). Only `mean_prob` carries a gradient, as in the sources."""
+  e = stats.load.shape[-1]
+  per_layer = e * jnp.sum(jax.lax.stop_gradient(stats.load) * stats.mean_prob, axis=-1)
+  return jnp.mean(per_layer)
+
+
+def moe_block(cfg, h_BTD: jax.Array, hq_BTD: jax.Array, w: dict, act_quant,
+              mask_BT: jax.Array, forced_BTk: Optional[jax.Array], per_token: bool = False):
+  """The sparse MoE block of one layer on `[B, T, D]`.
+
+  Returns `(out_BTD, experts_BTk, stats)`; `experts_BTk` is -1 where `mask_BT`
+  is 0. `per_token`: `experts_mlp_per_token` (the true on-policy mode).
+  """
+  b, t, d = h_BTD.shape
+  k = cfg.num_experts_per_tok
+  forced = None if forced_BTk is None else forced_BTk.reshape(b * t, k)
+  routing = route(h_BTD.reshape(b * t, d), w["router"], k, cfg.norm_topk_prob, forced)
+  if per_token:
+    out = experts_mlp_per_token(hq_BTD.reshape(b * t, d), routing, w)
+  else:
+    out = experts_mlp(h_BTD.reshape(b * t, d), hq_BTD.reshape(b * t, d), routing, w,
+                      act_quant, cfg.moe_impl)
+  mask_n = mask_BT.reshape(b * t)
+  experts = jnp.where(mask_n[:, None], routing.experts, -1).reshape(b, t, k)
+  return out.reshape(b, t, d), experts, layer_stats(routing, mask_n)

@@ -1,0 +1,267 @@
+"""Qwen3-MoE policy: parity with transformers' Qwen3MoeForCausalLM, the grouped
+matmul against every-expert-on-every-token, routing replay's properties, and
+the config's errors (docs/method.md §7a)."""
+
+import json
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from mipu_jax import models
+from mipu_jax.models import moe, qwen3
+from mipu_jax.models.hf import CheckpointError
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+torch.set_num_threads(2)
+
+_BASE = dict(vocab_size=83, hidden_size=40, num_heads=4, num_kv_heads=2, head_dim=10,
+             intermediate_size=56, num_experts=6, num_experts_per_tok=2,
+             moe_intermediate_size=24)
+# norm_topk_prob both ways; a dense / MoE mix by mlp_only_layers and by decoder_sparse_step.
+CONFIGS = {
+    "all_moe_norm_tied": dict(_BASE, num_layers=2, norm_topk_prob=True, tie_embeddings=True),
+    "all_moe_nonorm_untied": dict(_BASE, num_layers=2, norm_topk_prob=False,
+                                  tie_embeddings=False, num_experts_per_tok=3),
+    "mixed_layers": dict(_BASE, num_layers=4, norm_topk_prob=True, tie_embeddings=False,
+                         mlp_only_layers=(0,), decoder_sparse_step=2),
+}
+
+
+def _random_moe(kw, seed=0):
+  """A random MoE with non-trivial norms and a router peaked enough that top-k
+  is decided by margins far above float noise."""
+  cfg = models.Qwen3Config(**kw)
+  model = models.Qwen3(cfg, rngs=nnx.Rngs(seed))
+  rng = np.random.default_rng(seed)
+  state = nnx.state(model, nnx.Param)
+  pure = nnx.to_pure_dict(state)
+  for name in ("attn_norm", "mlp_norm", "q_norm", "k_norm"):
+    x = pure["layers"][name]
+    pure["layers"][name] = jnp.asarray(1 + 0.3 * rng.standard_normal(x.shape), x.dtype)
+  for name in ("router", "experts_gate", "experts_up", "experts_down"):
+    x = pure["layers"][name]
+    pure["layers"][name] = jnp.asarray(0.15 * rng.standard_normal(x.shape), x.dtype)
+  nnx.replace_by_pure_dict(state, pure)
+  nnx.update(model, state)
+  return model
+
+
+def _hf(path):
+  hf = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+  hf.eval()
+  return hf
+
+
+@pytest.mark.parametrize("name", sorted(CONFIGS))
+def test_logits_and_routing_match_transformers(name, tmp_path):
+  model = _random_moe(CONFIGS[name])
+  models.save_pretrained(model, str(tmp_path))
+  hf = _hf(str(tmp_path))
+  assert type(hf).__name__ == "Qwen3MoeForCausalLM"
+  cfg = model.config
+  rng = np.random.default_rng(1)
+  tokens = rng.integers(0, cfg.vocab_size, (3, 11))
+  lengths = np.array([11, 8, 5])
+  mask = np.arange(11)[None, :] < lengths[:, None]  # right padding
+  tokens = np.where(mask, tokens, 0)
+  out = nnx.jit(lambda m, t, k: m(t, mask_BT=k))(model, jnp.asarray(tokens), jnp.asarray(mask))
+  with torch.no_grad():
+    ref = hf(torch.tensor(tokens), attention_mask=torch.tensor(mask.astype(np.int64)),
+             output_router_logits=True)
+  diff = np.abs(np.asarray(out.logits) - ref.logits.numpy())[mask]
+  assert diff.max() <= 1e-4, diff.max()
+  # The same experts in every MoE layer at every real token (sets: slot order aside).
+  routing = np.asarray(out.routing)
+  assert routing.shape == (3, 11, len(cfg.moe_layers), cfg.num_experts_per_tok)
+  assert (routing[~mask] == -1).all()
+  assert len(ref.router_logits) == len(cfg.moe_layers)  # HF records the MoE layers only
+  for j in range(len(cfg.moe_layers)):
+    hf_top = torch.topk(ref.router_logits[j], cfg.num_experts_per_tok, dim=-1).indices.numpy()
+    hf_top = hf_top.reshape(3, 11, -1)
+    np.testing.assert_array_equal(np.sort(routing[:, :, j][mask], -1),
+                                  np.sort(hf_top[mask], -1))
+
+
+def test_transformers_checkpoint_loads_and_exports_back(tmp_path):
+  """A Qwen3MoeForCausalLM made by transformers (its own init and config.json,
+  `num_local_experts` as transformers 5 writes it) loads; our export loads in
+  transformers with the same logits."""
+  hf_cfg = transformers.Qwen3MoeConfig(
+      vocab_size=71, hidden_size=32, intermediate_size=48, num_hidden_layers=3,
+      num_attention_heads=4, num_key_value_heads=2, head_dim=8, num_experts=5,
+      num_experts_per_tok=2, moe_intermediate_size=16, mlp_only_layers=[1],
+      norm_topk_prob=True, tie_word_embeddings=False)
+  torch.manual_seed(0)
+  hf = transformers.Qwen3MoeForCausalLM(hf_cfg)
+  with torch.no_grad():  # a router far from uniform
+    for layer in hf.model.layers:
+      if hasattr(layer.mlp, "gate"):
+        layer.mlp.gate.weight.normal_(0, 0.5)
+  hf.save_pretrained(str(tmp_path / "hf"))
+  model = models.from_pretrained(str(tmp_path / "hf"))
+  cfg = model.config
+  assert (cfg.num_experts, cfg.num_experts_per_tok, cfg.moe_layers) == (5, 2, (0, 2))
+  tokens = np.random.default_rng(2).integers(0, 71, (2, 9))
+  ours = np.asarray(model(jnp.asarray(tokens)).logits)
+  with torch.no_grad():
+    ref = hf(torch.tensor(tokens)).logits.numpy()
+  assert np.abs(ours - ref).max() <= 1e-4
+  models.save_pretrained(model, str(tmp_path / "back"))
+  back = _hf(str(tmp_path / "back"))
+  with torch.no_grad():
+    np.testing.assert_allclose(back(torch.tensor(tokens)).logits.numpy(), ref, atol=1e-5)
+  hf_json = json.loads((tmp_path / "back" / "config.json").read_text())
+  assert hf_json["model_type"] == "qwen3_moe" and hf_json["num_experts"] == 5
+
+
+@pytest.mark.parametrize("impl", ["blocked", "ragged_dot"])
+def test_grouped_matmul_equals_every_expert_on_every_token(impl):
+  rng = np.random.default_rng(0)
+  n, d, f, e, k = 37, 16, 12, 5, 2
+  h = jnp.asarray(rng.standard_normal((n, d)), jnp.float32)
+  normal = lambda *shape: jnp.asarray(0.3 * rng.standard_normal(shape), jnp.float32)
+  w = {"router": normal(d, e), "experts_gate": normal(e, d, f), "experts_up": normal(e, d, f),
+       "experts_down": normal(e, f, d)}
+  # Skewed routing: one expert takes most tokens, another none (dropless either way).
+  experts = np.stack([np.where(rng.random(n) < 0.7, 3, rng.integers(0, 3, n)),
+                      np.full(n, 1)], -1)
+  experts[:, 1] = np.where(experts[:, 0] == 1, 0, 1)
+  routing = moe.Routing(jnp.asarray(experts, jnp.int32),
+                        jnp.asarray(rng.random((n, k)), jnp.float32), None)
+  got = moe.experts_mlp(h, h, routing, w, None, impl)
+  ref = moe.experts_mlp_reference(h, routing, w)
+  np.testing.assert_allclose(np.asarray(got), np.asarray(ref), rtol=2e-5, atol=2e-5)
+  per_token = moe.experts_mlp_per_token(h, routing, w)
+  np.testing.assert_allclose(np.asarray(per_token), np.asarray(ref), rtol=2e-5, atol=2e-5)
+  # Gradients through the grouped matmul (the learner's backward) match too.
+  cot = normal(n, d)
+  loss = lambda w, fn: jnp.sum(fn(w) * cot)
+  g = jax.grad(loss)(w, lambda w: moe.experts_mlp(h, h, routing, w, None, impl))
+  g_ref = jax.grad(loss)(w, lambda w: moe.experts_mlp_reference(h, routing, w))
+  for name in ("experts_gate", "experts_up", "experts_down"):
+    np.testing.assert_allclose(np.asarray(g[name]), np.asarray(g_ref[name]), rtol=1e-4,
+                               atol=1e-4)
+
+
+@pytest.fixture(scope="module")
+def tiny():
+  return _random_moe(CONFIGS["mixed_layers"], seed=3)
+
+
+def test_replaying_own_routing_is_bitwise_and_slot_order_free(tiny):
+  tokens = jnp.asarray(np.random.default_rng(0).integers(0, 83, (2, 9)))
+  fwd = nnx.jit(lambda m, t, r: m(t, routing_BTLk=r))
+  free = nnx.jit(lambda m, t: m(t))(tiny, tokens)
+  forced = fwd(tiny, tokens, free.routing)
+  np.testing.assert_array_equal(np.asarray(forced.logits), np.asarray(free.logits))
+  np.testing.assert_array_equal(np.asarray(forced.routing), np.asarray(free.routing))
+  flipped = fwd(tiny, tokens, free.routing[..., ::-1])
+  np.testing.assert_array_equal(np.asarray(flipped.logits), np.asarray(free.logits))
+  # Another forced set (each token's slots moved to other experts) changes the log-probs.
+  other = (free.routing + 1) % tiny.config.num_experts
+  other = jnp.where(other[..., :1] == other[..., 1:], (other + 2) % 6, other)
+  moved = fwd(tiny, tokens, other)
+  assert np.abs(np.asarray(moved.logits) - np.asarray(free.logits)).max() > 1e-3
+  assert set(np.unique(np.asarray(moved.routing))) <= set(range(6))
+  np.testing.assert_array_equal(np.sort(np.asarray(moved.routing), -1),
+                                np.sort(np.asarray(other), -1))
+
+
+def test_router_gets_a_gradient_under_replay(tiny):
+  tokens = jnp.asarray(np.random.default_rng(1).integers(0, 83, (2, 7)))
+  routing = tiny(tokens).routing
+  graphdef, params = nnx.split(tiny, nnx.Param)
+
+  def loss(params):
+    m = nnx.merge(graphdef, params)
+    return jnp.mean(jax.nn.log_softmax(m(tokens, routing_BTLk=routing).logits)[..., 0])
+
+  g = nnx.to_pure_dict(jax.grad(loss)(params))
+  assert np.abs(np.asarray(g["layers"]["router"])).min(axis=(1, 2)).shape == (2,)
+  assert (np.abs(np.asarray(g["layers"]["router"])).max(axis=(1, 2)) > 0).all()
+  assert np.abs(np.asarray(g["layers"]["experts_gate"])).max() > 0
+
+
+def test_load_balancing_loss_is_one_when_uniform():
+  e = 4
+  stats = moe.LayerStats(jnp.full((3, e), 1 / e), jnp.full((3, e), 1 / e))
+  np.testing.assert_allclose(float(moe.load_balancing_loss(stats)), 1.0, rtol=1e-6)
+  skew = moe.LayerStats(jnp.array([[1.0, 0, 0, 0]]), jnp.array([[0.7, 0.1, 0.1, 0.1]]))
+  np.testing.assert_allclose(float(moe.load_balancing_loss(skew)), 4 * 0.7, rtol=1e-6)
+
+
+def test_stats_count_real_tokens_only(tiny):
+  tokens = jnp.asarray(np.random.default_rng(2).integers(0, 83, (2, 6)))
+  mask = jnp.asarray([[1] * 6, [1, 1, 0, 0, 0, 0]], bool)
+  out = tiny(tokens, mask_BT=mask)
+  load = np.asarray(out.moe_stats.load)
+  np.testing.assert_allclose(load.sum(-1), 1.0, rtol=1e-6)
+  routing = np.asarray(out.routing)
+  for j in range(load.shape[0]):
+    counts = np.bincount(routing[:, :, j][np.asarray(mask)].ravel(), minlength=6)
+    np.testing.assert_allclose(load[j], counts / counts.sum(), rtol=1e-6)
+
+
+def test_kv_cache_decode_equals_full_forward(tiny):
+  """Prefill then one-token decode steps through the KV cache give the full
+  forward's logits and routing (the sampler's path)."""
+  from mipu_jax.models.kv_cache import init_cache  # pylint: disable=g-import-not-at-top
+  cfg = tiny.config
+  tokens = jnp.asarray(np.random.default_rng(4).integers(0, 83, (2, 8)))
+  full = tiny(tokens)
+  cache = init_cache(cfg, batch=2, max_len=16, dtype=jnp.float32)
+  out = tiny(tokens[:, :5], cache=cache)
+  logits, routing = [out.logits], [out.routing]
+  cache = out.cache
+  for i in range(5, 8):
+    out = tiny(tokens[:, i:i + 1], cache=cache)
+    cache = out.cache
+    logits.append(out.logits)
+    routing.append(out.routing)
+  np.testing.assert_allclose(np.concatenate(logits, 1), np.asarray(full.logits), atol=1e-5)
+  np.testing.assert_array_equal(np.concatenate(routing, 1), np.asarray(full.routing))
+
+
+def test_bad_input_is_refused_with_the_field():
+  kw = dict(CONFIGS["all_moe_norm_tied"])
+  with pytest.raises(ValueError, match="num_experts_per_tok"):
+    models.Qwen3Config(**dict(kw, num_experts_per_tok=7))
+  with pytest.raises(ValueError, match="mlp_only_layers"):
+    models.Qwen3Config(**dict(kw, mlp_only_layers=(5,)))
+  with pytest.raises(ValueError, match="moe_intermediate_size"):
+    models.Qwen3Config(**dict(kw, moe_intermediate_size=0))
+  dense = models.Qwen3(models.get_config("tiny"), rngs=nnx.Rngs(0))
+  tokens = jnp.zeros((1, 3), jnp.int32)
+  with pytest.raises(ValueError, match="dense model"):
+    dense(tokens, routing_BTLk=jnp.zeros((1, 3, 2, 2), jnp.int32))
+  model = models.Qwen3(models.Qwen3Config(**kw), rngs=nnx.Rngs(0))
+  with pytest.raises(ValueError, match=r"need \[B, T, L_moe, k\] = \[1, 3, 2, 2\]"):
+    model(tokens, routing_BTLk=jnp.zeros((1, 4, 2, 2), jnp.int32))
+
+
+def test_checkpoint_with_another_expert_count_is_refused(tmp_path):
+  model = _random_moe(CONFIGS["all_moe_norm_tied"])
+  models.save_pretrained(model, str(tmp_path))
+  cfg = json.loads((tmp_path / "config.json").read_text())
+  cfg["num_experts"] = 8
+  (tmp_path / "config.json").write_text(json.dumps(cfg))
+  with pytest.raises(CheckpointError, match="missing tensors: .*experts.6"):
+    models.from_pretrained(str(tmp_path))
+
+
+def test_presets_match_public_configs():
+  c = models.get_config("qwen3_30b_a3b")
+  assert (c.hidden_size, c.num_layers, c.num_heads, c.num_kv_heads, c.num_experts,
+          c.num_experts_per_tok, c.moe_intermediate_size, c.norm_topk_prob) == (
+              2048, 48, 32, 4, 128, 8, 768, True)
+  # Qwen3-30B-A3B: 30.5B parameters, 3.3B activated (its model card).
+  assert 30.0e9 < c.num_params() < 31.0e9
+  assert 3.2e9 < c.num_active_params() < 3.4e9
+  big = models.get_config("qwen3_235b_a22b")
+  assert 234e9 < big.num_params() < 236e9 and 21.5e9 < big.num_active_params() < 22.5e9
+  dense = models.get_config("qwen3_4b")
+  assert dense.num_active_params() == dense.num_params() and not dense.is_moe
