@@ -2,6 +2,8 @@ r"""Pretrains the small task's base policy and ships it as a Hugging Face checkp
 
     python -m experiments.pretrain_base \
         --output_dir=mipu_jax/tasks/assets/base_policy
+    python -m experiments.pretrain_base --num_experts=8 --num_experts_per_tok=2 \
+        --moe_intermediate_size=128 --output_dir=mipu_jax/tasks/assets/base_policy_moe
 
 Supervised next-token training of a small Qwen3 on the arithmetic task's SFT
 mix, then a sampled evaluation per held-out tier (accuracy of direct versus
@@ -35,6 +37,12 @@ _SKILL_COT_FRACTION = flags.DEFINE_float(
     "skill_cot_fraction", _DEFAULTS.skill_cot_fraction,
     "Share of step-by-step answers during the skill steps.")
 _SEED = flags.DEFINE_integer("seed", _DEFAULTS.seed, "Init and data seed.")
+_NUM_EXPERTS = flags.DEFINE_integer(
+    "num_experts", _DEFAULTS.num_experts, "Experts per layer (0: a dense policy).")
+_NUM_EXPERTS_PER_TOK = flags.DEFINE_integer(
+    "num_experts_per_tok", _DEFAULTS.num_experts_per_tok, "Experts per token (top-k).")
+_MOE_INTERMEDIATE_SIZE = flags.DEFINE_integer(
+    "moe_intermediate_size", _DEFAULTS.moe_intermediate_size, "Each expert's SwiGLU width.")
 _EVAL_PER_TIER = flags.DEFINE_integer(
     "eval_per_tier", _DEFAULTS.eval_per_tier, "Held-out problems per tier.")
 _EVAL_TEMPERATURE = flags.DEFINE_float(
@@ -48,6 +56,8 @@ def main(argv):
       learning_rate=_LEARNING_RATE.value, cot_fraction=_COT_FRACTION.value,
       direct_error_rate=_DIRECT_ERROR_RATE.value, skill_steps=_SKILL_STEPS.value,
       skill_cot_fraction=_SKILL_COT_FRACTION.value, seed=_SEED.value,
+      num_experts=_NUM_EXPERTS.value, num_experts_per_tok=_NUM_EXPERTS_PER_TOK.value,
+      moe_intermediate_size=_MOE_INTERMEDIATE_SIZE.value,
       eval_per_tier=_EVAL_PER_TIER.value, eval_temperature=_EVAL_TEMPERATURE.value)
   command = "python -m experiments.pretrain_base " + " ".join(sys.argv[1:])
   results = pretrain.run(cfg, _OUTPUT_DIR.value, command=command.strip())

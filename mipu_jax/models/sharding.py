@@ -45,6 +45,12 @@ TRAIN_RULES: dict[str, tuple[Optional[str], ...]] = {
     "layers/gate": (None, "fsdp", "tensor"),            # [L, D, F]
     "layers/up": (None, "fsdp", "tensor"),              # [L, D, F]
     "layers/down": (None, "tensor", "fsdp"),            # [L, F, D]
+    # MoE layers (docs/method.md §7a): experts over `expert` (expert parallelism),
+    # each expert's matrices as the dense MLP's; the router as a small matrix.
+    "layers/router": (None, "fsdp", None),              # [L, D, E]
+    "layers/experts_gate": (None, "expert", "fsdp", "tensor"),  # [L, E, D, F]
+    "layers/experts_up": (None, "expert", "fsdp", "tensor"),    # [L, E, D, F]
+    "layers/experts_down": (None, "expert", "tensor", "fsdp"),  # [L, E, F, D]
 }
 LAYOUTS = ("train", "sampling")
 
@@ -58,6 +64,10 @@ QUANTIZED_RULES: dict[str, tuple[tuple[Optional[str], ...], ...]] = {
     "lm_head": (("tensor", None), ("tensor",)),         # [V, D], [V]
     "layers/q": _OUT, "layers/k": _OUT, "layers/v": _OUT, "layers/gate": _OUT,
     "layers/up": _OUT, "layers/o": _IN, "layers/down": _IN,
+    # Experts: values [L, E, O, I], scales [L, E, O].
+    "layers/experts_gate": ((None, "expert", "tensor", None), (None, "expert", "tensor")),
+    "layers/experts_up": ((None, "expert", "tensor", None), (None, "expert", "tensor")),
+    "layers/experts_down": ((None, "expert", None, "tensor"), (None, "expert", None)),
 }
 
 
@@ -101,8 +111,8 @@ def spec_for(name: str, shape: tuple[int, ...], mesh: Mesh, layout: str = "train
   for axis, dim in zip(rule, shape):
     if axis == "fsdp" and layout == "sampling":
       axis = None
-    if axis is not None and dim % mesh.shape[axis]:
-      axis = None
+    if axis is not None and (axis not in mesh.shape or dim % mesh.shape[axis]):
+      axis = None  # a mesh without the axis (`expert` on a dense mesh), or one it does not divide
     axes.append(axis)
   return P(*axes)
 

@@ -125,10 +125,13 @@ def _readme(cfg: PretrainConfig, results: dict[str, dict[str, Any]],
       f"| {_num(r['step_length'])} |" for t, r in results.items())
   dims = (f"vocab {m.vocab_size}, D={m.hidden_size}, L={m.num_layers}, "
           f"N={m.num_heads}, K={m.num_kv_heads}, H={m.head_dim}, "
-          f"F={m.intermediate_size}")
+          + (f"E={m.num_experts} experts of F={m.moe_intermediate_size}, top-"
+             f"{m.num_experts_per_tok}, norm_topk_prob={m.norm_topk_prob}, "
+             f"{m.num_active_params():,} active" if m.is_moe else f"F={m.intermediate_size}"))
+  kind = "Qwen3-MoE" if m.is_moe else "Qwen3"
   return f"""# Base policy of the small CPU task
 
-A {m.num_params():,}-parameter Qwen3 ({dims}; tied embeddings, fp32) pretrained
+A {m.num_params():,}-parameter {kind} ({dims}; tied embeddings, fp32) pretrained
 by supervised next-token prediction on the multi-operand addition task
 (`mipu_jax.tasks.arithmetic`): the starting policy of the RL runs.
 Written by `experiments/pretrain_base.py` (logic in `mipu_jax/pretrain/`).

@@ -31,6 +31,7 @@ from flax import nnx
 
 from mipu_jax import models
 from mipu_jax import tasks
+from mipu_jax.models import moe
 from mipu_jax.models import qwen3
 from mipu_jax.tokenizer import CharTokenizer
 
@@ -51,6 +52,13 @@ class PretrainConfig:
     num_kv_heads: K kv heads.
     head_dim: H.
     intermediate_size: F, the SwiGLU width.
+    num_experts: E; > 0 makes every layer a Qwen3-MoE sparse block
+      (docs/method.md §7a), 0 a dense model.
+    num_experts_per_tok: k, experts per token.
+    moe_intermediate_size: each expert's SwiGLU width.
+    norm_topk_prob: renormalise the k gate weights (as the released Qwen3-MoE).
+    router_aux_loss_coef: weight of the load-balancing loss added to the SFT
+      loss of an MoE policy (keeps every expert in use).
     tiers: tiers the SFT prompts are drawn from (uniformly).
     cot_fraction: share of step-by-step completions in the final SFT mix
       (the base policy's prior of showing work).
@@ -77,6 +85,11 @@ class PretrainConfig:
   num_kv_heads: int = 2
   head_dim: int = 32
   intermediate_size: int = 256
+  num_experts: int = 0
+  num_experts_per_tok: int = 0
+  moe_intermediate_size: int = 0
+  norm_topk_prob: bool = True
+  router_aux_loss_coef: float = 0.01
   tiers: tuple[str, ...] = tasks.TIER_NAMES
   cot_fraction: float = 0.3
   direct_error_rate: float = 0.4
@@ -115,7 +128,11 @@ class PretrainConfig:
         hidden_size=self.hidden_size, num_layers=self.num_layers,
         num_heads=self.num_heads, num_kv_heads=self.num_kv_heads,
         head_dim=self.head_dim, intermediate_size=self.intermediate_size,
-        tie_embeddings=True, rope_theta=10_000.0)
+        tie_embeddings=True, rope_theta=10_000.0, num_experts=self.num_experts,
+        num_experts_per_tok=self.num_experts_per_tok,
+        moe_intermediate_size=self.moe_intermediate_size,
+        norm_topk_prob=self.norm_topk_prob if self.num_experts else False,
+        router_aux_loss_coef=self.router_aux_loss_coef if self.num_experts else 0.001)
 
   def norm_len(self) -> int:
     """Supervised tokens of the longest example: the loss's fixed length."""
@@ -207,13 +224,20 @@ def sft_loss(model: models.Qwen3, tokens_BT: jax.Array, mask_BT: jax.Array,
 
   `recompute_mlp`: as `models.Qwen3.__call__`.
 
+  An MoE policy adds `router_aux_loss_coef` times the load-balancing loss
+  (`moe.load_balancing_loss`, docs/method.md §7a).
+
   Returns:
     The loss and, for display, the mean NLL per target token.
   """
-  lp_BT = models.sequence_logprobs(model, tokens_BT, mask_BT, recompute_mlp=recompute_mlp)
+  out = model(tokens_BT, mask_BT=mask_BT, recompute_mlp=recompute_mlp)
+  lp_BT = jnp.pad(models.token_logprobs(out.logits[:, :-1], tokens_BT[:, 1:]),
+                  ((0, 0), (1, 0)))
   nll = -jnp.sum(lp_BT * target_BT)
-  return (nll / (tokens_BT.shape[0] * norm_len),
-          nll / jnp.maximum(jnp.sum(target_BT), 1.0))
+  loss = nll / (tokens_BT.shape[0] * norm_len)
+  if out.moe_stats is not None:
+    loss = loss + model.config.router_aux_loss_coef * moe.load_balancing_loss(out.moe_stats)
+  return loss, nll / jnp.maximum(jnp.sum(target_BT), 1.0)
 
 
 def make_train_step(graphdef: nnx.GraphDef, optimizer: optax.GradientTransformation,

@@ -41,7 +41,16 @@ LAYER_CHANNEL_AXES = {
     "gate": (0, 2),
     "up": (0, 2),
     "down": (0, 2),
+    # MoE layers (docs/method.md §7a): each expert quantized like the dense MLP,
+    # a scale per (layer, expert, output channel); the router stays in the
+    # compute dtype (a routing decision is not a projection vLLM quantizes).
+    "router": None,
+    "experts_gate": (0, 1, 3),
+    "experts_up": (0, 1, 3),
+    "experts_down": (0, 1, 3),
 }
+# Axes kept in front of a native `QuantizedWeight`'s `[..., O, I]` (layer, and expert).
+_NATIVE_LEAD = {"experts_gate": (0, 1), "experts_up": (0, 1), "experts_down": (0, 1)}
 EMBED_CHANNEL_AXES = (0,)
 LM_HEAD_CHANNEL_AXES = (1,)
 
@@ -111,9 +120,12 @@ def dequantize_tree(params: Any) -> Any:
 
 
 def native_weight(w: jax.Array, qtype: str, channel_axes: tuple[int, ...], *,
-                  act_quant: Optional[str], stacked: bool) -> quantized.QuantizedWeight:
-  """`w` as a `QuantizedWeight` in the `[L, O, I]` layout (native compute)."""
-  lead = (0,) if stacked else ()
+                  act_quant: Optional[str], stacked: bool,
+                  lead: Optional[tuple[int, ...]] = None) -> quantized.QuantizedWeight:
+  """`w` as a `QuantizedWeight` in the `[L, O, I]` layout (native compute);
+  `lead`: the axes kept in front (default: the layer axis when `stacked`)."""
+  if lead is None:
+    lead = (0,) if stacked else ()
   out = tuple(a for a in channel_axes if a not in lead)
   contract = tuple(a for a in range(w.ndim) if a not in channel_axes)
   return quantized.from_float(w, WEIGHT_QTYPES[qtype], out, contract, lead, act=act_quant)
@@ -133,11 +145,12 @@ def quantize_params(params: dict, *, weight_quant: Optional[str], compute_dtype,
     raise ValueError(f"weight_quant {weight_quant!r} has no storage type: it runs with "
                      "weight storage 'fake' and quant_compute 'emulated' only.")
 
-  def convert(w, axes, stacked=False):
+  def convert(w, axes, stacked=False, lead=None):
     if weight_quant is None or axes is None:
       return w.astype(compute_dtype)
     if compute == "native":
-      return native_weight(w, weight_quant, axes, act_quant=act_quant, stacked=stacked)
+      return native_weight(w, weight_quant, axes, act_quant=act_quant, stacked=stacked,
+                           lead=lead)
     if storage == "real":
       return quantize(w, weight_quant, axes)
     return fake_quantize(w, weight_quant, axes).astype(compute_dtype)
@@ -145,7 +158,7 @@ def quantize_params(params: dict, *, weight_quant: Optional[str], compute_dtype,
   layers = {}
   for name, w in params["layers"].items():
     layers[name] = w.astype(jnp.float32) if name.endswith("norm") else convert(
-        w, LAYER_CHANNEL_AXES[name], stacked=True)
+        w, LAYER_CHANNEL_AXES[name], stacked=True, lead=_NATIVE_LEAD.get(name))
   out = dict(params)
   out["layers"] = layers
   out["final_norm"] = params["final_norm"].astype(jnp.float32)
