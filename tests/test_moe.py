@@ -265,3 +265,61 @@ def test_presets_match_public_configs():
   assert 234e9 < big.num_params() < 236e9 and 21.5e9 < big.num_active_params() < 22.5e9
   dense = models.get_config("qwen3_4b")
   assert dense.num_active_params() == dense.num_params() and not dense.is_moe
+
+
+def test_sampler_returns_each_tokens_routing_through_refills(tiny):
+  """Prompt routing at prefill and each generated token's routing when it is fed
+  back equal a full forward's (experts as sets), with slots refilled (9 samples
+  through 4 slots) and each prompt's 3 samples sharing its prefill."""
+  from mipu_jax.sampler import Sampler  # pylint: disable=g-import-not-at-top
+  sampler = Sampler(tiny, eos_ids=[1], return_routing=True, max_concurrent_decodes=4)
+  prompts = [[3, 4, 5], [6, 7], [8, 9, 10, 11]]
+  out = sampler.generate(prompts, max_new_tokens=6, num_samples=3, seed=0)
+  lm, k = len(tiny.config.moe_layers), tiny.config.num_experts_per_tok
+  assert out.routing_array.shape == (9, 6, lm, k) and out.routing_array.dtype == np.int32
+  fwd = nnx.jit(lambda m, t: m(t).routing)
+  for i in range(9):
+    p, t = prompts[out.prompt_index[i]], out.tokens[i]
+    ref = np.sort(np.asarray(fwd(tiny, jnp.asarray([p + t])))[0], -1)
+    np.testing.assert_array_equal(np.sort(out.prompt_routing[out.prompt_index[i]], -1),
+                                  ref[:len(p)])
+    np.testing.assert_array_equal(np.sort(out.routing_array[i, :len(t) - 1], -1),
+                                  ref[len(p):len(p) + len(t) - 1])
+    assert (out.routing_array[i, len(t) - 1:] == -1).all()
+  # Recording routing changes no token or log-prob.
+  plain = Sampler(tiny, eos_ids=[1], max_concurrent_decodes=4).generate(
+      prompts, max_new_tokens=6, num_samples=3, seed=0)
+  assert plain.tokens == out.tokens and plain.logprobs == out.logprobs
+  assert plain.routing_array is None
+
+
+_PROMPTS = [[3, 4, 5], [6, 7]]
+
+
+@pytest.fixture(scope="module")
+def one_layer():
+  """A one-layer MoE (one scan: the sampler's programs compile fastest) and its
+  fp32 samples."""
+  from mipu_jax.sampler import Sampler  # pylint: disable=g-import-not-at-top
+  model = _random_moe(dict(CONFIGS["all_moe_norm_tied"], num_layers=1), seed=5)
+  ref = Sampler(model, eos_ids=[1]).generate(_PROMPTS, max_new_tokens=4, num_samples=2, seed=1)
+  return model, ref
+
+
+@pytest.mark.parametrize("precision", [
+    dict(dtype="bfloat16"), dict(weight_quant="int8"), dict(weight_quant="fp8_e4m3",
+                                                            act_quant="fp8"),
+    dict(weight_quant="int4", act_quant="fp8", kv_cache_dtype="fp8"), dict(weight_quant="int3"),
+    dict(weight_quant="int8", act_quant="int8", quant_compute="native")])
+def test_sampler_decodes_moe_under_every_precision(one_layer, precision):
+  """Every sampler precision decodes an MoE, experts quantized like the dense MLP:
+  the first token's log-prob stays near the fp32 sampler's, and lower precisions
+  move it (the mismatch the corrections see)."""
+  from mipu_jax.sampler import Sampler  # pylint: disable=g-import-not-at-top
+  model, ref = one_layer
+  out = Sampler(model, eos_ids=[1], return_routing=True, **precision).generate(
+      _PROMPTS, max_new_tokens=4, num_samples=2, seed=1)
+  assert out.routing_array.shape[:2] == (4, 4)
+  lp, lp_ref = out.logprobs_array[:, 0], ref.logprobs_array[:, 0]
+  assert np.isfinite(lp).all() and np.abs(lp - lp_ref).max() < 0.5
+  assert np.abs(lp - lp_ref).max() > 0

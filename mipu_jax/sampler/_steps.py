@@ -38,6 +38,7 @@ class DecodeSpec:
   pad_id: int
   page_size: int = kv_cache.DEFAULT_PAGE_SIZE
   truncation: bool = True  # False: no row uses top-k / top-p (leaves them out)
+  routing: bool = False  # record each token's MoE experts (SamplerConfig.return_routing)
 
   def page_size_for(self, *lengths: int) -> int:
     """The cache page size for rows (regions) of these lengths."""
@@ -107,7 +108,8 @@ def prefill(spec: DecodeSpec, params, tokens_RP, true_length_R, keys_R, temperat
   logits_RV = _head(spec, model, h_R1D[:, 0], temperature_R)
   prefix = Prefix(cache=cache, logits_RV=logits_RV, keys_R=keys_R,
                   true_length_R=true_length_R, temperature_R=temperature_R, top_k_R=top_k_R,
-                  top_p_R=top_p_R, max_new_R=max_new_R)
+                  top_p_R=top_p_R, max_new_R=max_new_R,
+                  routing_RPLk=out.routing if spec.routing else None)
   if not sample_first:
     return prefix, None, None
   first_keys_R = _fold(_fold(keys_R, jnp.zeros((r,), jnp.int32)), jnp.zeros((r,), jnp.int32))
@@ -199,7 +201,9 @@ def init_decode_state(spec: DecodeSpec, model_cfg, num_slots: int, prefill_lengt
       temperature_B=jnp.ones((b,), jnp.float32), top_k_B=jnp.zeros((b,), jnp.int32),
       top_p_B=jnp.ones((b,), jnp.float32), max_new_B=jnp.zeros((b,), jnp.int32),
       stop_ids_E=stop_ids_E, tokens_BN=jnp.full((b, n), spec.pad_id, jnp.int32),
-      logprobs_BN=jnp.zeros((b, n), jnp.float32))
+      logprobs_BN=jnp.zeros((b, n), jnp.float32),
+      routing_BNLk=jnp.full((b, n, len(model_cfg.moe_layers), model_cfg.num_experts_per_tok),
+                            -1, jnp.int32) if spec.routing else None)
 
 
 def _row_pages(geo: PoolGeometry, blocks_M, slots_M, shared_M, j: int):
@@ -275,7 +279,9 @@ def insert(spec: DecodeSpec, prefix: Prefix, ds: DecodeState, slots_M, rows_M,
       top_k_B=put(ds.top_k_B, top_k_M), top_p_B=put(ds.top_p_B, top_p_M),
       max_new_B=put(ds.max_new_B, max_new_M), stop_ids_E=ds.stop_ids_E,
       tokens_BN=put(ds.tokens_BN, jnp.where(first_N[None, :], tokens_M[:, None], spec.pad_id)),
-      logprobs_BN=put(ds.logprobs_BN, jnp.where(first_N[None, :], lp_M[:, None], 0.0)))
+      logprobs_BN=put(ds.logprobs_BN, jnp.where(first_N[None, :], lp_M[:, None], 0.0)),
+      routing_BNLk=None if ds.routing_BNLk is None else ds.routing_BNLk.at[slots_M].set(
+          -1, mode="drop"))
 
 
 def _copy_prompts(c: KVCache, pc: KVCache, rows_M, length_M, pages_MJ, fill_M, real_M,
@@ -340,6 +346,10 @@ def advance(spec: DecodeSpec, params, ds: DecodeState):
       finish_B=jnp.where(ended_B, jnp.where(stop_B, STOP, LENGTH), ds.finish_B),
       tokens_BN=ds.tokens_BN.at[jnp.arange(b), at_B].set(tokens_B, mode="drop"),
       logprobs_BN=ds.logprobs_BN.at[jnp.arange(b), at_B].set(lp_B, mode="drop"))
+  if ds.routing_BNLk is not None:  # the fed token's experts, at its own position
+    fed_B = jnp.where(live_B, num_generated_B - 2, n)
+    ds = ds._replace(routing_BNLk=ds.routing_BNLk.at[jnp.arange(b), fed_B].set(
+        out.routing[:, 0], mode="drop"))
   return ds, (tokens_B, lp_B, live_B)
 
 

@@ -141,6 +141,10 @@ class SamplerConfig(SamplerPrecision):
       some row, pure XLA), 'pallas' (the same as one Pallas GPU kernel per layer and decode
       step), 'pallas_tpu' (jax's TPU paged-attention kernel; bf16 and FP8 caches), 'dense'
       (every slot: the reference) or 'auto'; `decode_attention_for`.
+    return_routing: MoE models: also return each prompt and generated token's
+      experts in every MoE layer (`SampleOutput.routing_array`, rollout routing
+      replay R3 and the routing-mismatch metrics, docs/method.md §7a); ignored
+      for a dense model. Off by default: `[B, N, L_moe, k]` int32 per call.
   """
 
   quant_storage: str = "fake"
@@ -155,6 +159,7 @@ class SamplerConfig(SamplerPrecision):
   pad_id: int = 0
   page_size: int = 64
   decode_attention: str = "auto"
+  return_routing: bool = False
 
   def __post_init__(self):
     super().__post_init__()

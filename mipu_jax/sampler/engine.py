@@ -152,13 +152,19 @@ class Engine:
             act_quant=None if native else quant.make_act_quant(config.act_quant),
             quant_lm_head=config.quant_lm_head, kv_round=kv_round,
             invariant=config.true_on_policy),
-        pad_id=config.pad_id, page_size=config.page_size)
+        pad_id=config.pad_id, page_size=config.page_size,
+        routing=config.return_routing and model.config.is_moe)
     self._quant_kwargs = dict(
         weight_quant=config.weight_quant, compute_dtype=config.dtype,
         quant_lm_head=config.quant_lm_head, tie_embeddings=self.model_config.tie_embeddings,
         storage=config.quant_storage, compute=config.quant_compute,
         act_quant=config.act_quant if native else None)  # a static key: only where used
     self._rng = jax.random.key(0)
+
+  @property
+  def records_routing(self) -> bool:
+    """Whether prefill and decode record each token's MoE experts."""
+    return self._spec.routing
 
   @property
   def decode_attention(self) -> str:
@@ -379,7 +385,7 @@ class Engine:
     cache_sh = type(cache)(*[None if leaf is None else spec(leaf, jnp.ndim(leaf) == 4)
                              for leaf in cache])
     rest = {k: spec(v, False) for k, v in decode_state._asdict().items()
-            if k not in ("cache", "stop_ids_E")}
+            if k not in ("cache", "stop_ids_E") and v is not None}
     return decode_state._replace(
         cache=cache_sh, stop_ids_E=jax.sharding.NamedSharding(
             mesh, jax.sharding.PartitionSpec()), **rest)

@@ -44,6 +44,11 @@ class SampleOutput:
     logprobs_array: `[S, max_new_tokens]` float32, 0 after the end.
     mask: `[S, max_new_tokens]` float32, 1 on generated tokens.
     prompt_index: `[S]` which prompt each sample answers.
+    routing_array: MoE with `return_routing`: int32 `[S, max_new_tokens, L_moe, k]`,
+      each generated token's experts per MoE layer (-1 after the end and at a
+      response's last token, which the sampler never feeds back); else None.
+    prompt_routing: with `routing_array`: per prompt, int32 `[len, L_moe, k]`,
+      its tokens' experts at prefill (shared by its samples); else None.
   """
 
   tokens: list[list[int]]
@@ -54,6 +59,8 @@ class SampleOutput:
   logprobs_array: np.ndarray
   mask: np.ndarray
   prompt_index: np.ndarray
+  routing_array: Optional[np.ndarray] = None
+  prompt_routing: Optional[list[np.ndarray]] = None
 
 
 def _check_prompts(prompts: Sequence[Sequence[int]], cfg: SamplerConfig, vocab: int):
@@ -174,7 +181,9 @@ class Sampler:
                                      stop_ids=eos_ids, prompt_blocks=num_blocks)
     scheduler = SlotScheduler(total, g, slots, num_blocks, parts)
     prefixes: dict[int, Any] = {}  # chunk -> its prefix, until its samples are all admitted
-    done: list[Any] = [None] * total  # sample -> (tokens, log-probs, finish reason)
+    done: list[Any] = [None] * total  # sample -> (tokens, log-probs, finish reason[, routing])
+    routed = engine.records_routing
+    prompt_routing: list[Any] = [None] * r
 
     def prefix_of(c: int):
       if c not in prefixes:
@@ -190,6 +199,10 @@ class Sampler:
             params, tokens_RP, lengths_R, rng=base_key, first_request=offset + c * chunk,
             temperature=temperature, top_k=top_k or 0, top_p=1.0 if top_p is None else top_p,
             max_new_tokens=max_new_tokens)
+        if routed:
+          rp = np.asarray(jax.device_get(prefixes[c].routing_RPLk))
+          for k, i in enumerate(ids):
+            prompt_routing[i] = rp[k, :len(prompts[i])]
       return prefixes[c]
 
     while True:
@@ -221,14 +234,22 @@ class Sampler:
         # Every row (B x N x 8 bytes: 16 MB at 256 x 8,192) rather than a
         # gather of the finished ones: no eager op to compile on a first call.
         tok, lp = jax.device_get((state.tokens_BN, state.logprobs_BN))
+        rt = np.asarray(jax.device_get(state.routing_BNLk)) if routed else None
         for b in harvest:
           n = int(n_B[b])
           done[scheduler.release(b)] = (tok[b, :n].tolist(), lp[b, :n].tolist(),
-                                        FINISH_NAMES[int(fin_B[b])])
-    return self._assemble(done, g, max_new_tokens)
+                                        FINISH_NAMES[int(fin_B[b])],
+                                        None if rt is None else rt[b, :n])
+    out = self._assemble(done, g, max_new_tokens)
+    if not routed:
+      return out
+    routing = np.full((total, max_new_tokens) + done[0][3].shape[1:], -1, np.int32)
+    for s, d in enumerate(done):
+      routing[s, :len(d[3])] = d[3]
+    return dataclasses.replace(out, routing_array=routing, prompt_routing=prompt_routing)
 
   def _assemble(self, done, g: int, max_new: int) -> "SampleOutput":
-    tokens, logprobs, finish = (list(x) for x in zip(*done))
+    tokens, logprobs, finish = (list(x) for x in list(zip(*done))[:3])
     s = len(tokens)
     lengths = np.asarray([len(t) for t in tokens], np.int32)
     tokens_SN = np.full((s, max_new), self.config.pad_id, np.int32)

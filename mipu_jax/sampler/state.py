@@ -14,7 +14,7 @@ Shape letters: R prefilled requests, B decode slots, P prompt bucket, S cache sl
 token-buffer length, V vocab, E stop ids.
 """
 
-from typing import NamedTuple
+from typing import NamedTuple, Optional
 
 import jax
 
@@ -37,6 +37,9 @@ class Prefix(NamedTuple):
       `fold_in(keys_R[r], j)`, then `fold_in(·, t)` for its t-th token.
     true_length_R: prompt lengths.
     temperature_R, top_k_R, top_p_R, max_new_R: sampling knobs (`sampling.py`), token budget.
+    routing_RPLk: MoE models with routing recorded (`SamplerConfig.return_routing`):
+      int32 `[R, P, L_moe, k]`, each prompt token's experts per MoE layer (-1 on
+      padding); None otherwise.
   """
 
   cache: KVCache
@@ -47,6 +50,7 @@ class Prefix(NamedTuple):
   top_k_R: jax.Array
   top_p_R: jax.Array
   max_new_R: jax.Array
+  routing_RPLk: Optional[jax.Array] = None
 
 
 class DecodeState(NamedTuple):
@@ -64,6 +68,9 @@ class DecodeState(NamedTuple):
     stop_ids_E: stop token ids, padded with -1.
     tokens_BN: generated tokens, `pad_id` after the end.
     logprobs_BN: float32 log-prob of each token under its drawn distribution (`lp_mu`), 0 after.
+    routing_BNLk: with routing recorded (`Prefix.routing_RPLk`): int32
+      `[B, N, L_moe, k]`, the experts of generated token n in each MoE layer,
+      written when the token is fed back (the row's last token never is: -1).
   """
 
   cache: KVCache
@@ -80,3 +87,4 @@ class DecodeState(NamedTuple):
   stop_ids_E: jax.Array
   tokens_BN: jax.Array
   logprobs_BN: jax.Array
+  routing_BNLk: Optional[jax.Array] = None
