@@ -36,6 +36,8 @@ from mipu_jax.config.logging_section import LoggingConfig
 from mipu_jax.config.training import MeshConfig
 from mipu_jax.config.training import MIPU_PROBES
 from mipu_jax.config.training import MipuConfig
+from mipu_jax.config.training import MoEConfig
+from mipu_jax.config.training import ROUTING_REPLAYS
 from mipu_jax.config.sections import ModelConfig
 from mipu_jax.config.training import OptimConfig
 from mipu_jax.config.sections import SamplingConfig
@@ -57,6 +59,8 @@ __all__ = [
     "MIPU_PROBES",
     "MeshConfig",
     "MipuConfig",
+    "MoEConfig",
+    "ROUTING_REPLAYS",
     "ModelConfig",
     "OptimConfig",
     "RESUME_NEUTRAL",

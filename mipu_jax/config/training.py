@@ -285,6 +285,36 @@ class MipuConfig:
     return self.step2 or self.random_rollback_p > 0
 
 
+ROUTING_REPLAYS = ("none", "learner", "rollout")
+
+
+@dataclasses.dataclass(frozen=True)
+class MoEConfig:
+  """Mixture-of-experts policies: routing replay, routing metrics, load balancing
+  (docs/method.md §7a). Ignored by a dense policy except `routing_replay`,
+  which must then be "none".
+
+  Attributes:
+    routing_replay: "none" (the learner routes live), "learner" (R2: the update
+      replays the experts the learner's recompute chose for the old policy)
+      or "rollout" (R3: the recompute and the update replay the sampler's).
+      Only the expert ids are replayed; the gate weights come from the live
+      router, which keeps its gradient.
+    record_routing: the sampler returns each token's experts every step, for
+      the routing-mismatch metrics (`moe/*`); R3 records them regardless.
+    aux_loss: add the load-balancing loss (`router_aux_loss_coef` of the
+      model config times `moe.load_balancing_loss`) to the policy loss.
+  """
+  routing_replay: str = "none"
+  record_routing: bool = True
+  aux_loss: bool = False
+
+  def __post_init__(self):
+    if self.routing_replay not in ROUTING_REPLAYS:
+      raise ValueError(f"unknown moe.routing_replay {self.routing_replay!r}; choose one of "
+                       f"{ROUTING_REPLAYS}.")
+
+
 @dataclasses.dataclass(frozen=True)
 class TrainConfig:
   """A whole RL run. Validated on construction."""
@@ -301,10 +331,15 @@ class TrainConfig:
   checkpoint: CheckpointConfig = CheckpointConfig()
   mipu: MipuConfig = MipuConfig()
   export: ExportConfig = ExportConfig()
+  moe: MoEConfig = MoEConfig()
 
   def __post_init__(self):
     if self.num_steps < 1:
       raise ValueError(f"num_steps must be >= 1, got {self.num_steps}.")
+    if (self.moe.routing_replay != "none" and not self.model.init_from
+        and not model_config.PRESETS[self.model.preset].is_moe):
+      raise ValueError(f"moe.routing_replay={self.moe.routing_replay!r} on a dense model "
+                       f"(model.preset={self.model.preset!r} has no MoE layers).")
     if self.data.task == "math" and not self.model.init_from:
       raise ValueError("data.task='math' trains a Hugging Face checkpoint: set "
                        "model.init_from to its directory (config.json, "

@@ -34,6 +34,9 @@ class Batch(NamedTuple):
     lp_ref_model_BT: frozen reference-model log-probs, only with a KL term.
     pack: with sequence packing, where each packed token comes from
       (`packing.PackPlan`, set by `Learner.step`); None unpacked.
+    routing_BTLk: MoE routing replay (docs/method.md §7a): int32
+      `[B, T, L_moe, k]` experts each token is routed to in every MoE layer
+      (-1: the learner's own routing there); None routes live.
   """
   tokens_BT: jax.Array
   input_mask_BT: jax.Array
@@ -44,9 +47,11 @@ class Batch(NamedTuple):
   response_length: jax.Array
   lp_ref_model_BT: Optional[jax.Array] = None
   pack: Optional[packing.PackPlan] = None
+  routing_BTLk: Optional[jax.Array] = None
 
 
-def batch_shardings(mesh: Mesh, with_ref: bool, packed: bool = False) -> Batch:
+def batch_shardings(mesh: Mesh, with_ref: bool, packed: bool = False,
+                    routed: bool = False) -> Batch:
   """Rows (and packed rows) over (data, fsdp); the scalar replicated."""
   rows2 = sharding_lib.batch_sharding(mesh, 2)
   rows1 = sharding_lib.batch_sharding(mesh, 1)
@@ -54,7 +59,8 @@ def batch_shardings(mesh: Mesh, with_ref: bool, packed: bool = False) -> Batch:
                lp_mu_BT=rows2, lp_old_BT=rows2, advantages_B=rows1,
                response_length=NamedSharding(mesh, P()),
                lp_ref_model_BT=rows2 if with_ref else None,
-               pack=packing.PackPlan(rows2, rows2, rows2) if packed else None)
+               pack=packing.PackPlan(rows2, rows2, rows2) if packed else None,
+               routing_BTLk=sharding_lib.batch_sharding(mesh, 4) if routed else None)
 
 
 def abstract_batch(batch_size: int, length: int, with_ref: bool,
@@ -80,7 +86,7 @@ def abstract_batch(batch_size: int, length: int, with_ref: bool,
 
 def host_batch(tokens_BT, input_mask_BT, loss_mask_BT, lp_mu_BT, advantages_B,
                *, lp_old_BT=None, lp_ref_model_BT=None,
-               response_length=None) -> Batch:
+               response_length=None, routing_BTLk=None) -> Batch:
   """A numpy `Batch` with canonical dtypes; `lp_old` defaults to `lp_mu`."""
   loss_mask_BT = np.asarray(loss_mask_BT, np.float32)
   if response_length is None:
@@ -95,4 +101,5 @@ def host_batch(tokens_BT, input_mask_BT, loss_mask_BT, lp_mu_BT, advantages_B,
       advantages_B=np.asarray(advantages_B, np.float32),
       response_length=np.asarray(response_length, np.float32),
       lp_ref_model_BT=(None if lp_ref_model_BT is None
-                       else np.asarray(lp_ref_model_BT, np.float32)))
+                       else np.asarray(lp_ref_model_BT, np.float32)),
+      routing_BTLk=None if routing_BTLk is None else np.asarray(routing_BTLk, np.int32))

@@ -10,6 +10,7 @@ a second call does not recompile.
 
 import collections
 import dataclasses
+import functools
 import math
 from typing import Any
 
@@ -56,7 +57,8 @@ def step_spec(cfg: TrainConfig) -> step_lib.StepSpec:
       max_response_len=s.max_new_tokens,
       logits_chunk=cfg.learner.logits_chunk,
       pack_length=cfg.learner.pack_length,
-      pack_rows=cfg.learner.pack_rows)
+      pack_rows=cfg.learner.pack_rows,
+      routing_replay=cfg.moe.routing_replay)
 
 
 class Learner:
@@ -95,8 +97,10 @@ class Learner:
     self.state_shardings = state_lib.state_shardings(optimizer, abstract_params,
                                                      mesh)
     with_ref = spec.loss.kl_coef > 0
+    self.routed = spec.routing_replay != "none"
     self.batch_shardings = batch_lib.batch_shardings(mesh, with_ref,
-                                                     packed=spec.pack_length > 0)
+                                                     packed=spec.pack_length > 0,
+                                                     routed=self.routed)
     row_sh = sharding_lib.batch_sharding(mesh, 2)
     replicated = NamedSharding(mesh, P())
     self._row_constraint = NamedSharding(mesh, P(None, sharding_lib.ROWS))
@@ -109,17 +113,19 @@ class Learner:
       return step_lib.learner_step(state, batch, graphdef=graphdef,
                                    optimizer=optimizer, spec=spec, rows=rows)
 
-    def logprobs(params, tokens_BT, mask_BT):
+    def logprobs(params, tokens_BT, mask_BT, routing_BTLk=None, with_routing=False):
       self.traces["logprobs"] += 1
       return logprobs_lib.chunked_logprobs(
           graphdef, params, tokens_BT, mask_BT, spec.scoring,
-          spec.num_minibatches * spec.num_microbatches, spec.logits_chunk)
+          spec.num_minibatches * spec.num_microbatches, spec.logits_chunk,
+          routing_BTLk=routing_BTLk, with_routing=with_routing)
 
-    def packed_logprobs(params, tokens_BT, pack):
+    def packed_logprobs(params, tokens_BT, pack, routing_BTLk=None, with_routing=False):
       self.traces["logprobs"] += 1
       return logprobs_lib.packed_logprobs(graphdef, params, tokens_BT, pack,
                                           spec.scoring, spec.pack_rows,
-                                          spec.logits_chunk)
+                                          spec.logits_chunk, routing_BTLk=routing_BTLk,
+                                          with_routing=with_routing)
 
     self._step = jax.jit(step, in_shardings=(self.state_shardings,
                                              self.batch_shardings),
@@ -132,6 +138,23 @@ class Learner:
         packed_logprobs, in_shardings=(self.state_shardings.params, row_sh,
                                        packing.PackPlan(row_sh, row_sh, row_sh)),
         out_shardings=row_sh)
+    # MoE: the recompute with forced routing in (R3) and / or its own routing out
+    # (R2, the routing-mismatch metrics); `with_routing` static.
+    row4 = sharding_lib.batch_sharding(mesh, 4)
+    self._routed_logprobs = {
+        (forced, out): jax.jit(
+            functools.partial(logprobs, with_routing=out),
+            in_shardings=(self.state_shardings.params, row_sh, row_sh,
+                          row4 if forced else None),
+            out_shardings=(row_sh, row4) if out else row_sh)
+        for forced in (False, True) for out in (False, True)}
+    self._routed_packed_logprobs = {
+        (forced, out): jax.jit(
+            functools.partial(packed_logprobs, with_routing=out),
+            in_shardings=(self.state_shardings.params, row_sh,
+                          packing.PackPlan(row_sh, row_sh, row_sh), row4 if forced else None),
+            out_shardings=(row_sh, row4) if out else row_sh)
+        for forced in (False, True) for out in (False, True)}
 
   @classmethod
   def from_config(cls, cfg: TrainConfig, model: nnx.Module, mesh: Mesh, *,
@@ -152,6 +175,12 @@ class Learner:
     """Places a host batch with the step's input shardings (with its packing
     plan, made here from the input mask, when the learner packs)."""
     self._check_rows(batch.tokens_BT.shape[0])
+    if self.routed and batch.routing_BTLk is None:
+      raise ValueError(f"routing_replay={self.spec.routing_replay!r}: the batch has no "
+                       "routing_BTLk to replay (the sampler's for 'rollout', the recompute's "
+                       "for 'learner'); it is never silently routed live.")
+    if not self.routed and batch.routing_BTLk is not None:
+      raise ValueError("the batch carries routing_BTLk but routing_replay is 'none'.")
     if self.spec.pack_length and batch.pack is None:
       batch = batch._replace(pack=self.pack_plan(batch.input_mask_BT))
     return jax.device_put(batch, self.batch_shardings)
@@ -169,16 +198,33 @@ class Learner:
     with jax.set_mesh(self.mesh):
       return self._step(state, self.shard_batch(batch))
 
-  def logprobs(self, params: Any, tokens_BT, mask_BT) -> jax.Array:
-    """Learner log-probs (`lp_old`, or reference / probe log-probs), `[B, T]`."""
+  def logprobs(self, params: Any, tokens_BT, mask_BT, *, routing_BTLk=None,
+               with_routing: bool = False):
+    """Learner log-probs (`lp_old`, or reference / probe log-probs), `[B, T]`.
+
+    MoE: `routing_BTLk` replays that routing (R3's recompute, docs/method.md
+    §7a); `with_routing` also returns the forward's own routing
+    `[B, T, L_moe, k]` (R2, and the routing-mismatch metrics): `(lp, routing)`.
+    """
     self._check_rows(np.shape(tokens_BT)[0])
     rows = sharding_lib.batch_sharding(self.mesh, 2)
     pack = self.pack_plan(mask_BT) if self.spec.pack_length else None
     tokens_BT = jax.device_put(np.asarray(tokens_BT, np.int32), rows)
+    routed = routing_BTLk is not None or with_routing
+    if routing_BTLk is not None:
+      routing_BTLk = jax.device_put(np.asarray(routing_BTLk, np.int32),
+                                    sharding_lib.batch_sharding(self.mesh, 4))
     with jax.set_mesh(self.mesh):
       if pack is not None:
-        return self._packed_logprobs(params, tokens_BT, jax.device_put(pack, rows))
+        pack = jax.device_put(pack, rows)
+        if routed:
+          fn = self._routed_packed_logprobs[(routing_BTLk is not None, with_routing)]
+          return fn(params, tokens_BT, pack, routing_BTLk)
+        return self._packed_logprobs(params, tokens_BT, pack)
       mask_BT = jax.device_put(np.asarray(mask_BT, np.float32), rows)
+      if routed:
+        fn = self._routed_logprobs[(routing_BTLk is not None, with_routing)]
+        return fn(params, tokens_BT, mask_BT, routing_BTLk)
       return self._logprobs(params, tokens_BT, mask_BT)
 
   def abstract_state(self) -> state_lib.LearnerState:

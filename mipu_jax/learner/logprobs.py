@@ -51,7 +51,8 @@ def policy_logprobs(model, tokens_BT: jax.Array, mask_BT: jax.Array,
                     scoring: Scoring, *, with_entropy: bool = False,
                     entropy_grad: bool = False, logits_chunk: int = 0,
                     segment_ids_BT: jax.Array | None = None,
-                    positions_BT: jax.Array | None = None, recompute_mlp: bool = False):
+                    positions_BT: jax.Array | None = None, recompute_mlp: bool = False,
+                    routing_BTLk: jax.Array | None = None, with_routing: bool = False):
   """`lp[:, t] = log π(tokens[t] | tokens[:t])` (0 at t = 0), and the entropy.
 
   Args:
@@ -74,27 +75,38 @@ def policy_logprobs(model, tokens_BT: jax.Array, mask_BT: jax.Array,
     positions_BT: packed rows: RoPE positions restarting in each segment.
     recompute_mlp: the model's backward pass recomputes each layer's MLP input
       (`Qwen3.__call__`; the learner's step resolves it for its platform).
+    routing_BTLk: MoE routing replay: the experts to route each token to
+      (`Qwen3.__call__`, docs/method.md §7a); None: the live router's.
+    with_routing: also return the forward's routing (`Output.routing`: the
+      experts each token went to, int32 `[B, T, L_moe, k]`; None when dense).
 
   Returns:
-    float32 `[B, T]` log-probs, or `(log-probs, entropy)`.
+    float32 `[B, T]` log-probs, or `(log-probs, entropy)`; with `with_routing`,
+    `(that, routing)`.
   """
   if scoring.true_on_policy:
-    out = invariant_logprobs(model, tokens_BT, mask_BT, scoring, entropy_grad=entropy_grad,
-                             logits_chunk=logits_chunk, segment_ids_BT=segment_ids_BT,
-                             positions_BT=positions_BT, recompute_mlp=recompute_mlp)
-    return out if with_entropy else out[0]
+    lp, ent, routing = invariant_logprobs(
+        model, tokens_BT, mask_BT, scoring, entropy_grad=entropy_grad,
+        logits_chunk=logits_chunk, segment_ids_BT=segment_ids_BT, positions_BT=positions_BT,
+        recompute_mlp=recompute_mlp, routing_BTLk=routing_BTLk)
+    out = (lp, ent) if with_entropy else lp
+    return (out, routing) if with_routing else out
   # U: the T - 1 positions that have a next token (targets shifted by one).
   targets_BU = tokens_BT[:, 1:]
   kwargs = dict(mask_BT=mask_BT, segment_ids_BT=segment_ids_BT,
                 positions_BT=positions_BT, recompute_mlp=recompute_mlp)
+  if routing_BTLk is not None:  # a dense model's call keeps its own signature
+    kwargs["routing_BTLk"] = routing_BTLk
   if logits_chunk and not scoring.truncates:
-    h_BUD = model(tokens_BT, logits=False, **kwargs).hidden[:, :-1]
+    fwd = model(tokens_BT, logits=False, **kwargs)
+    h_BUD = fwd.hidden[:, :-1]
     out = models.chunked_token_logprobs(
         model, h_BUD, targets_BU, scoring.temperature, chunk=logits_chunk,
         with_entropy=with_entropy, entropy_grad=entropy_grad)
     lp_BU, ent_BU = out if with_entropy else (out, None)
   else:
-    logits_BUV = model(tokens_BT, **kwargs).logits[:, :-1]
+    fwd = model(tokens_BT, **kwargs)
+    logits_BUV = fwd.logits[:, :-1]
     if scoring.truncates:
       lp_BU = sampling.truncated_logprobs(logits_BUV, targets_BU,
                                           scoring.temperature, scoring.top_k,
@@ -107,17 +119,18 @@ def policy_logprobs(model, tokens_BT: jax.Array, mask_BT: jax.Array,
         logits_BUV = jax.lax.stop_gradient(logits_BUV)
       ent_BU = models.entropy(logits_BUV, scoring.temperature)
   lp_BT = jnp.pad(lp_BU, ((0, 0), (1, 0)))
-  if not with_entropy:
-    return lp_BT
-  return lp_BT, jnp.pad(ent_BU, ((0, 0), (1, 0)))
+  out = lp_BT if not with_entropy else (lp_BT, jnp.pad(ent_BU, ((0, 0), (1, 0))))
+  return (out, fwd.routing) if with_routing else out
 
 
 def invariant_logprobs(model, tokens_BT: jax.Array, mask_BT: jax.Array, scoring: Scoring,
                        *, entropy_grad: bool = False, logits_chunk: int = 0,
                        segment_ids_BT: jax.Array | None = None,
-                       positions_BT: jax.Array | None = None, recompute_mlp: bool = False):
-  """`(log-probs, entropy)` as `policy_logprobs`, from the batch-invariant forward
-  the sampler runs in the true on-policy mode (docs/method.md §7).
+                       positions_BT: jax.Array | None = None, recompute_mlp: bool = False,
+                       routing_BTLk: jax.Array | None = None):
+  """`(log-probs, entropy, routing)` as `policy_logprobs`, from the batch-invariant
+  forward the sampler runs in the true on-policy mode (docs/method.md §7); the
+  routing is None for a dense model.
 
   The values are that forward's, bitwise the sampler's `lp_mu` at the same
   weights; the gradient is the standard forward's (`policy_logprobs` with the
@@ -133,65 +146,80 @@ def invariant_logprobs(model, tokens_BT: jax.Array, mask_BT: jax.Array, scoring:
     positions_BT = jnp.maximum(jnp.cumsum(mask_BT, axis=1) - 1, 0)
   standard = dataclasses.replace(scoring, true_on_policy=False)
 
-  def local(state, tokens_BT, mask_BT, positions_BT):
+  def local(state, tokens_BT, mask_BT, positions_BT, routing_BTLk):
     model = nnx.merge(graphdef, state)
     b, t = tokens_BT.shape
-    h_BTD = model(tokens_BT, mask_BT=mask_BT, positions_BT=positions_BT,
-                  inference=qwen3.Inference(invariant=True), logits=False).hidden
+    out = model(tokens_BT, mask_BT=mask_BT, positions_BT=positions_BT,
+                inference=qwen3.Inference(invariant=True), logits=False,
+                **({} if routing_BTLk is None else {"routing_BTLk": routing_BTLk}))
+    h_BTD = out.hidden
     m = b * (t - 1)
     _, lp_M, ent_M = invariant.head_logprobs(
         model.logits, h_BTD[:, :-1].reshape(m, -1),
         jnp.full((m,), scoring.temperature, jnp.float32), tokens_BT[:, 1:].reshape(m))
     pad = lambda x_M: jnp.pad(x_M.reshape(b, t - 1), ((0, 0), (1, 0)))
-    return pad(lp_M), pad(ent_M)
+    return pad(lp_M), pad(ent_M), out.routing
 
-  def forward(state, tokens_BT, mask_BT, positions_BT):
-    return invariant.per_row_shard(local, state, tokens_BT, mask_BT, positions_BT)
+  def forward(state, tokens_BT, mask_BT, positions_BT, routing_BTLk):
+    if routing_BTLk is None:
+      return invariant.per_row_shard(
+          lambda s, *rows: local(s, *rows, None), state, tokens_BT, mask_BT, positions_BT)
+    return invariant.per_row_shard(local, state, tokens_BT, mask_BT, positions_BT,
+                                   routing_BTLk)
 
-  def reference(state, tokens_BT, mask_BT, segment_ids_BT, positions_BT):
+  def reference(state, tokens_BT, mask_BT, segment_ids_BT, positions_BT, routing_BTLk):
     return policy_logprobs(nnx.merge(graphdef, state), tokens_BT, mask_BT, standard,
                            with_entropy=True, entropy_grad=entropy_grad,
                            logits_chunk=logits_chunk, segment_ids_BT=segment_ids_BT,
-                           positions_BT=positions_BT, recompute_mlp=recompute_mlp)
+                           positions_BT=positions_BT, recompute_mlp=recompute_mlp,
+                           routing_BTLk=routing_BTLk)
 
   @jax.custom_vjp
-  def scored(state, tokens_BT, mask_BT, segment_ids_BT, positions_BT):
+  def scored(state, tokens_BT, mask_BT, segment_ids_BT, positions_BT, routing_BTLk):
     del segment_ids_BT  # a packed segment is contiguous: its positions suffice
-    return forward(state, tokens_BT, mask_BT, positions_BT)
+    return forward(state, tokens_BT, mask_BT, positions_BT, routing_BTLk)
 
-  def scored_fwd(state, tokens_BT, mask_BT, segment_ids_BT, positions_BT):
-    out = forward(state, tokens_BT, mask_BT, positions_BT)
-    return out, (state, tokens_BT, mask_BT, segment_ids_BT, positions_BT)
+  def scored_fwd(state, tokens_BT, mask_BT, segment_ids_BT, positions_BT, routing_BTLk):
+    out = forward(state, tokens_BT, mask_BT, positions_BT, routing_BTLk)
+    return out, (state, tokens_BT, mask_BT, segment_ids_BT, positions_BT, routing_BTLk)
 
   def scored_bwd(residuals, cotangents):
     state, *rest = residuals
     _, vjp = jax.vjp(lambda s: reference(s, *rest), state)
-    return (vjp(cotangents)[0], None, None, None, None)
+    return (vjp(cotangents[:2])[0], None, None, None, None, None)  # routing: no gradient
 
   scored.defvjp(scored_fwd, scored_bwd)
-  return scored(state, tokens_BT, mask_BT, segment_ids_BT, positions_BT)
+  return scored(state, tokens_BT, mask_BT, segment_ids_BT, positions_BT, routing_BTLk)
 
 
 def chunked_logprobs(graphdef: nnx.GraphDef, params: Any, tokens_BT: jax.Array,
                      mask_BT: jax.Array, scoring: Scoring,
-                     num_chunks: int, logits_chunk: int = 0) -> jax.Array:
+                     num_chunks: int, logits_chunk: int = 0,
+                     routing_BTLk: jax.Array | None = None, with_routing: bool = False):
   """`policy_logprobs` over `num_chunks` row chunks (bounded activation memory).
 
   Pure; `lp_old` is a `stop_gradient` quantity (docs/method.md §0).
+  `routing_BTLk` / `with_routing`: as `policy_logprobs` (MoE routing replay;
+  the routing out is the forward's, `[B, T, L_moe, k]`).
   """
   model = nnx.merge(graphdef, params)
   b, l = tokens_BT.shape
-  xs = (tokens_BT.reshape(num_chunks, b // num_chunks, l),
-        mask_BT.reshape(num_chunks, b // num_chunks, l))
-  lp_CbL = jax.lax.map(
-      lambda x: policy_logprobs(model, x[0], x[1], scoring,
-                                logits_chunk=logits_chunk), xs)
-  return jax.lax.stop_gradient(lp_CbL.reshape(b, l))
+  chunks = lambda x: x.reshape((num_chunks, b // num_chunks) + x.shape[1:])
+  xs = (chunks(tokens_BT), chunks(mask_BT),
+        None if routing_BTLk is None else chunks(routing_BTLk))
+  out = jax.lax.map(
+      lambda x: policy_logprobs(model, x[0], x[1], scoring, logits_chunk=logits_chunk,
+                                routing_BTLk=x[2], with_routing=with_routing), xs)
+  unchunk = lambda x: x.reshape((b,) + x.shape[2:])
+  if with_routing:
+    return jax.lax.stop_gradient(unchunk(out[0])), unchunk(out[1])
+  return jax.lax.stop_gradient(unchunk(out))
 
 
 def packed_logprobs(graphdef: nnx.GraphDef, params: Any, tokens_BT: jax.Array,
                     pack: packing.PackPlan, scoring: Scoring, rows_per_chunk: int,
-                    logits_chunk: int = 0) -> jax.Array:
+                    logits_chunk: int = 0, routing_BTLk: jax.Array | None = None,
+                    with_routing: bool = False):
   """`chunked_logprobs` on packed rows, scattered back to `[B, T]`.
 
   A segment's first token has no log-prob (0, as unpacked at t = 0): its
@@ -201,12 +229,20 @@ def packed_logprobs(graphdef: nnx.GraphDef, params: Any, tokens_BT: jax.Array,
   r, p = pack.src_RP.shape
   tokens_RP = packing.gather(tokens_BT, pack.src_RP)
   mask_RP = (pack.src_RP >= 0).astype(jnp.float32)
+  routing_RP = (None if routing_BTLk is None
+                else packing.gather(routing_BTLk, pack.src_RP, fill=-1))
   c = r // rows_per_chunk
-  xs = tuple(x.reshape(c, rows_per_chunk, p) for x in
-             (tokens_RP, mask_RP, pack.segment_ids_RP, pack.positions_RP))
-  lp_CRP = jax.lax.map(
+  chunks = lambda x: x.reshape((c, rows_per_chunk) + x.shape[1:])
+  xs = tuple(None if x is None else chunks(x) for x in
+             (tokens_RP, mask_RP, pack.segment_ids_RP, pack.positions_RP, routing_RP))
+  out = jax.lax.map(
       lambda x: policy_logprobs(model, x[0], x[1], scoring, logits_chunk=logits_chunk,
-                                segment_ids_BT=x[2], positions_BT=x[3]), xs)
+                                segment_ids_BT=x[2], positions_BT=x[3], routing_BTLk=x[4],
+                                with_routing=with_routing), xs)
+  lp_CRP = out[0] if with_routing else out
   lp_RP = jnp.where(pack.positions_RP > 0, lp_CRP.reshape(r, p), 0.0)
-  lp_BT = packing.scatter(lp_RP, pack.src_RP, tokens_BT.shape)
-  return jax.lax.stop_gradient(lp_BT)
+  lp_BT = jax.lax.stop_gradient(packing.scatter(lp_RP, pack.src_RP, tokens_BT.shape))
+  if not with_routing:
+    return lp_BT
+  routing = out[1].reshape((r, p) + out[1].shape[3:])
+  return lp_BT, packing.scatter(routing, pack.src_RP, tokens_BT.shape, fill=-1)

@@ -109,10 +109,11 @@ def plan(input_mask_BT: np.ndarray, pack_length: int,
   return PackPlan(src, seg, pos)
 
 
-def gather(x_BT: jax.Array, src_RP: jax.Array) -> jax.Array:
-  """Unpacked per-token values → packed rows (0 on padding)."""
-  flat = x_BT.reshape(-1)
-  return jnp.where(src_RP >= 0, flat[jnp.maximum(src_RP, 0)], jnp.zeros((), x_BT.dtype))
+def gather(x_BT: jax.Array, src_RP: jax.Array, fill=0) -> jax.Array:
+  """Unpacked per-token values (`[B, T, ...]`) → packed rows (`fill` on padding)."""
+  flat = x_BT.reshape((-1,) + x_BT.shape[2:])
+  keep = (src_RP >= 0).reshape(src_RP.shape + (1,) * (x_BT.ndim - 2))
+  return jnp.where(keep, flat[jnp.maximum(src_RP, 0)], jnp.asarray(fill, x_BT.dtype))
 
 
 def gather_rows(x_B: jax.Array, src_RP: jax.Array, length: int) -> jax.Array:
@@ -121,9 +122,12 @@ def gather_rows(x_B: jax.Array, src_RP: jax.Array, length: int) -> jax.Array:
                    jnp.zeros((), x_B.dtype))
 
 
-def scatter(x_RP: jax.Array, src_RP: jax.Array, shape: tuple[int, int]) -> jax.Array:
-  """Packed per-token values → the unpacked `[B, T]` layout (0 elsewhere)."""
+def scatter(x_RP: jax.Array, src_RP: jax.Array, shape: tuple[int, int], fill=0) -> jax.Array:
+  """Packed per-token values (`[R, P, ...]`) → the unpacked `[B, T, ...]` layout
+  (`fill` elsewhere)."""
   size = shape[0] * shape[1]
+  rest = x_RP.shape[2:]
   index = jnp.where(src_RP >= 0, src_RP, size).reshape(-1)
-  out = jnp.zeros((size,), x_RP.dtype).at[index].set(x_RP.reshape(-1), mode="drop")
-  return out.reshape(shape)
+  out = jnp.full((size,) + rest, fill, x_RP.dtype).at[index].set(
+      x_RP.reshape((-1,) + rest), mode="drop")
+  return out.reshape(tuple(shape) + rest)

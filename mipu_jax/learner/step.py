@@ -51,6 +51,9 @@ class StepSpec:
     recompute_mlp: the backward pass recomputes each layer's MLP input
       (`models.qwen3.recompute_mlp_for`); None: `Learner` resolves it for its
       mesh's platform.
+    routing_replay: MoE routing replay (docs/method.md §7a): "none" (live
+      routing), "learner" (R2: the recompute's routing) or "rollout" (R3: the
+      sampler's); with either, every batch carries `routing_BTLk`.
   """
   loss: losses.LossConfig
   scoring: Scoring = Scoring()
@@ -64,6 +67,7 @@ class StepSpec:
   pack_length: int = 0
   pack_rows: int = 1
   recompute_mlp: Optional[bool] = None
+  routing_replay: str = "none"
 
   @property
   def num_updates(self) -> int:
@@ -113,6 +117,8 @@ def learner_step(state: LearnerState, batch: Batch, *, graphdef: nnx.GraphDef,
   }
   if batch.lp_ref_model_BT is not None:
     rows_data["lp_ref_model"] = batch.lp_ref_model_BT
+  if batch.routing_BTLk is not None:  # MoE routing replay (docs/method.md §7a)
+    rows_data["routing"] = batch.routing_BTLk
 
   rng, perm_key = jax.random.split(state.rng)
   if batch.pack is not None:
@@ -135,7 +141,8 @@ def learner_step(state: LearnerState, batch: Batch, *, graphdef: nnx.GraphDef,
                           logits_chunk=spec.logits_chunk,
                           segment_ids_BT=mb.get("segment_ids"),
                           positions_BT=mb.get("positions"),
-                          recompute_mlp=bool(spec.recompute_mlp))
+                          recompute_mlp=bool(spec.recompute_mlp),
+                          routing_BTLk=mb.get("routing"))
     lp_BT, ent_BT = out if spec.with_entropy else (out, None)
     return losses.micro_loss(
         lp_BT, ent_BT, mb["lp_ref"], mb["adv"], mb["weights"], mb["keep"],
@@ -226,7 +233,7 @@ def _packed_rows(rows_data, pack: packing.PackPlan, corrected: losses.Corrected,
   coef_BT = losses.token_coefficients(corrected.keep_BT, corrected.denom_BT,
                                       spec.loss, spec.max_response_len)
   packed = {k: (packing.gather_rows(v, src_RP, length) if k == "adv"
-                else packing.gather(v, src_RP))
+                else packing.gather(v, src_RP, fill=-1 if k == "routing" else 0))
             for k, v in rows_data.items() if k != "denom"}
   packed["coef"] = packing.gather(coef_BT, src_RP)
   packed["input_mask"] = (src_RP >= 0).astype(jnp.float32)

@@ -211,3 +211,32 @@ def moe_block(cfg, h_BTD: jax.Array, hq_BTD: jax.Array, w: dict, act_quant,
   mask_n = mask_BT.reshape(b * t)
   experts = jnp.where(mask_n[:, None], routing.experts, -1).reshape(b, t, k)
   return out.reshape(b, t, d), experts, layer_stats(routing, mask_n)
+
+
+def routing_mismatch(mu_BTLk, pi_BTLk, mask_BT) -> dict[str, float]:
+  """Host metrics of how differently the sampler (μ) and the learner (π) routed
+  the same tokens (docs/method.md §7a), over the tokens where `mask_BT` is set
+  and both routings exist (ids ≥ 0); numpy in, floats out.
+
+  `moe/routing_flip_rate`: share of (token, MoE layer) pairs whose top-k expert
+  sets differ (the R3 paper's per-decision rate); `moe/token_flip_rate`: share
+  of tokens that differ in at least one layer; `moe/routing_flip_rate_layer{j}`
+  per MoE layer; `moe/expert_load_max_over_mean`: the learner's busiest expert
+  over the mean, averaged over layers (1 is perfectly balanced).
+  """
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  mu, pi = np.sort(np.asarray(mu_BTLk), -1), np.sort(np.asarray(pi_BTLk), -1)
+  valid = (np.asarray(mask_BT) > 0) & (mu >= 0).all((-1, -2)) & (pi >= 0).all((-1, -2))
+  out: dict[str, float] = {}
+  if not valid.any():
+    return out
+  flip_NL = (mu[valid] != pi[valid]).any(-1)  # [N tokens, L_moe]
+  out["moe/routing_flip_rate"] = float(flip_NL.mean())
+  out["moe/token_flip_rate"] = float(flip_NL.any(-1).mean())
+  for j in range(flip_NL.shape[1]):
+    out[f"moe/routing_flip_rate_layer{j}"] = float(flip_NL[:, j].mean())
+  experts = int(max(pi.max(), mu.max())) + 1
+  loads = [np.bincount(pi[valid][:, j].ravel(), minlength=experts)
+           for j in range(pi.shape[2])]
+  out["moe/expert_load_max_over_mean"] = float(np.mean([l.max() / l.mean() for l in loads]))
+  return out

@@ -40,6 +40,22 @@ def pad_and_concat(rollout: Rollout, length: int):
   return tokens_BT, input_mask_BT, loss_mask_BT, lp_mu_BT
 
 
+def routing_rows(rollout: Rollout, length: int) -> np.ndarray | None:
+  """The sampler's routing in the learner's rows: `[B, length, L_moe, k]`, each
+  row's prompt tokens' then response tokens' experts, -1 elsewhere (the learner
+  routes those live); None when the rollout has no routing (docs/method.md §7a)."""
+  if rollout.routing_RT is None:
+    return None
+  g = rollout.group_size
+  b, t = rollout.routing_RT.shape[:2]
+  out = np.full((b, length) + rollout.routing_RT.shape[2:], -1, np.int32)
+  for i in range(b):
+    p = len(rollout.prompt_ids[i // g])
+    out[i, :p] = rollout.prompt_routing_NP[i // g, :p]
+    out[i, p:p + t] = np.where(rollout.mask_RT[i][:, None, None] > 0, rollout.routing_RT[i], -1)
+  return out
+
+
 def advantages(rollout: Rollout, estimator: str) -> np.ndarray:
   """Per-response advantages `[N*G]` (docs/method.md §1)."""
   return np.asarray(losses.compute_advantages(

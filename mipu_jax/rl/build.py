@@ -154,10 +154,14 @@ def make_sampler(model: models.Qwen3, cfg: TrainConfig, task: base.Task,
     # Each process samples its share of the prompts on its own devices.
     local = jax.local_devices()
     mesh = models.make_mesh(1, len(local), 1, devices=local)
+  # MoE: each token's experts for rollout routing replay (R3) and the
+  # routing-mismatch metrics (docs/method.md §7a).
+  routing = model.config.is_moe and (cfg.moe.record_routing
+                                     or cfg.moe.routing_replay == "rollout")
   return sampler_lib.Sampler(
       model, eos_ids=list(tok.stop_ids), mesh=mesh if mesh.size > 1 else None,
       max_prefill_length=task.prompt_budget, max_decode_length=s.max_new_tokens,
-      pad_id=tok.pad_id, **s.precision_kwargs())
+      pad_id=tok.pad_id, return_routing=routing, **s.precision_kwargs())
 
 
 def full_precision(cfg: TrainConfig) -> TrainConfig:
@@ -204,6 +208,9 @@ def build_run(cfg: TrainConfig, *, donate: bool = True) -> Run:
   task = make_task(cfg)
   mesh = mesh_from_config(cfg.learner.mesh)
   model = make_policy(cfg.model, task.tokenizer, mesh)
+  if cfg.moe.routing_replay != "none" and not model.config.is_moe:
+    raise ValueError(f"moe.routing_replay={cfg.moe.routing_replay!r} on a dense model: "
+                     f"{cfg.model.init_from or cfg.model.preset!r} has no MoE layers.")
   learner = Learner.from_config(cfg, model, mesh, donate=donate)
   sampler = make_sampler(model, cfg, task, mesh)
   ref = None

@@ -38,6 +38,11 @@ class Rollout:
     stats: the task's reward counters (`reward/*`), summed over the groups.
     score_seconds: wall time spent scoring the responses (rewards), summed
       over concatenated rollouts.
+    routing_RT: MoE with the sampler's routing recorded: int32
+      `[N*G, T, L_moe, k]`, each response token's experts (-1 where none);
+      else None (docs/method.md §7a).
+    prompt_routing_NP: with `routing_RT`: int32 `[N, P, L_moe, k]`, each prompt
+      token's experts, -1 after the prompt.
   """
   problems: tuple[base.ProblemLike, ...]
   prompt_ids: tuple[tuple[int, ...], ...]
@@ -51,6 +56,8 @@ class Rollout:
   keep_R: np.ndarray | None = None
   stats: tuple[tuple[str, float], ...] = ()
   score_seconds: float = 0.0
+  routing_RT: np.ndarray | None = None
+  prompt_routing_NP: np.ndarray | None = None
 
   def __post_init__(self):
     if self.keep_R is None:
@@ -75,7 +82,10 @@ class Rollout:
         tokens_RT=self.tokens_RT[rows], lp_mu_RT=self.lp_mu_RT[rows],
         mask_RT=self.mask_RT[rows], lengths_R=self.lengths_R[rows],
         truncated_R=self.truncated_R[rows], rewards_R=self.rewards_R[rows],
-        keep_R=self.keep_R[rows])
+        keep_R=self.keep_R[rows],
+        routing_RT=None if self.routing_RT is None else self.routing_RT[rows],
+        prompt_routing_NP=(None if self.prompt_routing_NP is None
+                           else self.prompt_routing_NP[groups]))
 
 
 def concat(rollouts: Sequence[Rollout]) -> Rollout:
@@ -86,6 +96,13 @@ def concat(rollouts: Sequence[Rollout]) -> Rollout:
   for r in rollouts:
     for k, v in r.stats:
       stats[k] = stats.get(k, 0.0) + v
+  routed = first.routing_RT is not None
+  prompt_routing = None
+  if routed:  # prompts padded to the longest
+    p = max(r.prompt_routing_NP.shape[1] for r in rollouts)
+    prompt_routing = np.concatenate([
+        np.pad(r.prompt_routing_NP, ((0, 0), (0, p - r.prompt_routing_NP.shape[1]),
+                                     (0, 0), (0, 0)), constant_values=-1) for r in rollouts])
   return Rollout(
       problems=sum((r.problems for r in rollouts), ()),
       prompt_ids=sum((r.prompt_ids for r in rollouts), ()),
@@ -94,7 +111,8 @@ def concat(rollouts: Sequence[Rollout]) -> Rollout:
       truncated_R=cat("truncated_R"), rewards_R=cat("rewards_R"),
       group_size=first.group_size, keep_R=cat("keep_R"),
       stats=tuple(sorted(stats.items())),
-      score_seconds=sum(r.score_seconds for r in rollouts))
+      score_seconds=sum(r.score_seconds for r in rollouts),
+      routing_RT=cat("routing_RT") if routed else None, prompt_routing_NP=prompt_routing)
 
 
 def sample_groups(sampler, task: base.Task, problems: Sequence[base.ProblemLike], *,
@@ -135,6 +153,14 @@ def sample_groups(sampler, task: base.Task, problems: Sequence[base.ProblemLike]
   def gather(x, dtype):
     return distributed.allgather(np.asarray(x, dtype), rows, total)
 
+  routing_RT = prompt_routing_NP = None
+  if getattr(out, "routing_array", None) is not None:  # MoE with routing recorded
+    routing_RT = gather(out.routing_array, np.int32)
+    p = max(len(x) for x in prompt_ids)
+    local = np.full((len(out.prompt_routing), p) + out.routing_array.shape[2:], -1, np.int32)
+    for i, r in enumerate(out.prompt_routing):
+      local[i, :len(r)] = r
+    prompt_routing_NP = distributed.allgather(local, part, len(problems))
   stat_names = sorted(stats)
   stat_values = gather(np.asarray([[stats[k] for k in stat_names]], np.float64),
                        np.float64).sum(axis=0) if stat_names else []
@@ -146,7 +172,8 @@ def sample_groups(sampler, task: base.Task, problems: Sequence[base.ProblemLike]
       lengths_R=gather(out.lengths, np.int32),
       truncated_R=gather(truncated_R, bool), rewards_R=gather(rewards_R, np.float32),
       group_size=group_size, keep_R=gather(keep_R, bool),
-      stats=tuple(zip(stat_names, map(float, stat_values))), score_seconds=score_seconds)
+      stats=tuple(zip(stat_names, map(float, stat_values))), score_seconds=score_seconds,
+      routing_RT=routing_RT, prompt_routing_NP=prompt_routing_NP)
 
 
 def dynamic_sampling(draw: Callable[[int], Rollout], num_groups: int, *,

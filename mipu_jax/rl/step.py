@@ -19,6 +19,7 @@ import time
 from typing import Optional
 
 import jax
+import numpy as np
 
 from mipu_jax import distributed
 from mipu_jax import losses
@@ -54,19 +55,50 @@ def collect(run: build.Run, step: int):
 
 
 def learner_batch(run: build.Run, state: LearnerState,
-                  chosen: rollout_lib.Rollout, response_length: float):
+                  chosen: rollout_lib.Rollout, response_length: float,
+                  metrics: Optional[dict] = None):
   """The learner batch: packed rows, advantages, `lp_old` (docs/method.md §0–2).
 
   `lp_old` is recomputed under the synced weights in `on_policy_recompute`
   mode; `bypass` keeps `lp_old = lp_mu` (no recompute). Reference-model
-  log-probs are added when a KL term is on.
+  log-probs are added when a KL term is on. MoE (docs/method.md §7a): under
+  R3 the recompute and the update replay the sampler's routing; under R2 the
+  update replays the routing of the recompute (run for it in bypass mode too);
+  with the sampler's routing recorded, `metrics` (if given) gets the
+  routing-mismatch metrics of the learner's own routing against it.
   """
   cfg, learner = run.cfg, run.learner
   batch = batching.make_batch(chosen, run.seq_len, cfg.loss.advantage,
                               response_length=response_length)
-  if cfg.loss.mode == "on_policy_recompute":
+  replay = cfg.moe.routing_replay
+  mu_routing = batching.routing_rows(chosen, run.seq_len)
+  if replay == "rollout" and mu_routing is None:
+    raise ValueError("moe.routing_replay='rollout' needs the sampler's routing; the "
+                     "rollout has none.")
+  recompute = cfg.loss.mode == "on_policy_recompute"
+  pi_routing = None
+  if replay == "learner" or mu_routing is not None:  # an MoE (build refuses R2 when dense)
+    # The learner's own (live) routing of the old policy: R2's replay, the metrics.
+    lp, pi_routing = learner.logprobs(state.params, batch.tokens_BT, batch.input_mask_BT,
+                                      with_routing=True)
+    pi_routing = np.asarray(jax.device_get(pi_routing))
+    if recompute and replay != "rollout":
+      batch = batch._replace(lp_old_BT=lp)
+      recompute = False
+  if replay == "rollout":
+    if recompute:
+      batch = batch._replace(lp_old_BT=learner.logprobs(
+          state.params, batch.tokens_BT, batch.input_mask_BT, routing_BTLk=mu_routing))
+      recompute = False
+    batch = batch._replace(routing_BTLk=mu_routing)
+  elif replay == "learner":
+    batch = batch._replace(routing_BTLk=pi_routing)
+  if recompute:
     batch = batch._replace(lp_old_BT=learner.logprobs(
         state.params, batch.tokens_BT, batch.input_mask_BT))
+  if metrics is not None and mu_routing is not None and pi_routing is not None:
+    from mipu_jax.models import moe  # pylint: disable=g-import-not-at-top
+    metrics.update(moe.routing_mismatch(mu_routing, pi_routing, batch.loss_mask_BT))
   if run.ref_params is not None:
     batch = batch._replace(lp_ref_model_BT=learner.logprobs(
         run.ref_params, batch.tokens_BT, batch.input_mask_BT))
@@ -108,11 +140,14 @@ def rl_step(run: build.Run, state: LearnerState, step: int,
   with guard_lib.phase("rollout", step):
     chosen, everything, data_stats = collect(run, step)
   t1 = time.perf_counter()
+  moe_metrics: dict[str, float] = {}
   with guard_lib.phase("recompute", step):
-    batch = learner_batch(run, state, chosen, float(everything.lengths_R.mean()))
+    batch = learner_batch(run, state, chosen, float(everything.lengths_R.mean()),
+                          moe_metrics)
     jax.block_until_ready(batch)
   t_recompute = time.perf_counter() - t1
   state, metrics = update(run, state, batch, step, gate)
+  metrics.update(moe_metrics)
   t2 = time.perf_counter()
 
   tokens = float(batch.input_mask_BT.sum())
