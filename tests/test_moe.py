@@ -323,3 +323,73 @@ def test_sampler_decodes_moe_under_every_precision(one_layer, precision):
   lp, lp_ref = out.logprobs_array[:, 0], ref.logprobs_array[:, 0]
   assert np.isfinite(lp).all() and np.abs(lp - lp_ref).max() < 0.5
   assert np.abs(lp - lp_ref).max() > 0
+
+
+# Measured on XLA:CPU (jax 0.10.2): in float32 a few log-probs of an MoE differ in the last
+# bit between the sampler's programs and the learner's (dense layers are bitwise); the
+# router's logits are involved (padding the router to 128 experts moves which tokens differ,
+# the experts' arithmetic does not). bf16 is bitwise. Cause not pinned down (docs/method.md §7a).
+_FP32_MOE = pytest.mark.xfail(strict=True, reason="float32 MoE not bitwise on XLA:CPU (measured)")
+
+
+@pytest.mark.parametrize("dtype", [pytest.param("float32", marks=_FP32_MOE), "bfloat16"])
+def test_true_on_policy_is_bitwise_on_an_moe(dtype):
+  """The true on-policy mode on an MoE (docs/method.md §7, §7a): the router and
+  the experts run per token on both sides, so the sampler picks the same experts
+  and its log-probs equal the learner's loss forward bitwise, through refills
+  and shared prompts; the routing it returns is the learner's."""
+  from mipu_jax.learner import logprobs as logprobs_lib  # pylint: disable=g-import-not-at-top
+  from mipu_jax.sampler import Sampler  # pylint: disable=g-import-not-at-top
+  model = _random_moe(dict(CONFIGS["all_moe_norm_tied"], dtype=dtype), seed=7)
+  prompts = [[5, 9, 2], [7, 1, 8, 2, 8, 1, 3], [4, 4, 6, 10, 12, 3, 5, 9, 11, 2, 1]]
+  out = Sampler(model, dtype=dtype, true_on_policy=True, eos_ids=(7,), return_routing=True,
+                max_concurrent_decodes=4).generate(prompts, max_new_tokens=12, num_samples=2,
+                                                   temperature=0.9, seed=3)
+  s, t = len(out.tokens), 11 + 12 + 1
+  tokens, mask = np.zeros((s, t), np.int32), np.zeros((s, t), np.float32)
+  lp_mu, on = np.zeros((s, t), np.float32), np.zeros((s, t), bool)
+  for i, (resp, lp) in enumerate(zip(out.tokens, out.logprobs)):
+    p = prompts[out.prompt_index[i]]
+    tokens[i, :len(p)], tokens[i, len(p):len(p) + len(resp)] = p, resp
+    mask[i, :len(p) + len(resp)], lp_mu[i, len(p):len(p) + len(resp)] = 1, lp
+    on[i, len(p):len(p) + len(resp)] = True
+  graphdef, state = nnx.split(model)
+  scoring = logprobs_lib.Scoring(0.9, true_on_policy=True)
+
+  def loss(state, tokens, mask):
+    (lp, _), routing = logprobs_lib.policy_logprobs(
+        nnx.merge(graphdef, state), tokens, mask, scoring, with_entropy=True,
+        with_routing=True)
+    return jnp.sum(lp * mask), (lp, routing)
+
+  (_, (lp, routing)), grads = jax.jit(jax.value_and_grad(loss, has_aux=True))(
+      state, tokens, mask)
+  assert all(np.isfinite(g).all() for g in jax.tree.leaves(grads))
+  np.testing.assert_array_equal(np.asarray(lp)[on], lp_mu[on])
+  routing = np.asarray(routing)
+  for i, resp in enumerate(out.tokens):
+    p = len(prompts[out.prompt_index[i]])
+    np.testing.assert_array_equal(routing[i, p:p + len(resp) - 1],
+                                  out.routing_array[i, :len(resp) - 1])
+
+
+def test_load_balancing_loss_reaches_the_router():
+  """`policy_logprobs(with_aux=True)` is the forward's load-balancing loss, and its
+  gradient reaches every MoE layer's router."""
+  from mipu_jax.learner import logprobs as logprobs_lib  # pylint: disable=g-import-not-at-top
+  model = _random_moe(CONFIGS["mixed_layers"], seed=2)
+  tokens = jnp.asarray(np.random.default_rng(3).integers(0, 83, (2, 9)))
+  mask = jnp.ones((2, 9))
+  graphdef, params = nnx.split(model, nnx.Param)
+
+  def aux(params):
+    _, a = logprobs_lib.policy_logprobs(nnx.merge(graphdef, params), tokens, mask,
+                                        logprobs_lib.Scoring(), with_aux=True)
+    return a
+
+  value, g = jax.value_and_grad(aux)(params)
+  np.testing.assert_allclose(float(value), float(moe.load_balancing_loss(
+      model(tokens).moe_stats)), rtol=1e-6)
+  assert float(value) >= 1.0 - 1e-6  # E Σ f P ≥ 1 when f and P move together; ≈1 near uniform
+  router_g = np.asarray(nnx.to_pure_dict(g)["layers"]["router"])
+  assert (np.abs(router_g).max(axis=(1, 2)) > 0).all()

@@ -313,6 +313,9 @@ class MoEConfig:
     if self.routing_replay not in ROUTING_REPLAYS:
       raise ValueError(f"unknown moe.routing_replay {self.routing_replay!r}; choose one of "
                        f"{ROUTING_REPLAYS}.")
+    for name in ("record_routing", "aux_loss"):
+      if not isinstance(getattr(self, name), bool):
+        raise ValueError(f"moe.{name} must be True or False, got {getattr(self, name)!r}.")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -354,6 +357,9 @@ class TrainConfig:
       raise ValueError("rloo needs group_size >= 2.")
     if self.sampling.true_on_policy:
       self._check_true_on_policy()
+      if self.moe.aux_loss:
+        raise ValueError("moe.aux_loss with sampling.true_on_policy: the mode's forward is "
+                         "not the differentiated one; train the load balance without it.")
     if self.model.attention == "cudnn" and self.learner.pack_length:
       # cuDNN takes rows whose valid tokens are a prefix, without segment ids
       # (`mipu_jax.models.attention`): packed rows are none of those.

@@ -163,7 +163,10 @@ class Learner:
     graphdef, state = nnx.split(model)
     abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype),
                             nnx.to_pure_dict(state))
-    return cls(graphdef, abstract, spec=step_spec(cfg),
+    spec = step_spec(cfg)
+    if cfg.moe.aux_loss and model.config.is_moe:
+      spec = dataclasses.replace(spec, aux_loss_coef=model.config.router_aux_loss_coef)
+    return cls(graphdef, abstract, spec=spec,
                optimizer=state_lib.make_optimizer(cfg.optim, cfg.num_steps),
                mesh=mesh, donate=donate)
 

@@ -17,6 +17,7 @@ from flax import nnx
 from mipu_jax import models
 from mipu_jax.learner import packing
 from mipu_jax.models import invariant
+from mipu_jax.models import moe
 from mipu_jax.models import qwen3
 from mipu_jax.sampler import sampling
 
@@ -52,7 +53,8 @@ def policy_logprobs(model, tokens_BT: jax.Array, mask_BT: jax.Array,
                     entropy_grad: bool = False, logits_chunk: int = 0,
                     segment_ids_BT: jax.Array | None = None,
                     positions_BT: jax.Array | None = None, recompute_mlp: bool = False,
-                    routing_BTLk: jax.Array | None = None, with_routing: bool = False):
+                    routing_BTLk: jax.Array | None = None, with_routing: bool = False,
+                    with_aux: bool = False):
   """`lp[:, t] = log π(tokens[t] | tokens[:t])` (0 at t = 0), and the entropy.
 
   Args:
@@ -79,11 +81,16 @@ def policy_logprobs(model, tokens_BT: jax.Array, mask_BT: jax.Array,
       (`Qwen3.__call__`, docs/method.md §7a); None: the live router's.
     with_routing: also return the forward's routing (`Output.routing`: the
       experts each token went to, int32 `[B, T, L_moe, k]`; None when dense).
+    with_aux: also return the MoE load-balancing loss of the forward
+      (`moe.load_balancing_loss`, differentiable; 0 when dense). Not in the
+      true on-policy mode (its forward is not the differentiated one).
 
   Returns:
     float32 `[B, T]` log-probs, or `(log-probs, entropy)`; with `with_routing`,
-    `(that, routing)`.
+    `(that, routing)`; with `with_aux`, `(that, aux loss)`.
   """
+  if with_aux and (with_routing or scoring.true_on_policy):
+    raise ValueError("with_aux takes neither with_routing nor the true on-policy mode.")
   if scoring.true_on_policy:
     lp, ent, routing = invariant_logprobs(
         model, tokens_BT, mask_BT, scoring, entropy_grad=entropy_grad,
@@ -120,6 +127,10 @@ def policy_logprobs(model, tokens_BT: jax.Array, mask_BT: jax.Array,
       ent_BU = models.entropy(logits_BUV, scoring.temperature)
   lp_BT = jnp.pad(lp_BU, ((0, 0), (1, 0)))
   out = lp_BT if not with_entropy else (lp_BT, jnp.pad(ent_BU, ((0, 0), (1, 0))))
+  if with_aux:
+    aux = (jnp.zeros([], jnp.float32) if fwd.moe_stats is None
+           else moe.load_balancing_loss(fwd.moe_stats))
+    return out, aux
   return (out, fwd.routing) if with_routing else out
 
 

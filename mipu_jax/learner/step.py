@@ -54,6 +54,9 @@ class StepSpec:
     routing_replay: MoE routing replay (docs/method.md §7a): "none" (live
       routing), "learner" (R2: the recompute's routing) or "rollout" (R3: the
       sampler's); with either, every batch carries `routing_BTLk`.
+    aux_loss_coef: > 0 adds this times the MoE load-balancing loss to each
+      update's loss (`MoEConfig.aux_loss`; `Learner.from_config` sets the
+      model's `router_aux_loss_coef`).
   """
   loss: losses.LossConfig
   scoring: Scoring = Scoring()
@@ -68,6 +71,7 @@ class StepSpec:
   pack_rows: int = 1
   recompute_mlp: Optional[bool] = None
   routing_replay: str = "none"
+  aux_loss_coef: float = 0.0
 
   @property
   def num_updates(self) -> int:
@@ -135,6 +139,7 @@ def learner_step(state: LearnerState, batch: Batch, *, graphdef: nnx.GraphDef,
 
   def loss_fn(params, mb):
     model = nnx.merge(graphdef, params)
+    aux = spec.aux_loss_coef > 0
     out = policy_logprobs(model, mb["tokens"], mb["input_mask"], spec.scoring,
                           with_entropy=spec.with_entropy,
                           entropy_grad=cfg.entropy_coef > 0,
@@ -142,11 +147,15 @@ def learner_step(state: LearnerState, batch: Batch, *, graphdef: nnx.GraphDef,
                           segment_ids_BT=mb.get("segment_ids"),
                           positions_BT=mb.get("positions"),
                           recompute_mlp=bool(spec.recompute_mlp),
-                          routing_BTLk=mb.get("routing"))
+                          routing_BTLk=mb.get("routing"), with_aux=aux)
+    out, aux_loss = out if aux else (out, None)
     lp_BT, ent_BT = out if spec.with_entropy else (out, None)
-    return losses.micro_loss(
+    loss, sums = losses.micro_loss(
         lp_BT, ent_BT, mb["lp_ref"], mb["adv"], mb["weights"], mb["keep"],
         mb["coef"], mb["loss_mask"], mb.get("lp_ref_model"), cfg)
+    if aux:  # each micro-batch's share of the update's load-balancing term (§7a)
+      loss = loss + spec.aux_loss_coef * aux_loss / n_micro
+    return loss, sums
 
   grad_fn = jax.grad(loss_fn, has_aux=True)
 

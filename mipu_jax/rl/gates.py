@@ -143,16 +143,33 @@ class MipuGate(_CountingGate):
         max_new_tokens=s.max_new_tokens, temperature=s.temperature,
         top_k=s.top_k, top_p=s.top_p, seed=seed)
 
-  def gap(self, run: Any, params: Any, probe: rollout_lib.Rollout,
+  def gap(self, run: Any, params: Any, probe: rollout_lib.Rollout, old_params: Any = None,
           ) -> tuple[float, dict[str, float]]:
-    """`T̂_post` of `probe` under the learner's `params` (docs/method.md §5)."""
+    """`T̂_post` of `probe` under the learner's `params` (docs/method.md §5).
+
+    On an MoE policy under routing replay the probe's log-probs are routed as
+    the update's are (docs/method.md §7a): R3 replays the probe's own sampler
+    routing, R2 the routing the learner's `old_params` (the pre-update policy)
+    give the probe.
+    """
     tokens_BT, input_mask_BT, loss_mask_BT, lp_mu_BT = batching.pad_and_concat(
         probe, run.seq_len)
     b = tokens_BT.shape[0]
     padded = _row_multiple(run, b)
     pad = ((0, padded - b), (0, 0))
-    lp_new_BT = run.learner.logprobs(params, np.pad(tokens_BT, pad),
-                                     np.pad(input_mask_BT, pad))
+    tokens_BT, input_mask_BT = np.pad(tokens_BT, pad), np.pad(input_mask_BT, pad)
+    replay, routing = run.cfg.moe.routing_replay, None
+    if replay == "rollout":
+      routing = np.pad(batching.routing_rows(probe, run.seq_len),
+                       pad + ((0, 0), (0, 0)), constant_values=-1)
+    elif replay == "learner":
+      _, routing = run.learner.logprobs(old_params, tokens_BT, input_mask_BT,
+                                        with_routing=True)
+      routing = np.asarray(distributed.to_host(routing))
+    if routing is None:
+      lp_new_BT = run.learner.logprobs(params, tokens_BT, input_mask_BT)
+    else:
+      lp_new_BT = run.learner.logprobs(params, tokens_BT, input_mask_BT, routing_BTLk=routing)
     lp_new_BT = np.asarray(distributed.to_host(lp_new_BT))[:b]
     t_post, metrics = mipu.gap_post(lp_new_BT, lp_mu_BT, loss_mask_BT,
                                     probe.rewards_R, probe.group_size)
@@ -163,7 +180,7 @@ class MipuGate(_CountingGate):
     t0 = time.perf_counter()
     probe = self.probe(run, step)
     t1 = time.perf_counter()
-    t_post, metrics = self.gap(run, candidate.params, probe)
+    t_post, metrics = self.gap(run, candidate.params, probe, previous.params)
     c = mipu.margin(self.cfg.c, metrics["mipu/gap_post_se"],
                     self.cfg.c_noise_multiple)
     accepted = bool(mipu.accept(t_post, c))
