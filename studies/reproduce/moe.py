@@ -1,0 +1,143 @@
+"""The MoE study's rules, fixed before its runs, and the pilot's report (docs/method.md §7a).
+
+Rules (fixed 2026-11-27, before the first pilot run):
+
+- **Collapse**, on μ (the deployed sampler's `eval/avg`) and, separately, on π
+  (the learner at full precision, `eval_pi/avg`): the first evaluation more
+  than `COLLAPSE_DROP` (15 points of pass@1) below the best evaluation so far
+  (`harness.summary.collapse_step`, the rule of every earlier study). A run
+  collapses when it collapses on μ **or** on π; both are reported.
+- **Degradation**: not collapsed, and the last evaluation more than
+  `STABLE_SES` (2) standard errors of the best below the best (the tables'
+  Stable rule, failed), on μ or on π.
+- **Cap hits**: the share of sampled responses that reached `max_new_tokens`
+  (`rollout/truncated_fraction`), mean over the run and the largest step's.
+- **Collapse-rich setting** (the pilot's question): a (precision, lr) cell in
+  which the uncorrected baseline collapses in at least `RICH_MIN_SHARE` of the
+  pilot seeds while the fp32 control collapses in none and is Stable (μ and π)
+  in all. The study takes the lowest such lr of a deployable precision (bf16
+  or FP8); with none, the answer is "no such setting in the budget" and the
+  closest cell (most baseline collapses, control still clean) is reported.
+- **Seed counts** (power, one-sided Fisher exact test at α = 0.05 with power
+  0.8): a remedy that brings a collapse rate of 0.8 down to 0.2 needs 10 seeds
+  per row (`seeds_for_power(0.8, 0.2)`); 0.7 to 0.2 needs 15 — ten seeds is
+  the floor, more where the pilot's rate is below 0.8.
+- **Which remedies run**: all nine rows of `studies/configs/moe.py` in the
+  chosen setting, in the order of the issue (baseline, R3, R2, token TIS,
+  geometric-mean rejection, MIPU, the length-surge schedule, true on-policy in
+  bf16, the fp32 control), seeds as the outer loop.
+"""
+
+import json
+import math
+import os
+from typing import Mapping, Optional, Sequence
+
+import numpy as np
+
+from mipu_jax import rl
+from mipu_jax.harness.summary import COLLAPSE_DROP
+from mipu_jax.harness.summary import STABLE_SES
+from mipu_jax.harness.summary import collapse_step
+
+RICH_MIN_SHARE = 0.5  # "most seeds": more than half, at least 2 of 3 in a 3-seed pilot
+ALPHA, POWER = 0.05, 0.8
+
+
+def _curve(rows: Sequence[Mapping[str, float]], key: str) -> list[dict]:
+  """`rows`' evaluations of `key` renamed to `eval/avg` (for `collapse_step`)."""
+  return [{"step": r["step"], "eval/avg": r[key],
+           "se": r.get(key + "_se", r.get(key.replace("avg", "avg_se"), 0.0))}
+          for r in rows if key in r]
+
+
+def stable(curve: Sequence[Mapping[str, float]]) -> bool:
+  """The tables' Stable rule on one evaluation curve (`harness.summary`)."""
+  if len(curve) < 2:
+    return True
+  best, best_se = -np.inf, 0.0
+  ok = []
+  for e in curve:
+    if e["eval/avg"] >= best:
+      best, best_se = e["eval/avg"], e["se"]
+    ok.append(e["eval/avg"] >= best - STABLE_SES * best_se)
+  return ok[-1] and ok[-2]
+
+
+def read_run(workdir: str) -> Optional[dict]:
+  """One pilot run, finished or not: its evaluations and rollout statistics."""
+  path = os.path.join(workdir, "metrics.jsonl")
+  if not os.path.exists(path):
+    return None
+  rows = rl.read_jsonl(path)
+  steps = [r for r in rows if r.get("step", 0) > 0]
+  out = {"name": os.path.basename(workdir), "steps": max([r["step"] for r in rows] + [0])}
+  for side, key in (("mu", "eval/avg"), ("pi", "eval_pi/avg")):
+    curve = _curve(rows, key)
+    out[f"{side}_collapse"] = collapse_step(curve, COLLAPSE_DROP)
+    out[f"{side}_stable"] = stable(curve)
+    out[f"{side}_final"] = curve[-1]["eval/avg"] if curve else None
+    out[f"{side}_peak"] = max((e["eval/avg"] for e in curve), default=None)
+  def mean(key):
+    v = [r[key] for r in steps if key in r and math.isfinite(r[key])]
+    return float(np.mean(v)) if v else None
+  out["cap_hit_mean"] = mean("rollout/truncated_fraction")
+  out["cap_hit_max"] = max((r.get("rollout/truncated_fraction", 0.0) for r in steps), default=None)
+  out["length_max"] = max((r.get("rollout/response_length_max", 0.0) for r in steps), default=None)
+  for key in ("rollout_corr/k3_kl", "moe/routing_flip_rate", "moe/token_flip_rate",
+              "rollout/response_length_mean"):
+    out[key] = mean(key)
+  return out
+
+
+def seeds_for_power(p_base: float, p_remedy: float, alpha: float = ALPHA,
+                    power: float = POWER, limit: int = 200) -> int:
+  """Seeds per row for a one-sided Fisher exact test of `p_remedy < p_base` to reach
+  `power` at `alpha`, by exact enumeration of the two binomials."""
+  from scipy import stats  # pylint: disable=g-import-not-at-top
+  for n in range(2, limit):
+    k = np.arange(n + 1)
+    pa, pb = stats.binom.pmf(k, n, p_base), stats.binom.pmf(k, n, p_remedy)
+    reject = np.zeros((n + 1, n + 1), bool)
+    for a in k:
+      for b in k:
+        reject[a, b] = stats.fisher_exact([[a, n - a], [b, n - b]],
+                                          alternative="greater")[1] <= alpha
+    if float(pa @ reject @ pb) >= power:
+      return n
+  return limit
+
+
+def check_pilot_pair(control, baseline) -> None:
+  """Like with like: the pilot's control and baseline differ only in the sampler."""
+  from mipu_jax import config as config_lib  # pylint: disable=g-import-not-at-top
+  other = [k for k in config_lib.config_diff(control, baseline) if not k.startswith("sampling.")]
+  if other:
+    raise ValueError(f"the pilot's control and baseline differ beyond the sampler: {other}")
+
+
+def pilot_report(workdirs: Sequence[str], out_dir: str) -> str:
+  """A markdown table of the pilot's runs (`read_run`), written to `pilot.md`
+  and `pilot.json` in `out_dir`."""
+  runs = [r for r in (read_run(w) for w in workdirs) if r is not None]
+  fmt = lambda x, f="{:.3f}": "—" if x is None else f.format(x)
+  lines = [
+      "| run | steps | μ final / peak | μ collapse | π final / peak | π collapse | "
+      "Stable μ / π | K3 | flip (pair / token) | length mean / max | cap hits mean / max |",
+      "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+  for r in runs:
+    lines.append(
+        f"| {r['name']} | {r['steps']} | {fmt(r['mu_final'])} / {fmt(r['mu_peak'])} | "
+        f"{r['mu_collapse'] or '—'} | {fmt(r['pi_final'])} / {fmt(r['pi_peak'])} | "
+        f"{r['pi_collapse'] or '—'} | {r['mu_stable']} / {r['pi_stable']} | "
+        f"{fmt(r['rollout_corr/k3_kl'], '{:.2e}')} | {fmt(r['moe/routing_flip_rate'])} / "
+        f"{fmt(r['moe/token_flip_rate'])} | {fmt(r['rollout/response_length_mean'], '{:.1f}')}"
+        f" / {fmt(r['length_max'], '{:.0f}')} | {fmt(r['cap_hit_mean'])} / "
+        f"{fmt(r['cap_hit_max'])} |")
+  text = "\n".join(lines)
+  os.makedirs(out_dir, exist_ok=True)
+  with open(os.path.join(out_dir, "pilot.md"), "w") as f:
+    f.write(text + "\n")
+  with open(os.path.join(out_dir, "pilot.json"), "w") as f:
+    json.dump(runs, f, indent=1)
+  return text
