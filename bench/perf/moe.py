@@ -1,0 +1,150 @@
+r"""MoE learner step and sampler against transformers' Qwen3-MoE on the same weights, and
+against a dense model of the same active parameters (docs/method.md §7a).
+
+    python -m bench.perf.moe [--batch 16 --seq 128 --repeats 5]
+
+In one run, on this machine (fp32, one device, torch on as many threads as jax has):
+  * forward + backward of the mean token log-prob: mipu_jax's MoE (the grouped matmul
+    `Qwen3Config.moe_impl` resolves to, and each implementation by name), transformers'
+    `Qwen3MoeForCausalLM` loaded from our export (the same weights), and mipu_jax's dense
+    Qwen3 whose MLP width equals the MoE's active width (k x expert width);
+  * greedy decoding of `--new` tokens for `--batch` prompts: mipu_jax's `Sampler` and
+    transformers' `generate` (its KV cache), same weights;
+  * MFU on active parameters: 6 x active parameters x tokens / time against the
+    machine's fp32 matmul peak measured in the same run (`bench/perf/model.py`).
+Times are the fastest of `--repeats` after a warm-up. Prints a table and one JSON line.
+"""
+
+import argparse
+import json
+import os
+import platform
+import tempfile
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from bench.perf.model import matmul_peak_gflops
+from mipu_jax import models
+
+
+def _best(fn, repeats):
+  fn()
+  times = []
+  for _ in range(repeats):
+    t0 = time.perf_counter()
+    fn()
+    times.append(time.perf_counter() - t0)
+  return float(np.min(times))
+
+
+def _cpu_model() -> str:
+  try:
+    with open("/proc/cpuinfo") as f:
+      for line in f:
+        if line.startswith("model name"):
+          return line.split(":", 1)[1].strip()
+  except OSError:
+    pass
+  return platform.processor() or "unknown"
+
+
+def main():
+  p = argparse.ArgumentParser()
+  p.add_argument("--batch", type=int, default=16)
+  p.add_argument("--seq", type=int, default=128)
+  p.add_argument("--new", type=int, default=64)
+  p.add_argument("--repeats", type=int, default=5)
+  a = p.parse_args()
+  import torch  # pylint: disable=g-import-not-at-top
+  import transformers  # pylint: disable=g-import-not-at-top
+  threads = os.cpu_count() or 1
+  torch.set_num_threads(threads)
+
+  cfg = models.Qwen3Config(vocab_size=256, hidden_size=128, num_layers=3, num_heads=4,
+                           num_kv_heads=2, head_dim=32, intermediate_size=256,
+                           tie_embeddings=True, rope_theta=10_000.0, num_experts=8,
+                           num_experts_per_tok=2, moe_intermediate_size=128,
+                           norm_topk_prob=True)
+  dense_cfg = cfg.replace(num_experts=0, num_experts_per_tok=0, moe_intermediate_size=0,
+                          intermediate_size=cfg.num_experts_per_tok * cfg.moe_intermediate_size)
+  rng = np.random.default_rng(0)
+  tokens = rng.integers(3, cfg.vocab_size, (a.batch, a.seq)).astype(np.int32)
+  n_tok = a.batch * a.seq
+
+  def fwd_bwd(model):
+    graphdef, params = nnx.split(model, nnx.Param)
+    x = jnp.asarray(tokens)
+
+    def loss(params):
+      m = nnx.merge(graphdef, params)
+      lp = jax.nn.log_softmax(m(x).logits[:, :-1])
+      return -jnp.mean(jnp.take_along_axis(lp, x[:, 1:, None], -1))
+
+    step = jax.jit(jax.grad(loss))
+    return lambda: jax.block_until_ready(step(params))
+
+  model = models.Qwen3(cfg, rngs=nnx.Rngs(0))
+  results = {}
+  for impl in ("auto", "blocked", "ragged_dot"):
+    m = models.Qwen3(cfg.replace(moe_impl=impl), rngs=nnx.Rngs(0))
+    results[f"mipu_moe_{impl}"] = _best(fwd_bwd(m), a.repeats)
+  results["mipu_dense_same_active"] = _best(fwd_bwd(models.Qwen3(dense_cfg, rngs=nnx.Rngs(0))),
+                                            a.repeats)
+  with tempfile.TemporaryDirectory() as d:
+    models.save_pretrained(model, d)
+    hf = transformers.AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32)
+  x = torch.tensor(tokens.astype(np.int64))
+
+  def hf_step():
+    hf.zero_grad(set_to_none=True)
+    lp = torch.log_softmax(hf(x).logits[:, :-1], -1)
+    (-lp.gather(-1, x[:, 1:, None]).mean()).backward()
+
+  results["transformers_moe"] = _best(hf_step, a.repeats)
+
+  # Greedy decoding, same weights.
+  from mipu_jax.sampler import Sampler  # pylint: disable=g-import-not-at-top
+  prompts = [list(map(int, t[:16])) for t in tokens]
+  sampler = Sampler(model, max_concurrent_decodes=a.batch)
+  gen = lambda: sampler.generate(prompts, max_new_tokens=a.new, temperature=0.0)
+  results["mipu_moe_decode"] = _best(gen, max(2, a.repeats // 2))
+  hf.eval()
+  px = torch.tensor(np.asarray(prompts, np.int64))
+
+  def hf_gen():
+    with torch.no_grad():
+      hf.generate(px, max_new_tokens=a.new, min_new_tokens=a.new, do_sample=False,
+                  pad_token_id=0)
+
+  results["transformers_moe_decode"] = _best(hf_gen, max(2, a.repeats // 2))
+
+  peak = matmul_peak_gflops()
+  active = cfg.num_active_params()
+  mfu = lambda t: 6 * active * n_tok / t / 1e9 / peak
+  gen_tok = a.batch * a.new
+  print(f"host: {_cpu_model()}, {threads} threads; jax {jax.__version__}, torch "
+        f"{torch.__version__}, transformers {transformers.__version__}; fp32 peak "
+        f"{peak:.0f} GFLOP/s")
+  print(f"MoE: {cfg.num_params():,} parameters, {active:,} active; dense twin "
+        f"{dense_cfg.num_params():,}; forward+backward of {a.batch} x {a.seq} tokens")
+  print("| what | seconds | tokens/s | vs transformers | MFU (active) |")
+  print("| --- | --- | --- | --- | --- |")
+  for k in ("mipu_moe_auto", "mipu_moe_blocked", "mipu_moe_ragged_dot",
+            "mipu_dense_same_active", "transformers_moe"):
+    t = results[k]
+    print(f"| {k} fwd+bwd | {t:.4f} | {n_tok / t:,.0f} | "
+          f"{results['transformers_moe'] / t:.2f}x | {mfu(t):.1%} |")
+  for k in ("mipu_moe_decode", "transformers_moe_decode"):
+    t = results[k]
+    print(f"| {k} ({a.new} new x {a.batch}) | {t:.4f} | {gen_tok / t:,.0f} | "
+          f"{results['transformers_moe_decode'] / t:.2f}x | — |")
+  print(json.dumps({"host": _cpu_model(), "threads": threads, "peak_gflops": peak,
+                    "args": vars(a), **results}))
+
+
+if __name__ == "__main__":
+  main()
