@@ -41,7 +41,7 @@ def test_measures_by_hand():
   assert (r.final, r.at120, r.peak, r.peak_step) == (0.4, 0.4, 0.7, 60)
   assert r.k3[100] == pytest.approx(np.mean([1e-3 * s for s in range(81, 101)]))
   assert set(r.k3) == {100}  # steps 300 and 600 are past the run
-  assert r.final_pi == pytest.approx(0.45)
+  assert r.final_pi == pytest.approx(0.45) and r.dip_step_pi == 80
 
 
 def test_collapse_rules():
@@ -52,6 +52,11 @@ def test_collapse_rules():
   # The same fall, recovered by the end: a dip, neither collapsed nor degraded.
   r = horizon.long_run("s", 0, "/x", _rows([0.5, 0.7, 0.7, 0.7, 0.4, 0.7, 0.7, 0.7]))
   assert r.dip_step == 80 and not r.collapsed and not r.degraded and r.stable
+  # π's falls are dated on π's evaluations: here π falls at step 40, μ never.
+  rows = _rows([0.5, 0.7, 0.7, 0.7, 0.7], pi=0.0)
+  next(r for r in rows if r["step"] == 40 and "eval_pi/avg" in r)["eval_pi/avg"] = 0.5
+  r = horizon.long_run("s", 0, "/x", rows)
+  assert r.dip_step is None and r.dip_step_pi == 40
   # A flat run: a drop of one SE at the end is noise.
   flat = [0.5] * 29 + [0.48]
   r = horizon.long_run("s", 0, "/x", _rows(flat))
@@ -119,6 +124,7 @@ def test_report_writes_table_and_figure(tmp_path):
   assert "| fp32 | 2 |" in text and f"| {horizon.STRONG} | 0 | not run yet |" in text
   assert os.path.exists(out["files"]["curves"])
   assert json.load(open(out["files"]["summary"]))["degraded_setting"] is None  # 2 seeds
+  assert ("μ: int4_all seed 0 at 60, int4_all seed 1 at 60; π: none." in text)
   assert "**Remedies not run**" in text and "int4_all: undecidable with 2 seeds, t [" in text
 
 

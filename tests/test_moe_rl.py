@@ -67,6 +67,10 @@ def test_rollout_routing_is_replayed_in_recompute_and_update(r3_run):
   # A batch without its routing is refused, never routed live in silence.
   with pytest.raises(ValueError, match="no routing_BTLk to replay"):
     run.learner.step(state, batch._replace(routing_BTLk=None))
+  with pytest.raises(ValueError, match=r"routing_BTLk has shape"):
+    run.learner.step(state, batch._replace(routing_BTLk=mu[:, :-1]))
+  with pytest.raises(ValueError, match=r"expert ids outside \[-1, 8\)"):
+    run.learner.step(state, batch._replace(routing_BTLk=np.where(mu >= 0, 8, -1)))
   del new
 
 

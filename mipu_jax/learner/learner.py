@@ -184,6 +184,8 @@ class Learner:
                        "for 'learner'); it is never silently routed live.")
     if not self.routed and batch.routing_BTLk is not None:
       raise ValueError("the batch carries routing_BTLk but routing_replay is 'none'.")
+    if batch.routing_BTLk is not None:
+      self._check_routing(batch.routing_BTLk, np.shape(batch.tokens_BT))
     if self.spec.pack_length and batch.pack is None:
       batch = batch._replace(pack=self.pack_plan(batch.input_mask_BT))
     return jax.device_put(batch, self.batch_shardings)
@@ -215,6 +217,7 @@ class Learner:
     tokens_BT = jax.device_put(np.asarray(tokens_BT, np.int32), rows)
     routed = routing_BTLk is not None or with_routing
     if routing_BTLk is not None:
+      self._check_routing(np.asarray(routing_BTLk), np.shape(tokens_BT))
       routing_BTLk = jax.device_put(np.asarray(routing_BTLk, np.int32),
                                     sharding_lib.batch_sharding(self.mesh, 4))
     with jax.set_mesh(self.mesh):
@@ -252,6 +255,23 @@ class Learner:
         (packed_rows, self.spec.pack_length) if self.spec.pack_length else None)
     with jax.set_mesh(self.mesh):
       return self._step.lower(self.abstract_state(), batch)
+
+  def _check_routing(self, routing_BTLk, tokens_shape) -> None:
+    """Replayed routing against the batch and the model: `[B, T, L_moe, k]` with
+    B, T the tokens' and L_moe the model's MoE layers, ids in [-1, E)."""
+    router = self.abstract_params.get("layers", {}).get("router")
+    if router is None:
+      raise ValueError("routing_BTLk was given for a dense model (no MoE layers).")
+    layers, experts = router.shape[0], router.shape[-1]
+    shape = np.shape(routing_BTLk)
+    if len(shape) != 4 or tuple(shape[:2]) != tuple(tokens_shape) or shape[2] != layers:
+      raise ValueError(f"routing_BTLk has shape {tuple(shape)}; the batch's tokens "
+                       f"{tuple(tokens_shape)} and the model's {layers} MoE layers need "
+                       f"[{tokens_shape[0]}, {tokens_shape[1]}, {layers}, k].")
+    if isinstance(routing_BTLk, np.ndarray) and routing_BTLk.size and (
+        routing_BTLk.min() < -1 or routing_BTLk.max() >= experts):
+      raise ValueError(f"routing_BTLk holds expert ids outside [-1, {experts}) "
+                       f"({routing_BTLk.min()}..{routing_BTLk.max()}).")
 
   def _check_rows(self, b: int) -> None:
     chunks = self.spec.num_minibatches * self.spec.num_microbatches
