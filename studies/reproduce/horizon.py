@@ -19,7 +19,7 @@ Settings are sampler precisions at the tables' setting (tiers 4-5, the lr of
 - **Collapsed**: final3 < peak3 - `spec.COLLAPSE_DROP` (15 points): a fall the
   run has not recovered from at its end (`spec.collapse_step`, the first
   evaluation 15 points below the best so far, is reported as where a fall
-  began, recovered or not).
+  began, recovered or not, on μ's evaluations and on π's).
 - **Stable** (600-step reading): every logged value finite and not Degraded.
   The tables' rule (last two evaluations within 2 SE of the best so far) reads
   a long plateau as unstable: the best of 30 noisy evaluations sits about 2 SE
@@ -111,6 +111,7 @@ class LongRun:
   stable: bool
   k3: Mapping[int, float]
   final_pi: Optional[float]
+  dip_step_pi: Optional[int] = None  # `collapse_step` of π's evaluations
 
 
 def long_run(name: str, seed: int, workdir: str, rows: Sequence[Mapping[str, float]],
@@ -145,7 +146,9 @@ def long_run(name: str, seed: int, workdir: str, rows: Sequence[Mapping[str, flo
       peak3_step=int(st[i + WINDOW]), final3=final3, late_drop=late_drop, sigma_d=sigma_d,
       degraded=bool(degraded), collapsed=bool(final3 < peak3 - COLLAPSE_DROP),
       dip_step=collapse_step(rows), stable=bool(finite and not degraded), k3=k3,
-      final_pi=float(evals[-1]["eval_pi/avg"]) if "eval_pi/avg" in evals[-1] else None)
+      final_pi=float(evals[-1]["eval_pi/avg"]) if "eval_pi/avg" in evals[-1] else None,
+      dip_step_pi=collapse_step([{"step": r["step"], "eval/avg": r["eval_pi/avg"]}
+                                 for r in evals if "eval_pi/avg" in r]))
 
 
 def read_run(name: str, seed: int, workdir: str, *, steps: int = STEPS) -> Optional[LongRun]:
@@ -246,6 +249,7 @@ def markdown(runs: Sequence[LongRun], names: Sequence[str],
         f"{sum(r.degraded for r in rs)}/{len(rs)} | {sum(r.collapsed for r in rs)}/{len(rs)} | "
         f"{sum(r.stable for r in rs)}/{len(rs)} | {k3} | "
         f"{_fmt(float(np.mean(pi))) if pi else '—'} |")
+  lines += ["", falls(runs, names)]
   results = stats.claim_results(values(runs), claims)
   lines += ["", "Claims (paired by seed, exact sign-flip, Holm across the family; "
             "points of pass@1):", ""]
@@ -253,6 +257,19 @@ def markdown(runs: Sequence[LongRun], names: Sequence[str],
   if claims is HORIZON_CLAIMS and results:
     lines += ["", remedies_decision(results)]
   return "\n".join(lines), results
+
+
+def falls(runs: Sequence[LongRun], names: Sequence[str]) -> str:
+  """Where each fall began (`collapse_step`), on μ and on π, by setting and seed."""
+  parts = []
+  for side, attr in (("μ", "dip_step"), ("π", "dip_step_pi")):
+    hits = [f"{r.name} seed {r.seed} at {getattr(r, attr)}"
+            for name in names for r in sorted(runs, key=lambda r: r.seed)
+            if r.name == name and getattr(r, attr) is not None]
+    parts.append(f"{side}: " + (", ".join(hits) if hits else "none"))
+  return (f"Falls (`collapse_step`: the first evaluation more than "
+          f"{100 * COLLAPSE_DROP:g} points below the best so far, recovered or not): "
+          + "; ".join(parts) + ".")
 
 
 def remedies_decision(results: Sequence[stats.ClaimResult]) -> str:
