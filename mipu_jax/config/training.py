@@ -16,6 +16,7 @@ from mipu_jax.config.sections import DataConfig
 from mipu_jax.config.sections import ModelConfig
 from mipu_jax.config.sections import SamplingConfig
 from mipu_jax.models import config as model_config
+from mipu_jax.models import sharding
 from mipu_jax.tasks import arithmetic
 
 
@@ -88,15 +89,23 @@ class OptimConfig:
 
 @dataclasses.dataclass(frozen=True)
 class MeshConfig:
-  """(data, fsdp, tensor) mesh shape; one axis may be -1 (the rest)."""
+  """(data, fsdp, tensor) mesh shape; one axis may be -1 (the rest).
+
+  `expert` > 1 adds an expert-parallel axis for a mixture-of-experts policy
+  (docs/method.md §7a; `mipu_jax.models.sharding`): a given size, never -1,
+  that divides the model's `num_experts`.
+  """
   data: int = 1
   fsdp: int = -1
   tensor: int = 1
+  expert: int = 1
 
   def __post_init__(self):
     shape = (self.data, self.fsdp, self.tensor)
     if shape.count(-1) > 1 or any(s == 0 or s < -1 for s in shape):
       raise ValueError(f"invalid mesh shape {shape}.")
+    if isinstance(self.expert, bool) or not isinstance(self.expert, int) or self.expert < 1:
+      raise ValueError(f"learner.mesh.expert must be an int >= 1, got {self.expert!r}.")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -360,6 +369,9 @@ class TrainConfig:
       if self.moe.aux_loss:
         raise ValueError("moe.aux_loss with sampling.true_on_policy: the mode's forward is "
                          "not the differentiated one; train the load balance without it.")
+    if not self.model.init_from:  # a checkpoint's experts are checked as it loads
+      sharding.check_experts(model_config.PRESETS[self.model.preset].num_experts,
+                             self.learner.mesh.expert)
     if self.model.attention == "cudnn" and self.learner.pack_length:
       # cuDNN takes rows whose valid tokens are a prefix, without segment ids
       # (`mipu_jax.models.attention`): packed rows are none of those.

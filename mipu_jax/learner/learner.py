@@ -36,11 +36,12 @@ def mesh_from_config(cfg: MeshConfig, devices=None) -> Mesh:
   devices = list(jax.devices() if devices is None else devices)
   shape = (cfg.data, cfg.fsdp, cfg.tensor)
   if -1 not in shape:
-    if math.prod(shape) > len(devices):
-      raise ValueError(f"mesh {shape} needs {math.prod(shape)} devices, have "
-                       f"{len(devices)}.")
-    devices = devices[:math.prod(shape)]
-  return sharding_lib.make_mesh(*shape, devices=devices)
+    need = math.prod(shape) * cfg.expert
+    if need > len(devices):
+      experts = f" x expert {cfg.expert}" if cfg.expert > 1 else ""
+      raise ValueError(f"mesh {shape}{experts} needs {need} devices, have {len(devices)}.")
+    devices = devices[:need]
+  return sharding_lib.make_mesh(*shape, devices=devices, expert=cfg.expert)
 
 
 def step_spec(cfg: TrainConfig) -> step_lib.StepSpec:
@@ -103,7 +104,7 @@ class Learner:
                                                      routed=self.routed)
     row_sh = sharding_lib.batch_sharding(mesh, 2)
     replicated = NamedSharding(mesh, P())
-    self._row_constraint = NamedSharding(mesh, P(None, sharding_lib.ROWS))
+    self._row_constraint = NamedSharding(mesh, P(None, sharding_lib.row_axes(mesh)))
 
     def rows(x):
       return jax.lax.with_sharding_constraint(x, self._row_constraint)

@@ -110,13 +110,14 @@ def shard_rows(x: jax.Array) -> jax.Array:
   activations' rows pinned, XLA all-gathers the FSDP-sharded weights of each
   matmul (ZeRO-3) instead of computing partial sums over every row of the
   micro-batch on each device (vocabulary-sized buffers per token at long rows).
+  The rows split over every `sharding.ROWS` axis the mesh has (`expert` too).
   """
   mesh = jax.sharding.get_abstract_mesh()
-  if mesh.empty or mesh.manual_axes or not set(sharding.ROWS) <= set(mesh.axis_names):
+  if mesh.empty or mesh.manual_axes or not {"data", "fsdp"} <= set(mesh.axis_names):
     return x
   if x.shape[0] % sharding.row_shards(mesh):
     return x
-  spec = jax.sharding.PartitionSpec(sharding.ROWS, *([None] * (x.ndim - 1)))
+  spec = jax.sharding.PartitionSpec(sharding.row_axes(mesh), *([None] * (x.ndim - 1)))
   return jax.lax.with_sharding_constraint(x, spec)
 
 

@@ -1,10 +1,19 @@
-"""Sharding tables: parameter names -> `PartitionSpec` over a (data, fsdp, tensor) mesh.
+"""Sharding tables: parameter names -> `PartitionSpec` over a (data, fsdp, [expert,] tensor) mesh.
 
 Two layouts (docs/method.md §7): `train` shards every matrix over `fsdp` (ZeRO-3
 style) and `tensor` (Megatron style: heads / MLP width); `sampling` keeps only
 the `tensor` split so decode never all-gathers weights. Batches are split over
 (`data`, `fsdp`). `jit` over the mesh shards parameters too, which Qwen3-4B on a
 TPU pod needs and `pmap` cannot do.
+
+A mixture-of-experts policy may add an `expert` axis (expert parallelism,
+docs/method.md §7a): each device along it holds E / `expert` experts of every
+MoE layer (in both layouts), the batch's rows split over it too (so its devices
+do not repeat each other's tokens), and in the `train` layout the dense
+matrices' `fsdp` dimension splits over `fsdp` x `expert` (the axis is data
+parallel for everything but the experts, as in Megatron's and MaxText's EP).
+A mesh without experts has no `expert` axis at all (not one of size 1), so its
+specs are exactly those of the three-axis table.
 """
 
 import math
@@ -16,7 +25,10 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 AXES = ("data", "fsdp", "tensor")
-ROWS = ("data", "fsdp")  # the axes a batch's rows (and the decode pool's parts) split over
+EXPERT_AXES = ("data", "fsdp", "expert", "tensor")  # a mesh with expert parallelism
+# The axes a batch's rows (and the decode pool's parts) split over, those a mesh has.
+ROWS = ("data", "fsdp", "expert")
+_ZERO3 = ("fsdp", "expert")  # a dense matrix's ZeRO-3 dimension in the `train` layout
 
 
 def row_axes(mesh) -> tuple[str, ...]:
@@ -31,23 +43,23 @@ def row_shards(mesh) -> int:
 
 # Parameter path -> per-dimension mesh axes, for the `train` layout.
 TRAIN_RULES: dict[str, tuple[Optional[str], ...]] = {
-    "embed": ("tensor", "fsdp"),                        # [V, D]
-    "lm_head": ("fsdp", "tensor"),                      # [D, V]
+    "embed": ("tensor", _ZERO3),                        # [V, D]
+    "lm_head": (_ZERO3, "tensor"),                      # [D, V]
     "final_norm": (None,),                              # [D]
     "layers/attn_norm": (None, None),                   # [L, D]
     "layers/mlp_norm": (None, None),                    # [L, D]
     "layers/q_norm": (None, None),                      # [L, H]
     "layers/k_norm": (None, None),                      # [L, H]
-    "layers/q": (None, "fsdp", "tensor", None),         # [L, D, N, H]
-    "layers/k": (None, "fsdp", "tensor", None),         # [L, D, K, H]
-    "layers/v": (None, "fsdp", "tensor", None),         # [L, D, K, H]
-    "layers/o": (None, "tensor", None, "fsdp"),         # [L, N, H, D]
-    "layers/gate": (None, "fsdp", "tensor"),            # [L, D, F]
-    "layers/up": (None, "fsdp", "tensor"),              # [L, D, F]
-    "layers/down": (None, "tensor", "fsdp"),            # [L, F, D]
+    "layers/q": (None, _ZERO3, "tensor", None),         # [L, D, N, H]
+    "layers/k": (None, _ZERO3, "tensor", None),         # [L, D, K, H]
+    "layers/v": (None, _ZERO3, "tensor", None),         # [L, D, K, H]
+    "layers/o": (None, "tensor", None, _ZERO3),         # [L, N, H, D]
+    "layers/gate": (None, _ZERO3, "tensor"),            # [L, D, F]
+    "layers/up": (None, _ZERO3, "tensor"),              # [L, D, F]
+    "layers/down": (None, "tensor", _ZERO3),            # [L, F, D]
     # MoE layers (docs/method.md §7a): experts over `expert` (expert parallelism),
     # each expert's matrices as the dense MLP's; the router as a small matrix.
-    "layers/router": (None, "fsdp", None),              # [L, D, E]
+    "layers/router": (None, _ZERO3, None),              # [L, D, E]
     "layers/experts_gate": (None, "expert", "fsdp", "tensor"),  # [L, E, D, F]
     "layers/experts_up": (None, "expert", "fsdp", "tensor"),    # [L, E, D, F]
     "layers/experts_down": (None, "expert", "tensor", "fsdp"),  # [L, E, F, D]
@@ -71,21 +83,51 @@ QUANTIZED_RULES: dict[str, tuple[tuple[Optional[str], ...], ...]] = {
 }
 
 
-def make_mesh(data: int = 1, fsdp: int = -1, tensor: int = 1, devices=None) -> Mesh:
-  """A (data, fsdp, tensor) mesh; one axis may be -1 to take the remaining devices."""
+def make_mesh(data: int = 1, fsdp: int = -1, tensor: int = 1, devices=None, *,
+              expert: int = 1) -> Mesh:
+  """A (data, fsdp, tensor) mesh; one of those axes may be -1 to take the remaining
+  devices. `expert` > 1 (a mixture-of-experts policy only) adds an `expert` axis
+  between `fsdp` and `tensor`: (data, fsdp, expert, tensor)."""
   devices = list(jax.devices() if devices is None else devices)
+  if isinstance(expert, bool) or not isinstance(expert, int) or expert < 1:
+    raise ValueError(f"The expert axis must be an int >= 1, got {expert!r}.")
   shape = [data, fsdp, tensor]
   if shape.count(-1) > 1:
     raise ValueError(f"At most one mesh axis may be -1, got {shape}.")
-  known = math.prod(s for s in shape if s != -1)
+  known = math.prod(s for s in shape if s != -1) * expert
   if -1 in shape:
     if len(devices) % known:
-      raise ValueError(f"{len(devices)} devices do not divide into mesh {shape}.")
+      raise ValueError(f"{len(devices)} devices do not divide into mesh {shape} "
+                       f"x expert {expert}.")
     shape[shape.index(-1)] = len(devices) // known
+  axes = AXES
+  if expert > 1:
+    shape.insert(2, expert)
+    axes = EXPERT_AXES
   if math.prod(shape) != len(devices):
-    raise ValueError(f"Mesh {dict(zip(AXES, shape))} needs {math.prod(shape)} devices, "
+    raise ValueError(f"Mesh {dict(zip(axes, shape))} needs {math.prod(shape)} devices, "
                      f"have {len(devices)}.")
-  return Mesh(np.asarray(devices).reshape(shape), AXES)
+  return Mesh(np.asarray(devices).reshape(shape), axes)
+
+
+def expert_shards(mesh) -> int:
+  """Size of `mesh`'s `expert` axis (1 without one)."""
+  return mesh.shape.get("expert", 1)
+
+
+def check_experts(num_experts: int, expert: int) -> None:
+  """A clear error, before anything compiles, where an expert axis of size
+  `expert` cannot hold a model's experts: a dense model (`num_experts` 0), or a
+  count the axis does not divide."""
+  if expert == 1:
+    return
+  if num_experts == 0:
+    raise ValueError(f"The mesh has an expert axis of size {expert} but the model is "
+                     "dense (num_experts=0): expert parallelism needs a "
+                     "mixture-of-experts policy; use expert=1.")
+  if num_experts % expert:
+    raise ValueError(f"num_experts={num_experts} is not divisible by the mesh's "
+                     f"expert axis of size {expert}.")
 
 
 def _path_name(path) -> str:
@@ -107,30 +149,50 @@ def spec_for(name: str, shape: tuple[int, ...], mesh: Mesh, layout: str = "train
     raise KeyError(f"No sharding rule for parameter {name!r}.")
   if len(rule) != len(shape):
     raise ValueError(f"Rule for {name!r} has rank {len(rule)}, parameter has shape {shape}.")
-  axes = []
-  for axis, dim in zip(rule, shape):
-    if axis == "fsdp" and layout == "sampling":
-      axis = None
-    if axis is not None and (axis not in mesh.shape or dim % mesh.shape[axis]):
-      axis = None  # a mesh without the axis (`expert` on a dense mesh), or one it does not divide
-    axes.append(axis)
-  return P(*axes)
+  if "expert" in rule:  # an expert-stacked weight: E is the dim `expert` names
+    check_experts(shape[rule.index("expert")], expert_shards(mesh))
+  return P(*(_mesh_axes(axis, dim, mesh, layout) for axis, dim in zip(rule, shape)))
+
+
+def _mesh_axes(axis, dim: int, mesh: Mesh, layout: str):
+  """One dimension's entry: the rule's axes (one name, or a tuple split in
+  order) that `mesh` has and that divide `dim`, as a name, a tuple or None."""
+  names = axis if isinstance(axis, tuple) else (axis,)
+  if layout == "sampling" and "fsdp" in names:
+    return None  # the sampling layout never splits a weight's ZeRO-3 dimension
+  kept, size = [], 1
+  for name in names:
+    # A mesh without the axis (`expert` on a dense mesh), or one that does not divide.
+    if name is not None and name in mesh.shape and dim % (size * mesh.shape[name]) == 0:
+      kept.append(name)
+      size *= mesh.shape[name]
+  return None if not kept else kept[0] if len(kept) == 1 else tuple(kept)
 
 
 def param_shardings(params: Any, mesh: Mesh, layout: str = "train") -> dict:
-  """Pure dict of `NamedSharding`s for a parameter state / pure dict / model."""
+  """Pure dict of `NamedSharding`s for a parameter state / pure dict / model.
+
+  A mesh with an expert axis needs expert weights to split (`check_experts`).
+  """
   if isinstance(params, nnx.Module):
     params = nnx.state(params, nnx.Param)
   if isinstance(params, nnx.State):
     params = nnx.to_pure_dict(params)
-  return jax.tree_util.tree_map_with_path(
-      lambda path, x: NamedSharding(mesh, spec_for(_path_name(path), x.shape, mesh, layout)),
-      params)
+  names = []
+
+  def one(path, x):
+    names.append(_path_name(path))
+    return NamedSharding(mesh, spec_for(names[-1], x.shape, mesh, layout))
+
+  shardings = jax.tree_util.tree_map_with_path(one, params)
+  if not any("/experts_" in n for n in names):
+    check_experts(0, expert_shards(mesh))
+  return shardings
 
 
 def batch_sharding(mesh: Mesh, ndim: int = 2) -> NamedSharding:
-  """Leading (batch) axis over (data, fsdp); the rest replicated."""
-  return NamedSharding(mesh, P(ROWS, *([None] * (ndim - 1))))
+  """Leading (batch) axis over the mesh's `ROWS` axes; the rest replicated."""
+  return NamedSharding(mesh, P(row_axes(mesh), *([None] * (ndim - 1))))
 
 
 def replicated(mesh: Mesh) -> NamedSharding:
