@@ -74,10 +74,21 @@ def _memory(lowered, cpu_artifacts: bool = False) -> Memory:
                 stats.temp_size_in_bytes, stats.alias_size_in_bytes)
 
 
-def _abstract_model(cfg: TrainConfig, mesh, layout: str):
+def _moe_impl(cpu_artifacts: bool) -> str:
+  """The experts' grouped matmul to plan. XLA:CPU expands `ragged_dot` into a
+  masked product over every expert (`[m, E, F]`) and the CPU's "blocked" form
+  gathers an expert's weights per block of rows: neither is an accelerator's
+  grouped-matmul kernel, which holds its operands and result only. On a CPU
+  the plan compiles a stand-in of those shapes (`moe_impl="footprint"`);
+  `cpu_artifacts=True` keeps the CPU's own form."""
+  return "footprint" if jax.default_backend() == "cpu" and not cpu_artifacts else "auto"
+
+
+def _abstract_model(cfg: TrainConfig, mesh, layout: str, cpu_artifacts: bool = False):
   m = cfg.model
   mcfg = models.get_config(m.preset, dtype=m.dtype, remat=m.remat,
-                           attention=m.attention, attention_block=m.attention_block)
+                           attention=m.attention, attention_block=m.attention_block,
+                           moe_impl=_moe_impl(cpu_artifacts))
   return sharding.abstract_model(lambda: models.Qwen3(mcfg, rngs=nnx.Rngs(0)), mesh, layout)
 
 
@@ -88,7 +99,7 @@ def learner_memory(cfg: TrainConfig, prompt_len: int,
   with packing, one micro-batch of `pack_rows` packed rows, beside the whole
   step's unpacked per-token arrays)."""
   mesh = mesh_from_config(cfg.learner.mesh)
-  graphdef, params = _abstract_model(cfg, mesh, "train")
+  graphdef, params = _abstract_model(cfg, mesh, "train", cpu_artifacts)
   learner = Learner(graphdef, params, spec=step_spec(cfg),
                     optimizer=make_optimizer(cfg.optim, cfg.num_steps), mesh=mesh)
   dp = sharding.row_shards(mesh)
@@ -109,7 +120,8 @@ def sampler_memory(cfg: TrainConfig, prompt_len: int, num_slots: int,
   mesh = mesh_from_config(cfg.learner.mesh)
   _, params = _abstract_model(cfg, mesh, "train")
   engine = Engine(nnx.eval_shape(lambda: models.Qwen3(models.get_config(
-      cfg.model.preset, dtype=cfg.model.dtype), rngs=nnx.Rngs(0))), SamplerConfig(
+      cfg.model.preset, dtype=cfg.model.dtype, moe_impl=_moe_impl(cpu_artifacts)),
+      rngs=nnx.Rngs(0))), SamplerConfig(
           **{**cfg.sampling.precision_kwargs(),
              **{k: v for k, v in sampler_overrides.items() if v is not None}},
           max_prefill_length=prompt_len, max_decode_length=cfg.sampling.max_new_tokens,

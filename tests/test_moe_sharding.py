@@ -2,9 +2,11 @@
 mixture-of-experts policy's learner step and rollout on 8 devices equal to 1 device."""
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
+from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from mipu_jax import config as config_lib
@@ -13,6 +15,7 @@ from mipu_jax.learner import Learner
 from mipu_jax.learner import mesh_from_config
 from mipu_jax.models import get_config
 from mipu_jax.models import make_mesh
+from mipu_jax.models import moe
 from mipu_jax.models import Qwen3
 from mipu_jax.models import sharding
 from mipu_jax.sampler import Sampler
@@ -77,6 +80,44 @@ def test_expert_axis_errors_before_compile(tmp_path):
     sharding.param_shardings(abstract("tiny_moe"), mesh, "sampling")
   with pytest.raises(ValueError, match="dense"):
     sharding.param_shardings(abstract("tiny"), make_mesh(1, -1, 1, expert=2))
+
+
+@pytest.mark.parametrize("impl", ["blocked", "ragged_dot"])
+@pytest.mark.devices(8)
+def test_experts_on_the_expert_mesh_equal_one_device(impl):
+  """`moe.experts_on_mesh` with rows over fsdp x expert and 2 of 8 experts per
+  device (tokens all-gathered along `expert`, the slots of the other devices'
+  experts left out, the sums reduce-scattered back), skewed routing: values
+  and gradients as `experts_mlp` on one device."""
+  rng = np.random.default_rng(0)
+  b, t, d, f, e, k = 8, 5, 16, 12, 8, 2
+  normal = lambda *shape: jnp.asarray(0.3 * rng.standard_normal(shape), jnp.float32)
+  h = normal(b, t, d)
+  w = {"experts_gate": normal(e, d, f), "experts_up": normal(e, d, f),
+       "experts_down": normal(e, f, d)}
+  first = np.where(rng.random((b, t)) < 0.6, 5, rng.integers(0, 5, (b, t)))  # expert 5 busy
+  experts = jnp.asarray(np.stack([first, (first + 1 + rng.integers(0, 6, (b, t))) % 7], -1),
+                        jnp.int32)  # expert 7 idle
+  gates = jnp.asarray(rng.random((b, t, k)), jnp.float32)
+  cot = normal(b, t, d)
+
+  def loss(h, w):
+    out = moe.experts_on_mesh(h, h, experts, gates, w, None, impl)
+    return jnp.sum(out * cot), out
+
+  grad = jax.jit(jax.value_and_grad(loss, argnums=(0, 1), has_aux=True))
+  (_, ref), g_ref = grad(h, w)
+  mesh = _ep_mesh()
+  layer = lambda name: P(*sharding.TRAIN_RULES[f"layers/{name}"][1:])  # one layer's
+  w_sh = {name: jax.device_put(x, NamedSharding(mesh, layer(name))) for name, x in w.items()}
+  assert w_sh["experts_down"].sharding.spec == P("expert", "tensor", "fsdp")
+  with jax.set_mesh(mesh):
+    h_sh = jax.device_put(h, sharding.batch_sharding(mesh, 3))
+    assert "reduce-scatter" in grad.lower(h_sh, w_sh).compile().as_text()
+    (_, got), g = grad(h_sh, w_sh)
+  np.testing.assert_allclose(np.asarray(got), np.asarray(ref), rtol=1e-5, atol=1e-6)
+  for a, c in zip(jax.tree.leaves(g), jax.tree.leaves(g_ref)):
+    np.testing.assert_allclose(np.asarray(a), np.asarray(c), rtol=1e-5, atol=1e-6)
 
 
 def _moe_model():

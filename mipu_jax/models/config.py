@@ -32,7 +32,7 @@ def as_dtype(dtype: Any) -> jnp.dtype:
 
 REMAT_POLICIES = ("none", "layer", "dots")
 ATTENTIONS = ("dense", "blockwise", "cudnn", "splash")
-MOE_IMPLS = ("auto", "ragged_dot", "blocked")
+MOE_IMPLS = ("auto", "ragged_dot", "blocked", "footprint")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,6 +73,10 @@ class Qwen3Config:
       XLA's / the TPU's grouped matmul), "blocked" (rows sorted by expert in
       fixed blocks, a batched dot: XLA:CPU lowers ragged_dot to a masked dot
       over every expert) or "auto" (blocked on a CPU, ragged_dot elsewhere).
+      "footprint" is for memory plans only (`mipu_jax.memory_plan`): a dot
+      with a grouped matmul's operand and result shapes (`[m, I]` x
+      `[E, I, O]` -> `[m, O]`), not its values, so that XLA:CPU plans an
+      accelerator's grouped-matmul kernel rather than its own expansion.
   """
 
   vocab_size: int

@@ -24,6 +24,7 @@ import jax
 import jax.numpy as jnp
 
 from mipu_jax.models import quantized
+from mipu_jax.models import sharding
 
 BLOCK_ROWS = 16  # rows per block of the "blocked" grouped matmul
 
@@ -82,21 +83,24 @@ def _blocked_matmul(x_mI: jax.Array, w_EIO: jax.Array, experts_m: jax.Array,
   """Rows `x_mI` sorted by expert times their expert's weight, in blocks of
   `BLOCK_ROWS` rows that each belong to one expert (groups padded to whole
   blocks): a batched dot over at most m / s + E blocks, so the work is the
-  routed rows' own (XLA:CPU lowers `ragged_dot` to a masked dot over all E)."""
+  routed rows' own (XLA:CPU lowers `ragged_dot` to a masked dot over all E).
+  Rows past the groups (expert id E: another device's, `experts_on_mesh`)
+  give zeros, as `ragged_dot`'s do."""
   m, e = x_mI.shape[0], w_EIO.shape[0]
   s = BLOCK_ROWS
   nb = m // s + e  # enough blocks for any group sizes
   padded_E = (group_sizes_E + s - 1) // s * s
   pad_start_E = jnp.cumsum(padded_E) - padded_E
   start_E = jnp.cumsum(group_sizes_E) - group_sizes_E
-  rank_m = jnp.arange(m, dtype=jnp.int32) - start_E[experts_m]
-  slot_m = pad_start_E[experts_m] + rank_m
-  xp = jnp.zeros((nb * s, x_mI.shape[1]), x_mI.dtype).at[slot_m].set(x_mI)
+  expert_m = jnp.minimum(experts_m, e - 1)
+  rank_m = jnp.arange(m, dtype=jnp.int32) - start_E[expert_m]
+  slot_m = jnp.where(experts_m < e, pad_start_E[expert_m] + rank_m, nb * s)
+  xp = jnp.zeros((nb * s, x_mI.shape[1]), x_mI.dtype).at[slot_m].set(x_mI, mode="drop")
   block_start = jnp.arange(nb, dtype=jnp.int32) * s
   block_expert = jnp.clip(
       jnp.searchsorted(jnp.cumsum(padded_E), block_start, side="right"), 0, e - 1)
   y = jnp.einsum("bsI,bIO->bsO", xp.reshape(nb, s, -1), w_EIO[block_expert])
-  return y.reshape(nb * s, -1)[slot_m]
+  return y.reshape(nb * s, -1).at[slot_m].get(mode="fill", fill_value=0)
 
 
 def grouped_matmul(x_mI: jax.Array, w_EIO, experts_m: jax.Array, group_sizes_E: jax.Array,
@@ -107,6 +111,8 @@ def grouped_matmul(x_mI: jax.Array, w_EIO, experts_m: jax.Array, group_sizes_E: 
     impl = "blocked" if jax.default_backend() == "cpu" else "ragged_dot"
   if impl == "blocked":
     return _blocked_matmul(x_mI, w_EIO, experts_m, group_sizes_E)
+  if impl == "footprint":  # a memory plan's stand-in: the shapes, not the values
+    return x_mI @ jnp.sum(w_EIO, axis=0)
   return jax.lax.ragged_dot(x_mI, w_EIO, group_sizes_E)
 
 
@@ -115,14 +121,16 @@ def experts_mlp(h_nD: jax.Array, hq_nD: jax.Array, routing: Routing, w: dict,
   """Dropless experts: each token's k SwiGLUs, weighted by its gates and summed.
 
   `hq_nD` is `h_nD` after the sampler's activation quantizer (or `h_nD`); the
-  experts' down projection sees its input quantized the same way.
+  experts' down projection sees its input quantized the same way. An expert id
+  equal to E (the weights' expert count: a slot another device computes,
+  `experts_on_mesh`) is sorted past the groups and contributes zero.
   """
   n, k = routing.experts.shape
   e = w["experts_gate"].shape[0]
   flat_m = routing.experts.reshape(-1)
   order_m = jnp.argsort(flat_m, stable=True)
   experts_m = flat_m[order_m]
-  group_sizes_E = jnp.bincount(flat_m, length=e).astype(jnp.int32)
+  group_sizes_E = jnp.bincount(flat_m, length=e).astype(jnp.int32)  # drops id E
   x_mD = hq_nD[order_m // k]
   gate_mF = grouped_matmul(x_mD, w["experts_gate"], experts_m, group_sizes_E, impl)
   up_mF = grouped_matmul(x_mD, w["experts_up"], experts_m, group_sizes_E, impl)
@@ -133,6 +141,60 @@ def experts_mlp(h_nD: jax.Array, hq_nD: jax.Array, routing: Routing, w: dict,
   y_nkD = jnp.zeros_like(y_mD).at[order_m].set(y_mD).reshape(n, k, -1)
   return jnp.sum(y_nkD * routing.gates[..., None].astype(y_nkD.dtype), axis=1).astype(
       h_nD.dtype)
+
+
+def experts_on_mesh(h_BTD: jax.Array, hq_BTD: jax.Array, experts_BTk: jax.Array,
+                    gates_BTk: jax.Array, w: dict, act_quant: Optional[Callable],
+                    impl: str) -> jax.Array:
+  """`experts_mlp` on `[B, T, D]`, split over the active mesh (expert parallelism).
+
+  Under a mesh (`jax.set_mesh`, as the learner and the sampler trace) whose row
+  axes (`sharding.ROWS`) divide B, each device runs `shard_map` on its own rows:
+  without an `expert` axis it holds every expert (the fsdp / tensor shards
+  all-gathered per layer, ZeRO-3) and computes its tokens' slots; with one of
+  size N it holds E / N experts, the N devices along the axis all-gather their
+  tokens and routing, each computes only the slots routed to its experts, and
+  a reduce-scatter over the axis returns every token's sum of its k slots to
+  its own device — dropless, the one-device sum up to its order. Left to
+  itself, XLA's partitioner cannot split the block's sort over sharded tokens:
+  it would gather every token onto every device. Elsewhere (no mesh, inside a
+  `shard_map` already, rows the mesh does not divide) the plain `experts_mlp`.
+  """
+  b, t, d = h_BTD.shape
+  k = experts_BTk.shape[-1]
+  names = ("experts_gate", "experts_up", "experts_down")
+  w = {name: w[name] for name in names}
+
+  def run(h_bTD, hq_bTD, experts_bTk, gates_bTk, w):
+    flat = lambda x: x.reshape(-1, x.shape[-1])
+    routing = Routing(flat(experts_bTk), flat(gates_bTk), None)
+    out = experts_mlp(flat(h_bTD), flat(hq_bTD), routing, w, act_quant, impl)
+    return out.reshape(h_bTD.shape)
+
+  mesh = jax.sharding.get_abstract_mesh()
+  rows = () if mesh.empty or mesh.manual_axes else sharding.row_axes(mesh)
+  if not rows or b % sharding.row_shards(mesh):
+    return run(h_BTD, hq_BTD, experts_BTk, gates_BTk, w)
+  ep = sharding.expert_shards(mesh)
+
+  def local(h_bTD, hq_bTD, experts_bTk, gates_bTk, w):
+    if ep == 1:
+      return run(h_bTD, hq_bTD, experts_bTk, gates_bTk, w)
+    gather = lambda x: jax.lax.all_gather(x, "expert", axis=0, tiled=True)
+    hq_gTD, experts_gTk, gates_gTk = map(gather, (hq_bTD, experts_bTk, gates_bTk))
+    e_local = w["experts_gate"].shape[0]
+    first = jax.lax.axis_index("expert") * e_local
+    mine = (experts_gTk >= first) & (experts_gTk < first + e_local)
+    experts_gTk = jnp.where(mine, experts_gTk - first, e_local)  # id E: not this device's
+    gates_gTk = jnp.where(mine, gates_gTk, jnp.zeros_like(gates_gTk))
+    out_gTD = run(hq_gTD.astype(h_bTD.dtype), hq_gTD, experts_gTk, gates_gTk, w)
+    return jax.lax.psum_scatter(out_gTD, "expert", scatter_dimension=0, tiled=True)
+
+  spec = jax.sharding.PartitionSpec
+  w_spec = jax.tree.map(lambda _: spec("expert") if ep > 1 else spec(), w)
+  return jax.shard_map(local, mesh=mesh, in_specs=(spec(rows),) * 4 + (w_spec,),
+                       out_specs=spec(rows), check_vma=False)(
+                           h_BTD, hq_BTD, experts_BTk, gates_BTk, w)
 
 
 def experts_mlp_per_token(h_nD: jax.Array, routing: Routing, w: dict) -> jax.Array:
@@ -206,8 +268,8 @@ def moe_block(cfg, h_BTD: jax.Array, hq_BTD: jax.Array, w: dict, act_quant,
   if per_token:
     out = experts_mlp_per_token(hq_BTD.reshape(b * t, d), routing, w)
   else:
-    out = experts_mlp(h_BTD.reshape(b * t, d), hq_BTD.reshape(b * t, d), routing, w,
-                      act_quant, cfg.moe_impl)
+    out = experts_on_mesh(h_BTD, hq_BTD, routing.experts.reshape(b, t, k),
+                          routing.gates.reshape(b, t, k), w, act_quant, cfg.moe_impl)
   mask_n = mask_BT.reshape(b * t)
   experts = jnp.where(mask_n[:, None], routing.experts, -1).reshape(b, t, k)
   return out.reshape(b, t, d), experts, layer_stats(routing, mask_n)
