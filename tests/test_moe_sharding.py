@@ -20,6 +20,7 @@ from mipu_jax.models import Qwen3
 from mipu_jax.models import sharding
 from mipu_jax.sampler import Sampler
 from mipu_jax.testing import models as test_models
+from studies.configs import pod_qwen3_30b_a3b
 import test_learner
 from test_sampler_scale import _generate
 from test_sampler_scale import _same
@@ -86,9 +87,9 @@ def test_expert_axis_errors_before_compile(tmp_path):
 @pytest.mark.devices(8)
 def test_experts_on_the_expert_mesh_equal_one_device(impl):
   """`moe.experts_on_mesh` with rows over fsdp x expert and 2 of 8 experts per
-  device (tokens all-gathered along `expert`, the slots of the other devices'
-  experts left out, the sums reduce-scattered back), skewed routing: values
-  and gradients as `experts_mlp` on one device."""
+  device (token blocks passed around the `expert` ring, each device adding its
+  own experts' slots to a block's sum), skewed routing: values and gradients
+  as `experts_mlp` on one device."""
   rng = np.random.default_rng(0)
   b, t, d, f, e, k = 8, 5, 16, 12, 8, 2
   normal = lambda *shape: jnp.asarray(0.3 * rng.standard_normal(shape), jnp.float32)
@@ -113,7 +114,7 @@ def test_experts_on_the_expert_mesh_equal_one_device(impl):
   assert w_sh["experts_down"].sharding.spec == P("expert", "tensor", "fsdp")
   with jax.set_mesh(mesh):
     h_sh = jax.device_put(h, sharding.batch_sharding(mesh, 3))
-    assert "reduce-scatter" in grad.lower(h_sh, w_sh).compile().as_text()
+    assert "collective-permute" in grad.lower(h_sh, w_sh).compile().as_text()  # the ring
     (_, got), g = grad(h_sh, w_sh)
   np.testing.assert_allclose(np.asarray(got), np.asarray(ref), rtol=1e-5, atol=1e-6)
   for a, c in zip(jax.tree.leaves(g), jax.tree.leaves(g_ref)):
@@ -182,3 +183,17 @@ def test_moe_sharded_rollout_equals_single_device():
     assert "fsdp" not in axes and ("expert" in axes) == name.startswith("experts_"), name
   state = sharded.engine.init_decode_state(num_slots=8, prefill_length=16, decode_length=16)
   assert state.tokens_BN.sharding.spec[0] == ("data", "fsdp", "expert")
+
+
+def test_pod_config_of_qwen3_30b_a3b(math_inputs):
+  """The MoE pod config: expert parallelism over 8 chips by default, its
+  options checked before anything is built (its memory: bench/perf/memory.py)."""
+  cfg = config_lib.from_config_dict(pod_qwen3_30b_a3b.get_config(f"tis,chips=16,{math_inputs}"))
+  assert cfg.model.preset == "qwen3_30b_a3b" and cfg.learner.mesh.expert == 8
+  assert (cfg.learner.mesh.data, cfg.learner.mesh.fsdp, cfg.learner.mesh.tensor) == (1, -1, 1)
+  assert cfg.learner.pack_length == 1024 + 8192
+  one = config_lib.from_config_dict(pod_qwen3_30b_a3b.get_config(
+      f"tis,chips=8,expert=1,{math_inputs}"))
+  assert one.learner.mesh.expert == 1
+  with pytest.raises(ValueError, match="expert=3 does not divide chips=16"):
+    pod_qwen3_30b_a3b.get_config(f"tis,chips=16,expert=3,{math_inputs}")

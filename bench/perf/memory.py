@@ -2,6 +2,14 @@ r"""Per-device memory of the pod configs, before / after the long-context work, 
 
     python -m bench.perf.memory                 # 8 fake CPU devices, Qwen3-1.7B and Qwen3-4B
     python -m bench.perf.memory --devices 16 --presets qwen3_4b
+    python -m bench.perf.memory --presets qwen3_30b_a3b --experts 1,2,4,8
+
+A mixture-of-experts preset (`pod_qwen3_30b_a3b.py`) prints, for each expert
+axis of `--experts` (default: the config's), the packed learner step and the
+sampler's prefill and decode (no "before": its attention and logits are the
+dense models' story); on a CPU its experts are planned with the grouped
+matmul's stand-in (`memory_plan`); `cpu copy` is not computed for it (XLA:CPU's
+own grouped matmul expands to every expert per row: terabytes, no plan of anything).
 
 For each preset's pod config (`studies/configs/pod_qwen3_*.py`, MIPU Step 1's learner
 program, one (1024 + 8192)-token row per device per micro-batch), XLA's
@@ -32,6 +40,8 @@ def main():
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
   parser.add_argument("--devices", type=int, default=8)
   parser.add_argument("--presets", default="qwen3_1p7b,qwen3_4b")
+  parser.add_argument("--experts", default="",
+                      help="expert axes for an MoE preset, e.g. 1,2,4,8 (default: the config's)")
   args = parser.parse_args()
   os.environ["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={args.devices}"
   os.environ.setdefault("JAX_PLATFORMS", "cpu")
@@ -39,7 +49,8 @@ def main():
   import dataclasses  # pylint: disable=g-import-not-at-top
   import tempfile  # pylint: disable=g-import-not-at-top
 
-  from studies.configs import pod_qwen3_1p7b, pod_qwen3_4b  # pylint: disable=g-import-not-at-top
+  from studies.configs import pod_qwen3_1p7b, pod_qwen3_4b, pod_qwen3_30b_a3b  # pylint: disable=g-import-not-at-top
+  from mipu_jax import models  # pylint: disable=g-import-not-at-top
   from mipu_jax import config as config_lib  # pylint: disable=g-import-not-at-top
   from mipu_jax import memory_plan as mp  # pylint: disable=g-import-not-at-top
   from mipu_jax.testing import checkpoint  # pylint: disable=g-import-not-at-top
@@ -47,13 +58,17 @@ def main():
   ckpt = checkpoint.write_tiny_qwen3(tempfile.mkdtemp())  # the config's inputs only
   train = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
                        "tests", "fixtures", "train", "dapo_math.jsonl")
-  modules = {"qwen3_1p7b": pod_qwen3_1p7b, "qwen3_4b": pod_qwen3_4b}
+  modules = {"qwen3_1p7b": pod_qwen3_1p7b, "qwen3_4b": pod_qwen3_4b,
+             "qwen3_30b_a3b": pod_qwen3_30b_a3b}
   gib = mp.GIB
   print(f"{args.devices} devices; per-device GiB: peak (args + temp)")
   print("| model | program | peak | args | temp | cpu copy peak |")
   print("|---|---|---:|---:|---:|---:|")
   for preset in args.presets.split(","):
     opts = f"step1,chips={args.devices},ckpt={ckpt},train={train}"
+    if models.get_config(preset).num_experts:
+      _moe_rows(modules[preset], preset, opts, args.experts)
+      continue
     cfg = config_lib.from_config_dict(modules[preset].get_config(opts))
     unpacked = config_lib.from_config_dict(modules[preset].get_config(opts + ",pack=False"))
     before = dataclasses.replace(
@@ -75,6 +90,23 @@ def main():
       print(f"| {preset} | {name} | {m.peak / gib:.2f} | {m.arguments / gib:.2f} | "
             f"{m.temporaries / gib:.2f} | {c.peak / gib:.2f} |", flush=True)
   return 0
+
+
+def _moe_rows(module, preset: str, opts: str, experts: str) -> None:
+  """The MoE rows: per expert axis, the packed learner, prefill and decode."""
+  from mipu_jax import config as config_lib  # pylint: disable=g-import-not-at-top
+  from mipu_jax import memory_plan as mp  # pylint: disable=g-import-not-at-top
+  axes = [int(e) for e in experts.split(",") if e] or [None]
+  for expert in axes:
+    cfg = config_lib.from_config_dict(module.get_config(
+        opts + ("" if expert is None else f",expert={expert}")))
+    slots, ep = cfg.sampling.max_concurrent_decodes, cfg.learner.mesh.expert
+    pre, dec = mp.sampler_memory(cfg, 1024, slots)
+    rows = [("learner, packed", mp.learner_memory(cfg, 1024)), ("prefill (KV bf16)", pre),
+            (f"decode {slots} x 9216 (KV bf16)", dec)]
+    for name, m in rows:
+      print(f"| {preset}, expert {ep} | {name} | {m.peak / mp.GIB:.2f} | "
+            f"{m.arguments / mp.GIB:.2f} | {m.temporaries / mp.GIB:.2f} | n/a |", flush=True)
 
 
 if __name__ == "__main__":

@@ -149,16 +149,20 @@ def experts_on_mesh(h_BTD: jax.Array, hq_BTD: jax.Array, experts_BTk: jax.Array,
   """`experts_mlp` on `[B, T, D]`, split over the active mesh (expert parallelism).
 
   Under a mesh (`jax.set_mesh`, as the learner and the sampler trace) whose row
-  axes (`sharding.ROWS`) divide B, each device runs `shard_map` on its own rows:
-  without an `expert` axis it holds every expert (the fsdp / tensor shards
-  all-gathered per layer, ZeRO-3) and computes its tokens' slots; with one of
-  size N it holds E / N experts, the N devices along the axis all-gather their
-  tokens and routing, each computes only the slots routed to its experts, and
-  a reduce-scatter over the axis returns every token's sum of its k slots to
-  its own device — dropless, the one-device sum up to its order. Left to
-  itself, XLA's partitioner cannot split the block's sort over sharded tokens:
-  it would gather every token onto every device. Elsewhere (no mesh, inside a
-  `shard_map` already, rows the mesh does not divide) the plain `experts_mlp`.
+  axes (`sharding.ROWS`) divide B, each device runs `shard_map` on its own rows.
+  Without an `expert` axis it holds every expert (the fsdp / tensor shards
+  all-gathered per layer, ZeRO-3) and computes its tokens' slots. With one of
+  size N it holds E / N experts, and the N devices along the axis pass their
+  token blocks around a ring: at each of N steps a device computes, for the
+  block it holds, only the slots routed to its own experts, adds them to the
+  block's float32 sum and hands block and sum to the next device, so after N
+  steps every block is home with all its k slots summed. Dropless (no
+  capacity, no token dropped), the one-device sum up to its order, and each
+  device holds one block's slots at a time (an all-gather of the N blocks
+  would hold N times as many). Left to itself, XLA's partitioner cannot split
+  the block's sort over sharded tokens: it would gather every token onto every
+  device. Elsewhere (no mesh, inside a `shard_map` already, rows the mesh does
+  not divide) the plain `experts_mlp`.
   """
   b, t, d = h_BTD.shape
   k = experts_BTk.shape[-1]
@@ -180,15 +184,22 @@ def experts_on_mesh(h_BTD: jax.Array, hq_BTD: jax.Array, experts_BTk: jax.Array,
   def local(h_bTD, hq_bTD, experts_bTk, gates_bTk, w):
     if ep == 1:
       return run(h_bTD, hq_bTD, experts_bTk, gates_bTk, w)
-    gather = lambda x: jax.lax.all_gather(x, "expert", axis=0, tiled=True)
-    hq_gTD, experts_gTk, gates_gTk = map(gather, (hq_bTD, experts_bTk, gates_bTk))
     e_local = w["experts_gate"].shape[0]
     first = jax.lax.axis_index("expert") * e_local
-    mine = (experts_gTk >= first) & (experts_gTk < first + e_local)
-    experts_gTk = jnp.where(mine, experts_gTk - first, e_local)  # id E: not this device's
-    gates_gTk = jnp.where(mine, gates_gTk, jnp.zeros_like(gates_gTk))
-    out_gTD = run(hq_gTD.astype(h_bTD.dtype), hq_gTD, experts_gTk, gates_gTk, w)
-    return jax.lax.psum_scatter(out_gTD, "expert", scatter_dimension=0, tiled=True)
+    ring = [(i, (i + 1) % ep) for i in range(ep)]
+
+    def visit(block, _):  # this device's experts on the block it holds; pass it on
+      hq_bTD, experts_bTk, gates_bTk, sum_bTD = block
+      mine = (experts_bTk >= first) & (experts_bTk < first + e_local)
+      out = run(hq_bTD, hq_bTD, jnp.where(mine, experts_bTk - first, e_local),  # E: not mine
+                jnp.where(mine, gates_bTk, jnp.zeros_like(gates_bTk)), w)
+      block = (hq_bTD, experts_bTk, gates_bTk, sum_bTD + out.astype(jnp.float32))
+      return jax.tree.map(lambda x: jax.lax.ppermute(x, "expert", ring), block), None
+
+    # Checkpointed: the backward keeps the N blocks, not N blocks' expert activations.
+    block = (hq_bTD, experts_bTk, gates_bTk, jnp.zeros(hq_bTD.shape, jnp.float32))
+    (_, _, _, sum_bTD), _ = jax.lax.scan(jax.checkpoint(visit), block, None, length=ep)
+    return sum_bTD.astype(h_bTD.dtype)
 
   spec = jax.sharding.PartitionSpec
   w_spec = jax.tree.map(lambda _: spec("expert") if ep > 1 else spec(), w)
