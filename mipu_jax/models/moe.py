@@ -164,10 +164,7 @@ def experts_on_mesh(h_BTD: jax.Array, hq_BTD: jax.Array, experts_BTk: jax.Array,
   device. Elsewhere (no mesh, inside a `shard_map` already, rows the mesh does
   not divide) the plain `experts_mlp`.
   """
-  b, t, d = h_BTD.shape
-  k = experts_BTk.shape[-1]
-  names = ("experts_gate", "experts_up", "experts_down")
-  w = {name: w[name] for name in names}
+  w = {name: w[name] for name in ("experts_gate", "experts_up", "experts_down")}
 
   def run(h_bTD, hq_bTD, experts_bTk, gates_bTk, w):
     flat = lambda x: x.reshape(-1, x.shape[-1])
@@ -177,7 +174,7 @@ def experts_on_mesh(h_BTD: jax.Array, hq_BTD: jax.Array, experts_BTk: jax.Array,
 
   mesh = jax.sharding.get_abstract_mesh()
   rows = () if mesh.empty or mesh.manual_axes else sharding.row_axes(mesh)
-  if not rows or b % sharding.row_shards(mesh):
+  if not rows or h_BTD.shape[0] % sharding.row_shards(mesh):
     return run(h_BTD, hq_BTD, experts_BTk, gates_BTk, w)
   ep = sharding.expert_shards(mesh)
 

@@ -41,8 +41,9 @@ def row_shards(mesh) -> int:
   return math.prod(mesh.shape[a] for a in row_axes(mesh))
 
 
-# Parameter path -> per-dimension mesh axes, for the `train` layout.
-TRAIN_RULES: dict[str, tuple[Optional[str], ...]] = {
+# Parameter path -> per-dimension mesh axes (a name, or a tuple of names split
+# in order), for the `train` layout.
+TRAIN_RULES: dict[str, tuple[Optional[str] | tuple[str, ...], ...]] = {
     "embed": ("tensor", _ZERO3),                        # [V, D]
     "lm_head": (_ZERO3, "tensor"),                      # [D, V]
     "final_norm": (None,),                              # [D]
@@ -97,8 +98,8 @@ def make_mesh(data: int = 1, fsdp: int = -1, tensor: int = 1, devices=None, *,
   known = math.prod(s for s in shape if s != -1) * expert
   if -1 in shape:
     if len(devices) % known:
-      raise ValueError(f"{len(devices)} devices do not divide into mesh {shape} "
-                       f"x expert {expert}.")
+      experts = f" x expert {expert}" if expert > 1 else ""
+      raise ValueError(f"{len(devices)} devices do not divide into mesh {shape}{experts}.")
     shape[shape.index(-1)] = len(devices) // known
   axes = AXES
   if expert > 1:
