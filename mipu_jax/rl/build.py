@@ -11,6 +11,7 @@ own is an error here, before any compute.
 
 import dataclasses
 import logging
+import math
 import os
 from typing import Any
 
@@ -152,8 +153,9 @@ def make_sampler(model: models.Qwen3, cfg: TrainConfig, task: base.Task,
   tok = task.tokenizer
   if jax.process_count() > 1:
     # Each process samples its share of the prompts on its own devices.
-    local = jax.local_devices()
-    mesh = models.make_mesh(1, len(local), 1, devices=local)
+    local = jax.local_devices()  # its experts split as far as its devices allow
+    expert = math.gcd(models.sharding.expert_shards(mesh), len(local))
+    mesh = models.make_mesh(1, -1, 1, devices=local, expert=expert)
   # MoE: each token's experts for rollout routing replay (R3) and the
   # routing-mismatch metrics (docs/method.md §7a).
   routing = model.config.is_moe and (cfg.moe.record_routing
