@@ -32,6 +32,7 @@ def _ep_mesh():
   return make_mesh(1, 2, 2, expert=2)
 
 
+@pytest.mark.devices(8)
 def test_expert_axis_only_where_asked():
   dense = make_mesh(1, -1, 2)
   assert dense.axis_names == ("data", "fsdp", "tensor")  # no size-1 expert axis
@@ -54,13 +55,14 @@ def test_expert_axis_only_where_asked():
     assert sharding.spec_for("layers/experts_down", (2, 8, 32, 64), mesh, layout)[1] == "expert"
 
 
-def test_expert_axis_errors_before_compile(tmp_path):
-  moe = lambda e: config_lib.TrainConfig(
+@pytest.mark.devices(8)
+def test_expert_axis_errors_before_compile():
+  tiny_moe = lambda e: config_lib.TrainConfig(
       model=config_lib.ModelConfig(preset="tiny_moe"),
       learner=config_lib.LearnerConfig(mesh=config_lib.MeshConfig(expert=e)))
-  assert moe(4).learner.mesh.expert == 4
+  assert tiny_moe(4).learner.mesh.expert == 4
   with pytest.raises(ValueError, match=r"num_experts=8 .* expert axis of size 3"):
-    moe(3)
+    tiny_moe(3)
   with pytest.raises(ValueError, match=r"expert axis of size 2 .* dense \(num_experts=0\)"):
     config_lib.TrainConfig(learner=config_lib.LearnerConfig(
         mesh=config_lib.MeshConfig(expert=2)))
