@@ -85,4 +85,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  # A config file that cannot be loaded is one flag error, not a traceback.
+  app.run(main, flags_parser=config_lib.parse_flags)

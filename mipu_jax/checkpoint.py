@@ -362,6 +362,33 @@ class Checkpointer:
     return state, metadata
 
 
+def step_contents(directory: str | os.PathLike[str], step: int,
+                  ) -> tuple[dict[str, Any], dict[str, tuple[int, ...]]]:
+  """`(metadata, {array path: shape})` of a committed step, no array read.
+
+  What a resume checks before it builds anything (`mipu_jax.rl.resume`):
+  which run and which model wrote the step. Paths join the state's keys with
+  "/" (`params/embed`).
+
+  Raises:
+    ValueError: the step's metadata or array index cannot be read (a damaged
+      step: the restore moves it aside).
+  """
+  path = os.path.join(os.fspath(directory), str(step))
+  try:
+    manager = ocp.CheckpointManager(os.fspath(directory), item_names=(_STATE, _METADATA))
+    metadata = dict(manager.restore(step, args=ocp.args.Composite(**{
+        _METADATA: ocp.args.JsonRestore()}))[_METADATA])
+    tree = ocp.StandardCheckpointer().metadata(os.path.join(path, _STATE)).item_metadata
+    flat = jax.tree_util.tree_flatten_with_path(getattr(tree, "tree", tree))[0]
+  except Exception as e:  # pylint: disable=broad-except
+    raise ValueError(f"checkpoint step {step} in {directory} cannot be read ({e!r}).") from e
+  metadata.pop(_FINGERPRINT, None)
+  shapes = {"/".join(str(getattr(k, "key", getattr(k, "name", k))) for k in p): tuple(m.shape)
+            for p, m in flat if hasattr(m, "shape")}
+  return metadata, shapes
+
+
 def write_error_reason(e: OSError) -> str:
   """Why a write failed, in words ("no space left on the device" for ENOSPC)."""
   if e.errno == errno.ENOSPC:

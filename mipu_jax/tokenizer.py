@@ -182,7 +182,12 @@ class HFTokenizer:
     if not os.path.isfile(tok_file):
       raise FileNotFoundError(
           f"No tokenizer.json in {path!r} (looked for {tok_file!r}).")
-    tok = tokenizers.Tokenizer.from_file(tok_file)
+    try:
+      tok = tokenizers.Tokenizer.from_file(tok_file)
+    except Exception as e:  # pylint: disable=broad-except
+      # tokenizers raises a bare Exception for any file it cannot parse.
+      raise ValueError(f"{tok_file} is not a tokenizer the `tokenizers` library "
+                       f"can read: {e}.") from e
     tok_config = _read_json(os.path.join(path, "tokenizer_config.json"))
     model_config = _read_json(os.path.join(path, "config.json"))
     gen_config = _read_json(os.path.join(path, "generation_config.json"))
@@ -210,8 +215,8 @@ class HFTokenizer:
       raise ValueError(
           f"No EOS token for the tokenizer in {path!r}: set eos_token in "
           "tokenizer_config.json or eos_token_id in config.json.")
-    stop_ids = [int(i) for i in _as_list(gen_config.get("eos_token_id"))]
-    bad = [i for i in stop_ids if not 0 <= i < vocab]
+    stop_ids = _as_list(gen_config.get("eos_token_id"))
+    bad = [i for i in stop_ids if type(i) is not int or not 0 <= i < vocab]
     if bad:
       raise ValueError(f"generation_config.json in {path!r} names stop ids {bad} "
                        f"outside the tokenizer's vocabulary of {vocab}.")
@@ -221,6 +226,9 @@ class HFTokenizer:
     if template is None and os.path.isfile(os.path.join(path, "chat_template.jinja")):
       with open(os.path.join(path, "chat_template.jinja"), encoding="utf-8") as f:
         template = f.read()
+    if template is not None and not isinstance(template, str):
+      raise ValueError(f"chat_template in {path!r}/tokenizer_config.json should be a "
+                       f"string, got {type(template).__name__}.")
     return cls(tok, eos_id=eos_id, pad_id=special("pad"),
                bos_id=special("bos"), stop_ids=stop_ids, chat_template=template)
 
@@ -280,5 +288,11 @@ def _read_json(path: str) -> dict[str, Any]:
   """The JSON object in `path`, or {} if the file does not exist."""
   if not os.path.isfile(path):
     return {}
-  with open(path, encoding="utf-8") as f:
-    return json.load(f)
+  try:
+    with open(path, encoding="utf-8") as f:
+      data = json.load(f)
+  except (UnicodeDecodeError, json.JSONDecodeError) as e:
+    raise ValueError(f"{path} is not valid JSON: {e}.") from e
+  if not isinstance(data, dict):
+    raise ValueError(f"{path} should hold a JSON object, got {type(data).__name__}.")
+  return data

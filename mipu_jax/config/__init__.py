@@ -30,6 +30,8 @@ from mipu_jax.config.training import ExportConfig
 from mipu_jax.config._convert import from_config_dict
 from mipu_jax.config.training import LearnerConfig
 from mipu_jax.config.training import LengthSurgeConfig
+from mipu_jax.config.command_line import load_flags
+from mipu_jax.config.command_line import parse_flags
 from mipu_jax.config.logging_section import HealthConfig
 from mipu_jax.config.logging_section import LOGGING_BACKENDS
 from mipu_jax.config.logging_section import LoggingConfig
@@ -73,5 +75,7 @@ __all__ = [
     "default_config",
     "flatten",
     "from_config_dict",
+    "load_flags",
+    "parse_flags",
     "resume_differences",
 ]

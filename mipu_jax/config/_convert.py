@@ -8,6 +8,7 @@ from typing import Any, Mapping
 from ml_collections import config_dict
 
 from mipu_jax import losses
+from mipu_jax.config import _types
 from mipu_jax.config.training import TrainConfig
 
 
@@ -77,25 +78,48 @@ def _from_mapping(cls, d: Mapping[str, Any], where: str):
   kwargs = {}
   for name, value in d.items():
     hint = hints[name]
+    if hint is losses.LossConfig or dataclasses.is_dataclass(hint):
+      if not isinstance(value, Mapping):
+        raise ValueError(f"config section {where}{name} must be a mapping of its "
+                         f"fields, got {value!r}.")
     if hint is losses.LossConfig:
-      kwargs[name] = _loss_from_mapping(value)
+      kwargs[name] = _in_section(f"{where}{name}", _loss_from_mapping, value)
     elif dataclasses.is_dataclass(hint):
       kwargs[name] = _from_mapping(hint, value, f"{where}{name}.")
     else:
+      _types.check(f"{where}{name}", hint, value)
       kwargs[name] = value
-  return cls(**kwargs)
+  return _in_section(where.rstrip("."), lambda: cls(**kwargs))
+
+
+def _in_section(section: str, make, *args):
+  """`make(*args)`, a ValueError that does not name `section` prefixed with it."""
+  try:
+    return make(*args)
+  except ValueError as e:
+    if not section or section in str(e):
+      raise
+    raise type(e)(f"{section}: {e}") from e
 
 
 def _loss_from_mapping(d: Mapping[str, Any]) -> losses.LossConfig:
   d = dict(d)
   corr = d.pop("correction", None)
+  hints = typing.get_type_hints(losses.LossConfig)
+  for name, value in d.items():
+    if name in hints:
+      _types.check(f"loss.{name}", hints[name], value)
   if isinstance(corr, Mapping):
+    corr_hints = {**typing.get_type_hints(losses.CorrectionConfig), "preset": str}
+    for name, value in corr.items():  # None: the preset's value
+      if name in corr_hints and value is not None:
+        _types.check(f"loss.correction.{name}", corr_hints[name], value)
     corr = {k: v for k, v in corr.items() if v is not None}
     for name in _LEVEL_FIELDS:
       if isinstance(corr.get(name), str) and corr[name].lower() == "none":
         corr[name] = None
-    corr = losses.CorrectionConfig.from_preset(corr.pop("preset", "token_tis"),
-                                               **corr)
+    corr = _in_section("loss.correction", lambda: losses.CorrectionConfig.from_preset(
+        corr.pop("preset", "token_tis"), **corr))
   elif isinstance(corr, str):
     corr = losses.CorrectionConfig.from_preset(corr)
   if corr is not None:

@@ -10,6 +10,7 @@ from typing import Any
 from mipu_jax import losses
 from mipu_jax import math_eval
 from mipu_jax import schedules
+from mipu_jax.config import _ranges
 from mipu_jax.config.logging_section import LoggingConfig
 from mipu_jax.config.sections import _check_tiers
 from mipu_jax.config.sections import DataConfig
@@ -346,6 +347,7 @@ class TrainConfig:
   moe: MoEConfig = MoEConfig()
 
   def __post_init__(self):
+    _ranges.check(self)
     if self.num_steps < 1:
       raise ValueError(f"num_steps must be >= 1, got {self.num_steps}.")
     if (self.moe.routing_replay != "none" and not self.model.init_from

@@ -44,6 +44,16 @@ def mesh_from_config(cfg: MeshConfig, devices=None) -> Mesh:
   return sharding_lib.make_mesh(*shape, devices=devices, expert=cfg.expert)
 
 
+def check_rows(b: int, chunks: int, dp: int) -> None:
+  """A batch of `b` rows splits into `chunks` micro-batches over `dp` row shards."""
+  if b % chunks or (b // chunks) % dp:
+    raise ValueError(
+        f"{b} rows (data.prompts_per_step x data.group_size): need a multiple of "
+        f"learner.num_minibatches x num_microbatches ({chunks}) whose micro-batches "
+        f"({b // max(chunks, 1)} rows) split over the {dp} data-parallel devices of "
+        "learner.mesh.")
+
+
 def step_spec(cfg: TrainConfig) -> step_lib.StepSpec:
   """The static step description of a run."""
   s = cfg.sampling
@@ -275,10 +285,5 @@ class Learner:
                        f"({routing_BTLk.min()}..{routing_BTLk.max()}).")
 
   def _check_rows(self, b: int) -> None:
-    chunks = self.spec.num_minibatches * self.spec.num_microbatches
-    dp = sharding_lib.row_shards(self.mesh)
-    if b % chunks or (b // chunks) % dp:
-      raise ValueError(
-          f"{b} rows: need a multiple of minibatches x microbatches ({chunks}) "
-          f"whose micro-batches ({b // max(chunks, 1)} rows) split over the "
-          f"{dp} data-parallel devices.")
+    check_rows(b, self.spec.num_minibatches * self.spec.num_microbatches,
+               sharding_lib.row_shards(self.mesh))

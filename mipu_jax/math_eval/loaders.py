@@ -22,6 +22,7 @@ is stripped of `$` and joined with `", "`.
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import re
 from collections.abc import Mapping
@@ -108,6 +109,8 @@ def load_benchmark(name: str,
   key = canonical_name(name)
   schema = _SCHEMAS[key]
   rows = _io.read_rows(path)
+  if not rows:
+    raise ValueError(f"{key}: {os.fspath(path)!r} holds no problems.")
   problems = []
   for index, row in enumerate(rows):
     for field in (schema.question, schema.answer):
@@ -116,6 +119,14 @@ def load_benchmark(name: str,
             f"{key}: row {index} of {os.fspath(path)!r} has no {field!r} field "
             f"(expected the {schema.source} schema; fields present: "
             f"{sorted(row)}).")
+    question, answer = row[schema.question], row[schema.answer]
+    if not isinstance(question, str) or not question.strip():
+      raise ValueError(f"{key}: row {index} of {os.fspath(path)!r}: {schema.question!r} "
+                       f"should be the problem's text, got {question!r}.")
+    if not _answer_ok(answer):
+      raise ValueError(f"{key}: row {index} of {os.fspath(path)!r}: {schema.answer!r} "
+                       f"should be a non-empty string, a number or a list of them, "
+                       f"got {answer!r}.")
     row_id = row.get(schema.id) if schema.id else None
     used = {schema.question, schema.answer, schema.id}
     problems.append(BenchmarkProblem(
@@ -126,6 +137,17 @@ def load_benchmark(name: str,
         metadata={k: v for k, v in row.items() if k not in used},
     ))
   return problems
+
+
+def _answer_ok(value: Any) -> bool:
+  """A stored answer that grades: text, a finite number, or a list of them."""
+  if isinstance(value, (list, tuple)):
+    return bool(value) and all(_answer_ok(v) for v in value)
+  if isinstance(value, bool):
+    return False
+  if isinstance(value, (int, float)):
+    return math.isfinite(value)
+  return isinstance(value, str) and bool(value.strip().strip("$").strip())
 
 
 def _answer_text(value: Any) -> str:

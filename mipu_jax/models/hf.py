@@ -138,23 +138,104 @@ def _expected_shapes(cfg: Qwen3Config) -> dict[str, tuple[int, ...]]:
 
 
 def _tensor_files(path: str) -> dict[str, str]:
-  """Maps each tensor name to the safetensors file holding it."""
+  """Maps each tensor name to the safetensors file holding it.
+
+  Every file's header is checked first (`_check_header`), so a file that lies
+  about its tensors is refused by name before any tensor is read.
+  """
   index = os.path.join(path, _INDEX)
   if os.path.exists(index):
-    with open(index) as f:
-      weight_map = json.load(f).get("weight_map")
-    if not weight_map:
+    weight_map = _read_json(index).get("weight_map")
+    if not weight_map or not isinstance(weight_map, dict):
       raise CheckpointError(f"{index} has no 'weight_map'.")
     missing = sorted({fn for fn in weight_map.values()
-                      if not os.path.exists(os.path.join(path, fn))})
+                      if not isinstance(fn, str) or not os.path.isfile(os.path.join(path, fn))},
+                     key=str)
     if missing:
       raise CheckpointError(f"{index} names shard files that do not exist: {missing}.")
+    headers = {fn: _check_header(os.path.join(path, fn)) for fn in set(weight_map.values())}
+    absent = sorted(n for n, fn in weight_map.items() if n not in headers[fn])
+    if absent:
+      raise CheckpointError(f"{index} maps tensors to shards that do not hold them: "
+                            f"{absent[:8]}.")
     return {name: os.path.join(path, fn) for name, fn in weight_map.items()}
   single = os.path.join(path, _SINGLE)
   if not os.path.exists(single):
     raise CheckpointError(f"No {_SINGLE} or {_INDEX} in {path}.")
-  with safe_open(single, framework="flax") as f:
-    return {name: single for name in f.keys()}
+  return {name: single for name in _check_header(single)}
+
+
+# Bytes per element of the safetensors dtypes a checkpoint may hold.
+_DTYPE_BYTES = {"BOOL": 1, "U8": 1, "I8": 1, "F8_E4M3": 1, "F8_E5M2": 1, "I16": 2,
+                "U16": 2, "F16": 2, "BF16": 2, "I32": 4, "U32": 4, "F32": 4, "I64": 8,
+                "U64": 8, "F64": 8}
+
+
+_FLOAT_DTYPES = ("F32", "F16", "BF16", "F64", "F8_E4M3", "F8_E5M2")
+
+
+def _check_header(fn: str) -> dict[str, tuple[int, ...]]:
+  """`{tensor: shape}` from a safetensors file's header, checked against the file.
+
+  The format: an 8-byte little-endian header length, a JSON header of
+  `{name: {dtype, shape, data_offsets: [begin, end]}}`, then the data. A
+  header that lies (a dtype or shape whose size is not its byte range, ranges
+  past the end of the file or overlapping, a truncated file) would otherwise
+  surface as a reader error without the file's name, or as wrong numbers.
+  """
+  size = os.path.getsize(fn)
+
+  def bad(why):
+    return CheckpointError(f"{fn} is not a valid safetensors file: {why}.")
+
+  with open(fn, "rb") as f:
+    head = f.read(8)
+    if len(head) < 8:
+      raise bad(f"{size} bytes, shorter than the 8-byte header length")
+    n = int.from_bytes(head, "little")
+    if n > size - 8:
+      raise bad(f"its header claims {n} bytes, the file has {size - 8} after the length")
+    try:
+      header = json.loads(f.read(n).decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+      raise bad(f"its header is not JSON ({e})") from e
+  if not isinstance(header, dict):
+    raise bad("its header is not a JSON object")
+  shapes, ranges = {}, []
+  for name, info in header.items():
+    if name == "__metadata__":
+      continue
+    if not isinstance(info, dict):
+      raise bad(f"tensor {name!r} has no dtype, shape and offsets")
+    dtype, shape, offsets = info.get("dtype"), info.get("shape"), info.get("data_offsets")
+    if dtype not in _DTYPE_BYTES:
+      raise bad(f"tensor {name!r} has unknown dtype {dtype!r}")
+    if dtype not in _FLOAT_DTYPES:
+      raise bad(f"tensor {name!r} is {dtype}; a Qwen3 checkpoint's weights are one of "
+                f"{_FLOAT_DTYPES}")
+    if (not isinstance(shape, list) or not isinstance(offsets, list) or len(offsets) != 2
+        or not all(type(x) is int and x >= 0 for x in shape + offsets)):
+      raise bad(f"tensor {name!r} has shape {shape!r} and offsets {offsets!r}; expected "
+                "lists of non-negative integers")
+    begin, end = offsets
+    want = int(np.prod(shape, dtype=object)) * _DTYPE_BYTES[dtype]
+    if end - begin != want:
+      raise bad(f"tensor {name!r} ({dtype} {shape}) needs {want} bytes, its offsets "
+                f"[{begin}, {end}] hold {end - begin}")
+    if end > size - 8 - n:
+      raise bad(f"tensor {name!r} ends at byte {end} of the data, which has "
+                f"{size - 8 - n} (a truncated file?)")
+    shapes[name] = tuple(shape)
+    ranges.append((begin, end, name))
+  ranges.sort()
+  for (_, end, a), (begin, _, b) in zip(ranges, ranges[1:]):
+    if begin < end:
+      raise bad(f"tensors {a!r} and {b!r} overlap")
+  covered = ranges[-1][1] if ranges else 0
+  if covered != size - 8 - n:   # the format's rule: the tensors fill the data exactly
+    raise bad(f"its tensors cover {covered} bytes of data, the file holds {size - 8 - n} "
+              "after the header")
+  return shapes
 
 
 def _read_tensors(path: str, cfg: Qwen3Config) -> dict[str, np.ndarray]:
@@ -176,13 +257,21 @@ def _read_tensors(path: str, cfg: Qwen3Config) -> dict[str, np.ndarray]:
   for name in expected:
     by_file.setdefault(files[name], []).append(name)
   for fn, fnames in by_file.items():
-    with safe_open(fn, framework="flax") as f:
+    # Shapes first (from the header), so a config.json that disagrees with the
+    # tensors is refused before any data is read.
+    with safe_open(fn, framework="numpy") as f:
       for name in fnames:
-        t = f.get_tensor(name)
-        if tuple(t.shape) != expected[name]:
-          raise CheckpointError(f"Tensor {name} in {fn} has shape {tuple(t.shape)}, "
-                                f"expected {expected[name]} for this config.")
-        tensors[name] = np.asarray(t.astype(jnp.float32))
+        shape = tuple(f.get_slice(name).get_shape())
+        if shape != expected[name]:
+          raise CheckpointError(f"Tensor {name} in {fn} has shape {shape}, expected "
+                                f"{expected[name]} for the config.json in {path}.")
+      # numpy (bfloat16 through ml_dtypes): reading compiles nothing.
+      for name in fnames:
+        t = np.asarray(f.get_tensor(name), np.float32)
+        if not np.isfinite(t).all():
+          raise CheckpointError(f"Tensor {name} in {fn} holds non-finite values "
+                                f"({int((~np.isfinite(t)).sum())} of {t.size}).")
+        tensors[name] = t
   return tensors
 
 
@@ -259,14 +348,78 @@ def _from_ours(params: dict, cfg: Qwen3Config) -> dict[str, np.ndarray]:
 
 
 def read_config(path: str, **overrides) -> Qwen3Config:
-  """Qwen3Config from `path/config.json`."""
+  """Qwen3Config from `path/config.json`.
+
+  Raises:
+    CheckpointError: no such directory or file, a file that is not a JSON
+      object, or dimensions that are missing or not positive integers (named
+      with the file).
+  """
   fn = os.path.join(path, "config.json")
   if not os.path.isdir(path):
     raise CheckpointError(f"Checkpoint directory {path} does not exist.")
   if not os.path.exists(fn):
     raise CheckpointError(f"No config.json in {path}.")
-  with open(fn) as f:
-    return config_from_hf(json.load(f), **overrides)
+  hf = _read_json(fn)
+  _check_dims(hf, fn)
+  try:
+    return config_from_hf(hf, **overrides)
+  except CheckpointError:
+    raise
+  except (KeyError, TypeError, ValueError) as e:
+    raise CheckpointError(f"{fn} does not describe a Qwen3 model: {e!r}.") from e
+
+
+# config.json fields that are tensor dimensions (when present).
+_DIMS = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
+         "num_key_value_heads", "head_dim", "intermediate_size")
+
+
+def _check_dims(hf: dict, fn: str) -> None:
+  bad = {k: hf[k] for k in _DIMS if k in hf and (type(hf[k]) is not int or hf[k] < 1)}
+  if bad:
+    raise CheckpointError(f"{fn}: dimensions must be positive integers, got {bad}.")
+
+
+def _read_json(fn: str) -> dict:
+  """A JSON object from `fn`; anything else is a `CheckpointError` naming it."""
+  try:
+    with open(fn, encoding="utf-8") as f:
+      data = json.load(f)
+  except (UnicodeDecodeError, json.JSONDecodeError) as e:
+    raise CheckpointError(f"{fn} is not valid JSON: {e}.") from e
+  if not isinstance(data, dict):
+    raise CheckpointError(f"{fn} should hold a JSON object, got {type(data).__name__}.")
+  return data
+
+
+def context_length(path: str) -> Optional[int]:
+  """`max_position_embeddings` of `path/config.json`: the longest row the
+  checkpoint was trained for (None when it does not say)."""
+  n = _read_json(os.path.join(path, "config.json")).get("max_position_embeddings")
+  return n if type(n) is int and n > 0 else None
+
+
+def check_pretrained(path: str) -> Qwen3Config:
+  """The checks of `from_pretrained` that read no tensor data: `config.json`,
+  every safetensors header, and each tensor's shape against the config.
+
+  A run calls it before building anything (`mipu_jax.rl.preflight`), so a
+  damaged directory is refused before any compile (docs/reliability.md).
+  """
+  cfg = read_config(path)
+  files = _tensor_files(path)
+  expected = _expected_shapes(cfg)
+  missing = sorted(set(expected) - set(files))
+  if missing:
+    raise CheckpointError(f"Checkpoint {path} is missing tensors: {missing[:8]}"
+                          + (f" and {len(missing) - 8} more" if len(missing) > 8 else ""))
+  for fn in sorted(set(files.values())):
+    for name, shape in _check_header(fn).items():
+      if name in expected and shape != expected[name]:
+        raise CheckpointError(f"Tensor {name} in {fn} has shape {shape}, expected "
+                              f"{expected[name]} for the config.json in {path}.")
+  return cfg
 
 
 def from_pretrained(path: str, dtype: Any = jnp.float32, *, compute_dtype: Any = None,

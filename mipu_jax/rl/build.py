@@ -205,9 +205,11 @@ class Run:
   pi_sampler: Any = None
 
 
-def build_run(cfg: TrainConfig, *, donate: bool = True) -> Run:
-  """Task, policy, mesh, learner and sampler of `cfg`."""
-  task = make_task(cfg)
+def build_run(cfg: TrainConfig, *, donate: bool = True,
+              task: Task | None = None) -> Run:
+  """Task (unless given: `rl.preflight.check` made it), policy, mesh, learner
+  and sampler of `cfg`."""
+  task = make_task(cfg) if task is None else task
   mesh = mesh_from_config(cfg.learner.mesh)
   model = make_policy(cfg.model, task.tokenizer, mesh)
   if cfg.moe.routing_replay != "none" and not model.config.is_moe:

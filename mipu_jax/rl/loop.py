@@ -16,6 +16,7 @@ from typing import Optional
 import tqdm
 from flax import nnx
 
+import mipu_jax
 from mipu_jax import checkpoint
 from mipu_jax import config as config_lib
 from mipu_jax import distributed
@@ -28,6 +29,7 @@ from mipu_jax.rl import export
 from mipu_jax.rl import gates as gates_lib
 from mipu_jax.rl import guard as guard_lib
 from mipu_jax.rl import health
+from mipu_jax.rl import preflight
 from mipu_jax.rl import resume
 from mipu_jax.rl import run_report
 from mipu_jax.rl import step as step_lib
@@ -164,7 +166,7 @@ class _Loop:
 
   def save(self, step: int, state: LearnerState) -> None:
     """Checkpoints step `step` with what a resume needs to continue alike."""
-    meta = {"step": step, "data_position": step,
+    meta = {"step": step, "data_position": step, "library_version": mipu_jax.__version__,
             "config": dataclasses.asdict(self.cfg), "nonfinite_streak": self.streak.count,
             "best_eval": self.best_eval if math.isfinite(self.best_eval) else None}
     rollbacks = 0
@@ -260,13 +262,16 @@ def _train(cfg, workdir, gate, allow_config_change, guard) -> RunResult:
   main = distributed.is_main()  # only process 0 writes files
   if main:  # a missing backend package is an error before the model loads
     writer_lib.check_backends(cfg.logging.backend_names)
+  # Bad inputs (data, model files, another run in the workdir) are refused
+  # here, before anything is built or compiled (docs/reliability.md).
+  task = preflight.check(cfg, workdir, allow_config_change=allow_config_change)
   os.makedirs(workdir, exist_ok=True)
   files = {"config": os.path.join(workdir, "config.json"),
            "metrics": os.path.join(workdir, "metrics.jsonl"),
            "table": os.path.join(workdir, "results.md")}
   if gate is None:  # MIPU Step 2 / random rollback from `cfg.mipu` (docs/method.md §5)
     gate = gates_lib.from_config(cfg)
-  run = build.build_run(cfg, donate=gate is None)
+  run = build.build_run(cfg, donate=gate is None, task=task)
   params = nnx.to_pure_dict(nnx.state(run.model, nnx.Param))
   state = run.learner.init_state(params, cfg.seed)
   # Sync the sharded learner copy now: the sampler then compiles once, for

@@ -23,6 +23,7 @@ import logging
 import os
 from typing import Any, Callable, Mapping, Optional
 
+import mipu_jax
 from mipu_jax import checkpoint
 from mipu_jax import config as config_lib
 from mipu_jax.rl import writer as writer_lib
@@ -78,6 +79,78 @@ def check_config(saved: Mapping[str, Any], cfg: config_lib.TrainConfig, *,
         "change recorded). Settings that may change on resume: "
         f"{', '.join(config_lib.RESUME_NEUTRAL)}.")
   return diff
+
+
+def check_workdir(workdir: str, cfg: config_lib.TrainConfig, *, allow_change: bool,
+                  param_shapes: Optional[Mapping[str, tuple[int, ...]]] = None) -> None:
+  """Refuses a workdir that holds another run, before anything is built.
+
+  The run it holds is read from its newest committed checkpoint (metadata and
+  array shapes, no array data) or, before the first checkpoint, from its
+  `config.json`. Refused: a config that differs in what the run computes
+  (`check_config`), metadata without a config (another version of the
+  library), and a checkpoint whose parameters have other shapes than
+  `param_shapes` (another model under the same settings). A step that cannot
+  be read at all is left to the restore, which moves it aside
+  (docs/reliability.md).
+
+  Raises:
+    ConfigChangedError: another run's config (unless `allow_change`).
+    ValueError: a workdir that is not a directory, an unreadable
+      `config.json`, metadata of another version, parameters of other shapes.
+  """
+  if os.path.exists(workdir) and not os.path.isdir(workdir):
+    raise ValueError(f"--workdir {workdir!r} is a file, not a directory.")
+  ckpt_dir = os.path.join(workdir, "checkpoints")
+  if os.path.exists(ckpt_dir) and not os.path.isdir(ckpt_dir):
+    raise ValueError(f"{ckpt_dir!r} is a file; a run keeps its checkpoints in a "
+                     "directory of that name.")
+  steps = checkpoint.committed_steps(ckpt_dir) if cfg.checkpoint.enabled else []
+  for step in reversed(steps):
+    try:
+      meta, shapes = checkpoint.step_contents(ckpt_dir, step)
+    except ValueError:
+      continue  # damaged: the restore moves it aside and falls back
+    where = f"checkpoint step {step} in {ckpt_dir}"
+    version = meta.get("library_version", "an earlier one")
+    if not isinstance(meta.get("config"), Mapping) or not isinstance(meta.get("step"), int):
+      raise ValueError(
+          f"{where} was written by another version of mipu_jax ({version}; this is "
+          f"{mipu_jax.__version__}): its metadata has no run config or step "
+          f"(keys: {sorted(meta)}). Use another --workdir, or that version to resume it.")
+    try:
+      check_config(meta["config"], cfg, allow_change=allow_change, workdir=workdir)
+    except ConfigChangedError as e:
+      if version != mipu_jax.__version__:
+        raise ConfigChangedError(f"{e} (The checkpoint was written by mipu_jax "
+                                 f"{version}; this is {mipu_jax.__version__}.)") from None
+      raise
+    if param_shapes is not None:
+      saved = {k.split("/", 1)[1]: v for k, v in shapes.items() if k.startswith("params/")}
+      if saved and saved != dict(param_shapes):
+        diff = sorted(k for k in set(saved) | set(param_shapes)
+                      if saved.get(k) != param_shapes.get(k))
+        raise ValueError(
+            f"{where} holds another model: its parameters differ from this run's in "
+            f"{len(diff)} arrays, e.g. " + ", ".join(
+                f"{k} {saved.get(k)} (saved) vs {param_shapes.get(k)} (now)"
+                for k in diff[:3])
+            + f". The config is the same: was model.init_from={cfg.model.init_from!r} "
+            "replaced? Use another --workdir for this model.")
+    return
+  path = os.path.join(workdir, "config.json")
+  if steps or not os.path.isfile(path):
+    return
+  try:
+    with open(path, encoding="utf-8") as f:
+      saved = json.load(f)
+  except (UnicodeDecodeError, json.JSONDecodeError) as e:
+    raise ValueError(f"{path} is not a run's config (not valid JSON: {e}); move it "
+                     "away or use another --workdir.") from e
+  if not isinstance(saved, Mapping):
+    raise ValueError(f"{path} is not a run's config (a JSON {type(saved).__name__}, "
+                     "not an object); move it away or use another --workdir.")
+  check_config(saved, cfg, allow_change=allow_change, workdir=workdir)
 
 
 def record_config(workdir: str, cfg: config_lib.TrainConfig, start: int,

@@ -62,8 +62,20 @@ def _compile(template: str):
         raise jinja2.exceptions.SecurityError(
             f"chat templates cannot set underscore attributes, got {name!r}")
 
-  env = sandbox.ImmutableSandboxedEnvironment(
-      trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols])
+  class _Sandbox(sandbox.ImmutableSandboxedEnvironment):
+    """Jinja's sandbox, except that reaching for an unsafe attribute raises.
+
+    Jinja renders it as an empty string, so a template that tries to leave
+    its sandbox would train on prompts with holes instead of being refused.
+    """
+
+    def unsafe_undefined(self, obj, attribute):
+      raise jinja2.exceptions.SecurityError(
+          f"the chat template reaches for {attribute!r} of a "
+          f"{type(obj).__name__}, outside its sandbox")
+
+  env = _Sandbox(trim_blocks=True, lstrip_blocks=True,
+                 extensions=[jinja2.ext.loopcontrols])
   env.filters["tojson"] = tojson
   env.globals["raise_exception"] = raise_exception
   env.globals["strftime_now"] = strftime_now

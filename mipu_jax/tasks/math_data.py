@@ -106,7 +106,10 @@ def load_problems(path: str, *, schema: str = "auto", prompt_key: str | None = N
   rows = _io.read_rows(path)
   if not rows:
     raise ValueError(f"{path!r} holds no rows.")
-  kind = _detect(rows[0]) if schema == "auto" else schema
+  try:
+    kind = _detect(rows[0]) if schema == "auto" else schema
+  except ValueError as e:
+    raise ValueError(f"row 0 of {os.fspath(path)!r} (data.train_file): {e}") from e
   default_prompt, default_answer, default_id = _DEFAULT_FIELDS[kind]
   prompt_key = prompt_key or default_prompt
   answer_key = answer_key or default_answer
@@ -120,22 +123,27 @@ def load_problems(path: str, *, schema: str = "auto", prompt_key: str | None = N
       solution = row.get("solution")
       answer = grading.extract_boxed(solution) if isinstance(solution, str) else None
     if prompt is None or (isinstance(prompt, str) and not prompt.strip()):
-      raise ValueError(f"{where} has no prompt field {prompt_key!r}.")
-    if answer is None or not str(answer).strip():
-      raise ValueError(f"{where} has no answer field {answer_key!r}"
+      raise ValueError(f"{where} has no prompt field {prompt_key!r} (data.prompt_key).")
+    if answer is None or (isinstance(answer, str) and not answer.strip()):
+      raise ValueError(f"{where} has no answer field {answer_key!r} (data.answer_key)"
                        + (" (nor a \\boxed{} answer in `solution`)" if kind == "math" else "")
                        + ".")
+    if isinstance(answer, bool) or not isinstance(answer, (str, int, float)):
+      raise ValueError(f"{where}: answer field {answer_key!r} (data.answer_key) should be "
+                       f"a string or a number, got {answer!r}.")
     row_id = _get(row, id_key)
     row_id = str(index if row_id is None else row_id)
     if isinstance(prompt, str):
       problems.append(MathProblem(id=row_id, answer=str(answer).strip(), question=prompt))
     elif isinstance(prompt, (list, tuple)) and all(
-        isinstance(m, Mapping) and "role" in m and "content" in m for m in prompt):
+        isinstance(m, Mapping) and "role" in m and isinstance(m.get("content"), str)
+        for m in prompt) and any(
+            m["role"] == "user" and m["content"].strip() for m in prompt):
       problems.append(MathProblem(id=row_id, answer=str(answer).strip(),
                                   messages=tuple(dict(m) for m in prompt)))
     else:
-      raise ValueError(f"{where}: field {prompt_key!r} is neither a string nor a "
-                       "list of {role, content} messages.")
+      raise ValueError(f"{where}: field {prompt_key!r} (data.prompt_key) is neither a "
+                       "string nor a list of {role, content} messages with a user turn.")
   return problems
 
 

@@ -61,7 +61,9 @@ def find_benchmarks(directory: str, names: Sequence[str]) -> dict[str, str]:
   for name in names:
     key = math_eval.canonical_name(name)
     paths = [os.path.join(directory, key + ext) for ext in _EXTENSIONS]
-    present = [p for p in paths if os.path.isfile(p)]
+    present = [p for p in paths if os.path.exists(p)]
+    if present and not os.path.isfile(present[0]):
+      raise ValueError(f"Benchmark {key}: {present[0]!r} is not a file.")
     if present:
       found[key] = present[0]
     else:
@@ -134,9 +136,9 @@ class MathTask:
       _log.warning("Dropped %d of %d training prompts longer than %d tokens.",
                    self.dropped_long, len(problems), self.prompt_budget)
     if len(kept) <= num_probe:
-      raise ValueError(f"{len(kept)} training prompts fit the budget of "
-                       f"{self.prompt_budget} tokens: too few to hold out "
-                       f"{num_probe} probe prompts and train on the rest.")
+      raise ValueError(f"{len(kept)} training prompts of {train_file} fit the budget of "
+                       f"{self.prompt_budget} tokens (data.max_prompt_tokens): too few "
+                       f"to hold out {num_probe} probe prompts and train on the rest.")
     self.train, self.probe = math_data.split_probe(kept, num_probe)
     self.max_rounds = max(int(max_rounds), 1)
     self._order = math_data.PromptOrder(len(self.train), seed)
@@ -150,6 +152,10 @@ class MathTask:
         if max_eval_problems:
           items = items[:max_eval_problems]
         fit = [p for p in items if len(self.encode(p)) <= self.prompt_budget]
+        if not fit:   # its score would be a mean over nothing
+          raise ValueError(f"Benchmark {key} ({path}): none of its {len(items)} problems "
+                           f"fits the prompt budget (data.max_prompt_tokens="
+                           f"{self.prompt_budget}).")
         if len(fit) < len(items):
           _log.warning("Benchmark %s: left out %d of %d problems longer than %d "
                        "tokens; its score is over the other %d.", key,
