@@ -111,8 +111,8 @@ def _loss_from_mapping(d: Mapping[str, Any]) -> losses.LossConfig:
       _types.check(f"loss.{name}", hints[name], value)
   if isinstance(corr, Mapping):
     corr_hints = {**typing.get_type_hints(losses.CorrectionConfig), "preset": str}
-    for name, value in corr.items():  # None: the preset's value
-      if name in corr_hints and value is not None:
+    for name, value in corr.items():  # None: the preset's value (a preset of None is no preset)
+      if name in corr_hints and (value is not None or name == "preset"):
         _types.check(f"loss.correction.{name}", corr_hints[name], value)
     corr = {k: v for k, v in corr.items() if v is not None}
     for name in _LEVEL_FIELDS:

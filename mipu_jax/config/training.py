@@ -361,9 +361,10 @@ class TrainConfig:
     chunks = self.learner.num_minibatches * self.learner.num_microbatches
     if self.data.batch_size % chunks:
       raise ValueError(
-          f"batch of {self.data.batch_size} responses (prompts_per_step x "
-          f"group_size) does not split into {self.learner.num_minibatches} "
-          f"mini-batches x {self.learner.num_microbatches} micro-batches.")
+          f"batch of {self.data.batch_size} responses (data.prompts_per_step x "
+          f"data.group_size) does not split into learner.num_minibatches="
+          f"{self.learner.num_minibatches} x learner.num_microbatches="
+          f"{self.learner.num_microbatches}.")
     if self.loss.advantage == "rloo" and self.data.group_size < 2:
       raise ValueError("rloo needs group_size >= 2.")
     if self.sampling.true_on_policy:

@@ -25,8 +25,6 @@ def read_rows(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
   if ext not in (".jsonl", ".json", ".parquet"):
     raise ValueError(
         f"Cannot read {path!r}: expected a .jsonl, .json or .parquet file.")
-  if os.path.getsize(path) == 0:
-    raise ValueError(f"{path!r} is empty (0 bytes).")
   try:
     if ext == ".jsonl":
       return _read_jsonl(path)
@@ -37,7 +35,13 @@ def read_rows(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
     raise ValueError(f"{path!r} is not UTF-8 text (byte {e.start}: {e.reason}).") from e
 
 
+def _check_size(path: str) -> None:
+  if os.path.getsize(path) == 0:
+    raise ValueError(f"{path!r} is empty (0 bytes).")
+
+
 def _read_json(path: str) -> list[dict[str, Any]]:
+  _check_size(path)
   with open(path, encoding="utf-8") as f:
     try:
       data = json.load(f)
@@ -49,6 +53,7 @@ def _read_json(path: str) -> list[dict[str, Any]]:
 
 
 def _read_jsonl(path: str) -> list[dict[str, Any]]:
+  _check_size(path)
   rows = []
   with open(path, encoding="utf-8") as f:
     for line_no, line in enumerate(f, start=1):
@@ -72,6 +77,7 @@ def _read_parquet(path: str) -> list[dict[str, Any]]:
     raise ImportError(
         f"Reading {path!r} needs pyarrow (pip install pyarrow), or convert the "
         "file to JSONL.") from e
+  _check_size(path)
   try:
     return pq.read_table(path).to_pylist()
   except (pyarrow.ArrowException, OSError) as e:

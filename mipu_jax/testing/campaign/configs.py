@@ -130,8 +130,9 @@ def _relevant(path: str, base: str) -> bool:
 def must_refuse(field: Field, category: str, value: Any, base: str, route: str) -> bool:
   """Whether no run may accept `value` in `field` by `route` (the campaign's oracle)."""
   if category == "wrong type":
-    if value is None and field.optional:
-      return False
+    if value is None and (field.optional or (field.path.startswith("loss.correction.")
+                                             and field.path != "loss.correction.preset")):
+      return False   # a correction field left None keeps its preset's value
     if field.path == "model.remat" and isinstance(value, bool):
       return False
     if route == "file" and field.kind == "float" and isinstance(value, bool):
