@@ -482,8 +482,8 @@ class _Compiles:
 
 
 def test_a_checkpoint_of_another_model_is_refused_and_kept(tmp_path):
-  """The restore failed, moved the step aside as unreadable and the run
-  started from scratch in the other model's workdir."""
+  """The restore failed after the learner was compiled, moved the step aside
+  as unreadable and stopped with "No checkpoint ... could be restored"."""
   cfg = testing.tiny_run_config(2)
   workdir = _saved_run(tmp_path, cfg, params_vocab=97)
   with _Compiles() as c, pytest.raises(ValueError, match="holds another model.*embed"):

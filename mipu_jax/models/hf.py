@@ -364,9 +364,9 @@ def read_config(path: str, **overrides) -> Qwen3Config:
   _check_dims(hf, fn)
   try:
     return config_from_hf(hf, **overrides)
-  except CheckpointError:
-    raise
-  except (KeyError, TypeError, ValueError) as e:
+  except (KeyError, TypeError, ValueError) as e:   # CheckpointError included
+    if isinstance(e, CheckpointError) and fn in str(e):
+      raise
     raise CheckpointError(f"{fn} does not describe a Qwen3 model: {e!r}.") from e
 
 

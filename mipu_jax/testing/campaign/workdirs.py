@@ -49,7 +49,8 @@ def _set(cd: dict, path: str, value) -> None:
 
 def _save(directory: str, cfg: config_lib.TrainConfig, params_vocab: int | None = None,
           meta_extra: dict | None = None) -> None:
-  """A step-1 checkpoint as `rl.train` saves it (learner state + metadata)."""
+  """A step-1 checkpoint as `rl.train` saves it: the learner state of the
+  run's structure (zero parameters, a fresh optimizer state) and its metadata."""
   shapes = preflight.param_shapes(cfg, arithmetic.make_tokenizer())
   params: dict = {}
   for path, shape in shapes.items():
@@ -60,8 +61,8 @@ def _save(directory: str, cfg: config_lib.TrainConfig, params_vocab: int | None 
     for p in parents:
       node = node.setdefault(p, {})
     node[leaf] = np.zeros(shape, np.float32)
-  state = state_lib.LearnerState(params, {"count": np.zeros([], np.int32)},
-                                 np.ones([], np.int32), jax.random.key(0))
+  opt_state = state_lib.make_optimizer(cfg.optim, cfg.num_steps).init(params)
+  state = state_lib.LearnerState(params, opt_state, np.ones([], np.int32), jax.random.key(0))
   meta = {"step": 1, "data_position": 1, "library_version": __version__,
           "config": dataclasses.asdict(cfg), "nonfinite_streak": 0, "best_eval": None,
           "sampler_sync_version": 1, **(meta_extra or {})}
