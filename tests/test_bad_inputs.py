@@ -220,6 +220,13 @@ def test_a_grader_module_that_does_not_exist_is_refused(world, tmp_path):
     preflight.check(config_lib.from_config_dict(cd), str(tmp_path / "run"))
 
 
+def test_routing_replay_on_a_dense_checkpoint_is_refused_before_building(world, tmp_path):
+  cd = _math(world)
+  cd["moe"] = {"routing_replay": "rollout"}
+  with pytest.raises(ValueError, match="moe.routing_replay='rollout' on a dense model"):
+    preflight.check(config_lib.from_config_dict(cd), str(tmp_path / "run"))
+
+
 # --- prompt data and evaluation sets ----------------------------------------
 
 

@@ -197,6 +197,8 @@ COMBOS: dict[str, dict[str, Any]] = {
     "max_new_tokens beyond the checkpoint's context (math)": {
         "sampling.max_new_tokens": 50_000},
     "probe hold-out larger than the prompts (math)": {"data.probe_holdout": 500},
+    "routing replay (R3) on a dense model": {"moe.routing_replay": "rollout"},
+    "routing replay (R2) on a dense model": {"moe.routing_replay": "learner"},
     "surge window shorter than its minimum history": {
         "logging.health.k3_surge_window": 2, "logging.health.k3_surge_min_history": 5},
 }

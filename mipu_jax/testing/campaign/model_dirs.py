@@ -1,6 +1,6 @@
 """Model-directory cases: a Hugging Face Qwen3 directory damaged one way.
 
-The tiny checkpoint (one file, or two shards and an index) is copied and
+The tiny checkpoint (one file, two shards and an index, or a Qwen3-MoE one) is copied and
 damaged: a safetensors header that lies (a shape, a dtype, offsets, its own
 length), a tensor file cut short, non-finite weights, an index naming a shard
 that is not there, a `config.json` whose dimensions disagree with the tensors
@@ -31,6 +31,7 @@ KIND = "model directory"
 
 DIMS = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
         "num_key_value_heads", "head_dim", "intermediate_size")
+MOE_DIMS = ("num_experts", "moe_intermediate_size")
 
 TEMPLATE_SYNTAX = (
     "{% for m in messages %}{{ m['content'] }}",                 # unclosed for
@@ -79,9 +80,10 @@ def cases(draw, world: World) -> core.Case:
   """One model-directory case (see the module docstring)."""
   n = draw(st.integers(0, 2**31))
   tmp = world.tmp(f"model{n}")
-  sharded = draw(st.booleans())
+  layout = draw(st.sampled_from(["one file", "sharded", "MoE"]))
+  sharded = layout == "sharded"
   d = os.path.join(tmp, "ckpt")
-  shutil.copytree(world.sharded if sharded else world.ckpt, d)
+  shutil.copytree({"one file": world.ckpt, "sharded": world.sharded, "MoE": world.moe}[layout], d)
   damage = draw(st.sampled_from([
       "header shape", "header dtype", "header offsets", "header length", "header not JSON",
       "truncated tensors", "non-finite weights", "missing shard", "index not JSON",
@@ -177,14 +179,17 @@ def cases(draw, world: World) -> core.Case:
     names.append(fn)
     hf = json.load(open(fn))
     if damage == "config dims":
-      dim = draw(st.sampled_from(DIMS))
+      # The MoE directory's one layer is sparse: its dense width sizes no tensor.
+      dim = draw(st.sampled_from(
+          DIMS if layout != "MoE" else tuple(x for x in DIMS if x != "intermediate_size")
+          + MOE_DIMS))
       old = hf.get(dim, 0)
       hf[dim] = draw(st.sampled_from([old + 1, old * 2, max(old - 1, 1), old + 64]))
       refuse = hf[dim] != old
       names.append(dim)
       detail = f"{dim} {old} -> {hf[dim]}"
     elif damage == "config mistyped":
-      dim = draw(st.sampled_from(DIMS))
+      dim = draw(st.sampled_from(DIMS + (MOE_DIMS if layout == "MoE" else ())))
       hf[dim] = draw(st.sampled_from(["64", 64.5, None, -4, 0, [64], True]))
       names.append(dim)
       detail = f"{dim} = {hf[dim]!r}"
@@ -247,5 +252,4 @@ def cases(draw, world: World) -> core.Case:
   def run():
     preflight.check(config_lib.from_config_dict(cd), workdir)
     models.from_pretrained(d)
-  return core.Case(KIND, f"{'sharded' if sharded else 'one file'}: {detail}", run, names,
-                   must_refuse=refuse)
+  return core.Case(KIND, f"{layout}: {detail}", run, names, must_refuse=refuse)

@@ -1,7 +1,7 @@
 """The valid inputs every case starts from, written once per campaign.
 
 A tiny Hugging Face Qwen3 directory (one file, and the same split into two
-shards with an index), training prompts in both schemas and three formats,
+shards with an index), a tiny Qwen3-MoE one, training prompts in both schemas and three formats,
 the five benchmark files, and the base run configs (the small arithmetic run
 and a math run of the tiny checkpoint) as plain nested mappings.
 """
@@ -74,6 +74,7 @@ class World:
   root: str
   ckpt: str
   sharded: str
+  moe: str                     # a tiny Qwen3-MoE directory (two experts)
   train: dict[str, str]        # "<schema>.<fmt>" -> file
   benchmarks: str              # a directory holding the five files
 
@@ -124,6 +125,9 @@ def make_world(root: str) -> World:
   os.remove(os.path.join(sharded, "model.safetensors"))
   models.save_pretrained(models.from_pretrained(ckpt), sharded, max_shard_bytes=40_000)
   shutil.copy(os.path.join(ckpt, "config.json"), sharded)  # its special token ids
+  moe = ckpt_lib.write_tiny_qwen3(os.path.join(root, "qwen3_moe"), num_layers=1,
+                                  num_experts=2, num_experts_per_tok=1,
+                                  moe_intermediate_size=32)
   train = {}
   for fmt in FORMATS:
     for schema, rows in (("math", math_rows()), ("dapo", dapo_rows())):
@@ -134,4 +138,5 @@ def make_world(root: str) -> World:
   for i, name in enumerate(BENCHMARKS):
     fmt = FORMATS[i % len(FORMATS)]
     write_rows(os.path.join(bench, f"{name}.{fmt}"), benchmark_rows(name), fmt)
-  return World(root=root, ckpt=ckpt, sharded=sharded, train=train, benchmarks=bench)
+  return World(root=root, ckpt=ckpt, sharded=sharded, moe=moe, train=train,
+               benchmarks=bench)
