@@ -374,19 +374,20 @@ def step_contents(directory: str | os.PathLike[str], step: int,
     ValueError: the step's metadata or array index cannot be read (a damaged
       step: the restore moves it aside).
   """
+  # Not creating the directory: no barrier among processes.
+  manager = ocp.CheckpointManager(
+      os.fspath(directory), options=ocp.CheckpointManagerOptions(create=False),
+      item_handlers={_STATE: ocp.StandardCheckpointHandler(),
+                     _METADATA: ocp.JsonCheckpointHandler()})
   try:
-    # Not creating the directory: no barrier among processes.
-    manager = ocp.CheckpointManager(
-        os.fspath(directory), options=ocp.CheckpointManagerOptions(create=False),
-        item_handlers={_STATE: ocp.StandardCheckpointHandler(),
-                       _METADATA: ocp.JsonCheckpointHandler()})
     metadata = dict(manager.restore(step, args=ocp.args.Composite(**{
         _METADATA: ocp.args.JsonRestore()}))[_METADATA])
     tree = manager.item_metadata(step)[_STATE]
     flat = jax.tree_util.tree_flatten_with_path(getattr(tree, "tree", tree))[0]
-    manager.close()
   except Exception as e:  # pylint: disable=broad-except
     raise ValueError(f"checkpoint step {step} in {directory} cannot be read ({e!r}).") from e
+  finally:
+    manager.close()
   metadata.pop(_FINGERPRINT, None)
   shapes = {"/".join(str(getattr(k, "key", getattr(k, "name", k))) for k in p): tuple(m.shape)
             for p, m in flat if hasattr(m, "shape")}

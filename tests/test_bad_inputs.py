@@ -265,8 +265,8 @@ def test_an_empty_prompt_file_is_refused_naming_it(world, tmp_path):
 
 
 def test_prompts_without_a_user_turn_and_answers_that_are_not_text_are_refused(world, tmp_path):
-  """An empty message list trained on an empty prompt; an answer {} or [] was
-  graded against the text "{}" / "[]"."""
+  """An empty message list trained on an empty prompt; an answer {}, [] or NaN
+  was graded against the text "{}" / "[]" / "nan"."""
   rows = world_lib.dapo_rows()
   rows[3]["prompt"] = []
   path = world_lib.write_rows(str(tmp_path / "p.jsonl"), rows, "jsonl")
@@ -275,7 +275,12 @@ def test_prompts_without_a_user_turn_and_answers_that_are_not_text_are_refused(w
   rows = world_lib.dapo_rows()
   rows[5]["reward_model"]["ground_truth"] = {}
   path = world_lib.write_rows(str(tmp_path / "a.jsonl"), rows, "jsonl")
-  with pytest.raises(ValueError, match="row 5 .* should be a string or a number"):
+  with pytest.raises(ValueError, match="row 5 .* should be a string or a finite number"):
+    math_data.load_problems(path)
+  rows = world_lib.math_rows()
+  rows[2]["answer"] = float("nan")   # json writes NaN, and reads it back as a float
+  path = world_lib.write_rows(str(tmp_path / "n.jsonl"), rows, "jsonl")
+  with pytest.raises(ValueError, match="row 2 .* should be a string or a finite number"):
     math_data.load_problems(path)
 
 

@@ -241,6 +241,9 @@ def train(cfg: TrainConfig, workdir: str, *,
     A `RunResult`.
 
   Raises:
+    ValueError, FileNotFoundError: a bad input — data files, the model
+      directory, the devices for the mesh, a workdir holding another run or
+      model — before anything is built or compiled (`rl.preflight.check`).
     resume.ConfigChangedError: see `allow_config_change`.
     FloatingPointError: `learner.max_nonfinite_steps` consecutive steps had a
       non-finite update.

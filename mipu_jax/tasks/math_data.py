@@ -21,6 +21,7 @@ drawn from `(seed, epoch)`; position `p` of the stream is prompt
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import zlib
 from collections.abc import Mapping, Sequence
@@ -128,9 +129,10 @@ def load_problems(path: str, *, schema: str = "auto", prompt_key: str | None = N
       raise ValueError(f"{where} has no answer field {answer_key!r} (data.answer_key)"
                        + (" (nor a \\boxed{} answer in `solution`)" if kind == "math" else "")
                        + ".")
-    if isinstance(answer, bool) or not isinstance(answer, (str, int, float)):
+    if isinstance(answer, bool) or not isinstance(answer, (str, int, float)) or (
+        isinstance(answer, float) and not math.isfinite(answer)):
       raise ValueError(f"{where}: answer field {answer_key!r} (data.answer_key) should be "
-                       f"a string or a number, got {answer!r}.")
+                       f"a string or a finite number, got {answer!r}.")
     row_id = _get(row, id_key)
     row_id = str(index if row_id is None else row_id)
     if isinstance(prompt, str):

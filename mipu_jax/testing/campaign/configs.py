@@ -159,6 +159,11 @@ def must_refuse(field: Field, category: str, value: Any, base: str, route: str) 
       return not (value == "" and field.path in EMPTY_OK)
     if field.kind == "tuple":
       return field.path != "logging.wandb.tags"   # tags are free text
+    if field.path == "model.remat":
+      return value not in ("none", "layer", "dots")
+    if field.path in ("data.instruction", "data.prompt_template"):
+      # A template needs its {question} field ("chat": the checkpoint's template).
+      return "{question}" not in value and value != "chat"
     return field.path in ("model.init_from", "data.train_file", "eval.benchmark_dir",
                           "data.reward_grader") and value != ""
   return False

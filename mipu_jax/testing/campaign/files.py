@@ -12,6 +12,7 @@ pointed at it. The real readers (`json`, pyarrow) read it inside
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 from typing import Any
@@ -76,11 +77,13 @@ def _damage_rows(draw, rows, kind, damage) -> tuple[list[Any], bool, str]:
     fallback = col == "answer" and empty is None and "solution" in rows[0]
     return rows, not fallback, f"{col} = {empty!r} in {which}"
   if damage == "mistyped column":
-    bad = draw(st.sampled_from([3, 2.5, True, ["x", "y"], {"k": "v"}]))
+    bad = draw(st.sampled_from([3, 2.5, True, ["x", "y"], {"k": "v"}, math.nan]))
     for i in picks:
       rows[i][col] = bad
-    # A number in a text column is taken as its text; a prompt must be text (or messages).
-    refuse = col in ("prompt", "problem", "Problem", "question") or isinstance(bad, dict)
+    # A number in a text column is taken as its text; a prompt must be text (or
+    # messages); an answer must be a finite number or text.
+    refuse = (col in ("prompt", "problem", "Problem", "question") or isinstance(bad, dict)
+              or (isinstance(bad, float) and math.isnan(bad)))
     return rows, refuse, f"{col} = {bad!r} in {which}"
   if damage == "over-long prompts":
     for i in picks:
