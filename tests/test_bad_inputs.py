@@ -426,6 +426,18 @@ def test_a_config_json_that_is_not_json_or_lacks_dims_is_refused_naming_it(world
       models.from_pretrained(d)
 
 
+def test_a_moe_config_json_with_a_fractional_expert_count_is_refused_naming_it(world, tmp_path):
+  """`num_experts` 64.5 was a TypeError from `range` in the tensor-name table."""
+  d = str(tmp_path / "moe")
+  shutil.copytree(world.moe, d)
+  fn = os.path.join(d, "config.json")
+  hf = json.load(open(fn))
+  hf["num_experts"] = 64.5
+  json.dump(hf, open(fn, "w"))
+  with pytest.raises(models.CheckpointError, match="config.json: dimensions must be positive"):
+    models.from_pretrained(d)
+
+
 def test_config_dims_that_disagree_with_the_tensors_are_refused_from_the_headers(world, tmp_path):
   d = _copy(world, tmp_path)
   fn = os.path.join(d, "config.json")

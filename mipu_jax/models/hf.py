@@ -370,9 +370,11 @@ def read_config(path: str, **overrides) -> Qwen3Config:
     raise CheckpointError(f"{fn} does not describe a Qwen3 model: {e!r}.") from e
 
 
-# config.json fields that are tensor dimensions (when present).
+# config.json fields that are tensor dimensions or counts (when present).
 _DIMS = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
-         "num_key_value_heads", "head_dim", "intermediate_size")
+         "num_key_value_heads", "head_dim", "intermediate_size", "num_experts",
+         "num_local_experts", "num_experts_per_tok", "moe_intermediate_size",
+         "decoder_sparse_step")
 
 
 def _check_dims(hf: dict, fn: str) -> None:

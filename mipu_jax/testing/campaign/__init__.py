@@ -37,7 +37,7 @@ __all__ = ["ACCEPTED", "DEFECT", "KINDS", "REFUSED", "Case", "Outcome", "World",
 KINDS = (configs.KIND, files.PROMPT_KIND, files.EVAL_KIND, model_dirs.KIND, workdirs.KIND)
 # The distinct defects the campaign found, per kind, each fixed and kept as its
 # own test in tests/test_bad_inputs.py (listed in docs/reliability.md).
-FIXED = {configs.KIND: 11, files.PROMPT_KIND: 5, files.EVAL_KIND: 4, model_dirs.KIND: 10,
+FIXED = {configs.KIND: 11, files.PROMPT_KIND: 5, files.EVAL_KIND: 4, model_dirs.KIND: 11,
          workdirs.KIND: 5}
 
 
