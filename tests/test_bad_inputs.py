@@ -227,6 +227,13 @@ def test_routing_replay_on_a_dense_checkpoint_is_refused_before_building(world, 
     preflight.check(config_lib.from_config_dict(cd), str(tmp_path / "run"))
 
 
+def test_an_expert_axis_for_a_dense_checkpoint_is_refused_before_building(world, tmp_path):
+  cd = _math(world)
+  cd["learner"]["mesh"].update(expert=2, fsdp=1)
+  with pytest.raises(ValueError, match="expert axis of size 2 but the model is dense"):
+    preflight.check(config_lib.from_config_dict(cd), str(tmp_path / "run"))
+
+
 # --- prompt data and evaluation sets ----------------------------------------
 
 

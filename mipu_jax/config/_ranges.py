@@ -63,6 +63,7 @@ RANGES: dict[str, Range] = {
     "learner.pack_length": _GE0, "learner.pack_rows": _GE0,
     "learner.max_nonfinite_steps": _GE1,
     "learner.mesh.data": _MESH, "learner.mesh.fsdp": _MESH, "learner.mesh.tensor": _MESH,
+    "learner.mesh.expert": _GE1,   # a given size, never -1 (MeshConfig)
     "eval.every": _GE0, "eval.num_samples": _GE1, "eval.temperature": _GE0,
     "eval.seed": _GE0, "eval.n_per_tier": _GE1, "eval.max_problems": _GE0,
     "logging.health.is_mean_low": _GE0, "logging.health.is_mean_high": _GT0,

@@ -2,7 +2,8 @@
 
 `check(cfg, workdir)` is what `rl.train` runs first: the devices against the
 mesh and the batch, the model directory's `config.json` and safetensors
-headers (no tensor data; routing replay needs MoE layers there), the task (its tokenizer, chat template, training
+headers (no tensor data; routing replay and an expert axis need MoE layers
+there), the task (its tokenizer, chat template, training
 prompts and evaluation sets, read in full), the answer grader's module, and
 the workdir against the run it may already hold. A bad input is refused here
 with one `ValueError` (or `FileNotFoundError`) naming the field or the file
@@ -39,9 +40,11 @@ def check(cfg: TrainConfig, workdir: str, *,
   check_devices(cfg)
   if cfg.model.init_from:
     policy = hf.check_pretrained(cfg.model.init_from)
-    if cfg.moe.routing_replay != "none" and not policy.is_moe:   # a preset: TrainConfig's check
+    # A preset's are TrainConfig's checks.
+    if cfg.moe.routing_replay != "none" and not policy.is_moe:
       raise ValueError(f"moe.routing_replay={cfg.moe.routing_replay!r} on a dense model: "
                        f"{cfg.model.init_from!r} has no MoE layers.")
+    sharding.check_experts(policy.num_experts, cfg.learner.mesh.expert)
   if cfg.data.task == "math":
     check_grader(cfg.data.reward_grader)
   task = build.make_task(cfg)

@@ -202,6 +202,8 @@ COMBOS: dict[str, dict[str, Any]] = {
     "max_new_tokens beyond the checkpoint's context (math)": {
         "sampling.max_new_tokens": 50_000},
     "probe hold-out larger than the prompts (math)": {"data.probe_holdout": 500},
+    "expert parallelism on a dense model": {"learner.mesh.expert": 2,
+                                            "learner.mesh.fsdp": 1},
     "routing replay (R3) on a dense model": {"moe.routing_replay": "rollout"},
     "routing replay (R2) on a dense model": {"moe.routing_replay": "learner"},
     "surge window shorter than its minimum history": {
