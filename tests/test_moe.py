@@ -399,3 +399,36 @@ def test_load_balancing_loss_reaches_the_router():
   assert float(value) >= 1.0 - 1e-6  # E Σ f P ≥ 1 when f and P move together; ≈1 near uniform
   router_g = np.asarray(nnx.to_pure_dict(g)["layers"]["router"])
   assert (np.abs(router_g).max(axis=(1, 2)) > 0).all()
+
+
+def test_replay_through_packed_rows_and_remat_equals_unpacked():
+  """Routing replay on packed rows (segments, per-segment positions, routing gathered
+  with the tokens) and under a remat policy gives the unpacked rows' log-probs."""
+  from mipu_jax.learner import logprobs as logprobs_lib  # pylint: disable=g-import-not-at-top
+  from mipu_jax.learner import packing  # pylint: disable=g-import-not-at-top
+  model = _random_moe(CONFIGS["all_moe_norm_tied"], seed=4)
+  rng = np.random.default_rng(5)
+  lengths = np.array([7, 4, 9, 3])
+  mask = (np.arange(10)[None, :] < lengths[:, None]).astype(np.float32)
+  tokens = jnp.asarray(rng.integers(3, 83, (4, 10)) * mask.astype(np.int32))
+  scoring = logprobs_lib.Scoring()
+  free, routing = logprobs_lib.policy_logprobs(model, tokens, jnp.asarray(mask), scoring,
+                                               with_routing=True)
+  # Another routing than the model's own, so replay is visible in the log-probs.
+  forced = jnp.where(routing >= 0, (routing + 3) % 6, -1)
+  forced = jnp.where(forced[..., :1] == forced[..., 1:], (forced + 1) % 6, forced)
+  unpacked = logprobs_lib.policy_logprobs(model, tokens, jnp.asarray(mask), scoring,
+                                          routing_BTLk=forced)
+  assert np.abs(np.asarray(unpacked - free))[mask > 0].max() > 1e-4
+  plan = packing.plan(mask, 16, 1)
+  lp_packed = logprobs_lib.packed_logprobs(
+      nnx.graphdef(model), nnx.state(model), tokens, jax.tree.map(jnp.asarray, plan), scoring,
+      1, routing_BTLk=forced)
+  on = np.asarray(mask) > 0
+  on[:, 0] = False  # a row's first token has no log-prob either way
+  np.testing.assert_allclose(np.asarray(lp_packed)[on], np.asarray(unpacked)[on], atol=2e-5)
+  remat = nnx.merge(nnx.graphdef(models.Qwen3(model.config.replace(remat="layer"),
+                                              rngs=nnx.Rngs(0))), nnx.state(model))
+  lp_remat = logprobs_lib.policy_logprobs(remat, tokens, jnp.asarray(mask), scoring,
+                                          routing_BTLk=forced)
+  np.testing.assert_array_equal(np.asarray(lp_remat), np.asarray(unpacked))
