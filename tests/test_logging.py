@@ -159,9 +159,6 @@ def _target_main(workdir: str) -> None:
 
 @pytest.mark.long
 def test_killed_and_resumed_run_holds_every_step_once_in_wandb(tmp_path, monkeypatch):
-  monkeypatch.setenv("JAX_COMPILATION_CACHE_DIR", str(tmp_path / "xla_cache"))
-  monkeypatch.setenv("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
-  monkeypatch.setenv("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
   # W&B points child processes at this process's W&B service (if another test
   # started one); each attempt starts its own, as a separate command would.
   monkeypatch.delenv("WANDB_SERVICE", raising=False)
