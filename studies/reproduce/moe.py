@@ -71,7 +71,7 @@ def read_run(workdir: str) -> Optional[dict]:
     return None
   rows = rl.read_jsonl(path)
   steps = [r for r in rows if r.get("step", 0) > 0]
-  out = {"name": os.path.basename(workdir), "steps": max([r["step"] for r in rows] + [0])}
+  out = {"name": os.path.basename(workdir), "steps": int(max([r["step"] for r in rows] + [0]))}
   for side, key in (("mu", "eval/avg"), ("pi", "eval_pi/avg")):
     curve = _curve(rows, key)
     out[f"{side}_collapse"] = collapse_step(curve, COLLAPSE_DROP)
