@@ -167,3 +167,20 @@ def test_eval_flags_and_the_old_eval_package_name(monkeypatch):
   saved = config_lib.as_json(cfg)
   saved["data"]["reward_grader"] = "mipu_jax.eval.grading:grade"
   assert config_lib.resume_differences(saved, cfg) == {}
+
+
+def test_a_run_saved_before_a_setting_existed_resumes_as_it_ran():
+  """A saved config without a setting added since (the expert axis, the MoE section)
+  reads back with the value that computes what it computed: no resume difference; a
+  changed value still is one."""
+  cfg = config_lib.TrainConfig()
+  saved = config_lib.as_json(cfg)
+  del saved["learner"]["mesh"]["expert"], saved["moe"]
+  assert config_lib.resume_differences(saved, cfg) == {}
+  replay = config_lib.as_json(config_lib.TrainConfig(
+      model=config_lib.ModelConfig(preset="tiny_moe"),
+      moe=config_lib.MoEConfig(routing_replay="rollout")))
+  del replay["moe"]
+  assert "moe.routing_replay" in config_lib.resume_differences(
+      replay, config_lib.TrainConfig(model=config_lib.ModelConfig(preset="tiny_moe"),
+                                     moe=config_lib.MoEConfig(routing_replay="rollout")))

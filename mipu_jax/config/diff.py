@@ -55,6 +55,8 @@ def flatten(cfg: Any) -> dict[str, Any]:
   for key, names in RENAMED.items():
     if flat.get(key) in names:
       flat[key] = names[flat[key]]
+  for key, value in ADDED.items():
+    flat.setdefault(key, value)
   return flat
 
 
@@ -75,6 +77,12 @@ def config_diff(a: Any, b: Any) -> dict[str, tuple[Any, Any]]:
   fa, fb = flatten(a), flatten(b)
   return {k: (fa.get(k), fb.get(k)) for k in sorted(set(fa) | set(fb))
           if fa.get(k) != fb.get(k)}
+
+
+# Settings added to the config after runs were saved: a saved config without one
+# reads back with the value that computes what the run computed before it existed.
+ADDED = {"learner.mesh.expert": 1, "moe.routing_replay": "none", "moe.record_routing": True,
+         "moe.aux_loss": False}
 
 
 def resume_differences(saved: Any, new: Any) -> dict[str, tuple[Any, Any]]:
