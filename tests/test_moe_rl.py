@@ -8,7 +8,6 @@ import pytest
 from flax import nnx
 
 from mipu_jax import config as config_lib
-from mipu_jax import rl
 from mipu_jax.models import moe
 from mipu_jax.rl import batching
 from mipu_jax.rl import build
@@ -74,18 +73,26 @@ def test_rollout_routing_is_replayed_in_recompute_and_update(r3_run):
   del new
 
 
-@pytest.mark.long
-def test_learner_routing_replay_and_metrics_in_a_real_run(tmp_path):
-  """R2, in bypass mode too (the recompute runs only for the routing): two real
-  steps log the routing metrics; the update replays the recompute's routing."""
+def test_learner_routing_replay_in_bypass_mode(r3_run):
+  """R2 (in bypass mode: the recompute runs for the routing only): the update replays
+  the learner's own routing of the old policy, lp_old stays lp_mu, and the step takes
+  it (the same learner: any replay mode's batch carries routing)."""
+  import dataclasses  # pylint: disable=g-import-not-at-top
   from mipu_jax import losses  # pylint: disable=g-import-not-at-top
-  cfg = _cfg("learner", loss=losses.LossConfig.from_dict({"mode": "bypass"}))
-  result = rl.train(cfg, str(tmp_path))
-  rows = [r for r in result.rows if r["step"] > 0]
-  assert len(rows) == 2
-  for row in rows:
-    assert 0 <= row["moe/routing_flip_rate"] <= row["moe/token_flip_rate"] <= 1
-    assert np.isfinite(row["actor/loss"])
+  run, state, chosen = r3_run
+  cfg = dataclasses.replace(run.cfg, moe=config_lib.MoEConfig(routing_replay="learner"),
+                            loss=losses.LossConfig.from_dict({"mode": "bypass"}))
+  r2 = dataclasses.replace(run, cfg=cfg)
+  metrics = {}
+  batch = step_lib.learner_batch(r2, state, chosen, 5.0, metrics)
+  np.testing.assert_array_equal(batch.lp_old_BT, batch.lp_mu_BT)
+  _, own = run.learner.logprobs(state.params, batch.tokens_BT, batch.input_mask_BT,
+                                with_routing=True)
+  np.testing.assert_array_equal(batch.routing_BTLk, np.asarray(own))
+  assert not np.array_equal(batch.routing_BTLk, batching.routing_rows(chosen, run.seq_len))
+  assert 0 < metrics["moe/routing_flip_rate"] <= metrics["moe/token_flip_rate"] <= 1
+  _, step_metrics = run.learner.step(state, batch)
+  assert np.isfinite(step_metrics["actor/loss"])
 
 
 def test_routing_replay_on_a_dense_model_is_refused():
