@@ -13,6 +13,7 @@ from flax import nnx
 from mipu_jax import models
 from mipu_jax.models import moe, qwen3
 from mipu_jax.models.hf import CheckpointError
+from test_models import _random_model  # tests/ is on the path (no package)
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -32,16 +33,12 @@ CONFIGS = {
 
 
 def _random_moe(kw, seed=0):
-  """A random MoE with non-trivial norms and a router peaked enough that top-k
-  is decided by margins far above float noise."""
-  cfg = models.Qwen3Config(**kw)
-  model = models.Qwen3(cfg, rngs=nnx.Rngs(seed))
-  rng = np.random.default_rng(seed)
+  """`test_models`' random model (non-trivial norms) with a router and experts peaked
+  enough that top-k is decided by margins far above float noise."""
+  model = _random_model(kw, seed)
+  rng = np.random.default_rng(seed + 1000)
   state = nnx.state(model, nnx.Param)
   pure = nnx.to_pure_dict(state)
-  for name in ("attn_norm", "mlp_norm", "q_norm", "k_norm"):
-    x = pure["layers"][name]
-    pure["layers"][name] = jnp.asarray(1 + 0.3 * rng.standard_normal(x.shape), x.dtype)
   for name in ("router", "experts_gate", "experts_up", "experts_down"):
     x = pure["layers"][name]
     pure["layers"][name] = jnp.asarray(0.15 * rng.standard_normal(x.shape), x.dtype)

@@ -27,18 +27,9 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from bench.perf.learner import _best_time as _best  # fastest of repeats after a warm-up
 from bench.perf.model import matmul_peak_gflops
 from mipu_jax import models
-
-
-def _best(fn, repeats):
-  fn()
-  times = []
-  for _ in range(repeats):
-    t0 = time.perf_counter()
-    fn()
-    times.append(time.perf_counter() - t0)
-  return float(np.min(times))
 
 
 def _cpu_model() -> str:
