@@ -45,9 +45,10 @@ def _host_arrays():
   return tokens, input_mask, loss_mask, adv
 
 
-def _run(mesh, steps=2):
-  """Two learner steps on a fresh state; returns (params, metrics list, learner)."""
-  cfg, model = _config(), _model()
+def _run(mesh, steps=2, model=None):
+  """Two learner steps on a fresh state (of `model`, default `_model()`); returns
+  (params, metrics list, learner)."""
+  cfg, model = _config(), _model() if model is None else model
   learner = Learner.from_config(cfg, model, mesh)
   state = learner.init_state(nnx.to_pure_dict(nnx.state(model, nnx.Param)), seed=0)
   tokens, input_mask, loss_mask, adv = _host_arrays()

@@ -10,8 +10,6 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from mipu_jax import config as config_lib
-from mipu_jax.learner import host_batch
-from mipu_jax.learner import Learner
 from mipu_jax.learner import mesh_from_config
 from mipu_jax.models import get_config
 from mipu_jax.models import make_mesh
@@ -129,19 +127,7 @@ def _moe_model():
 
 def _run(mesh, steps=2):
   """`test_learner._run`'s two steps, on the tiny MoE policy."""
-  model = _moe_model()
-  learner = Learner.from_config(test_learner._config(), model, mesh)
-  state = learner.init_state(nnx.to_pure_dict(nnx.state(model, nnx.Param)), seed=0)
-  tokens, input_mask, loss_mask, adv = test_learner._host_arrays()
-  noise = np.random.default_rng(1).normal(0, 0.3, tokens.shape)
-  metrics = []
-  for _ in range(steps):
-    lp_old = np.asarray(learner.logprobs(state.params, tokens, input_mask)) * loss_mask
-    batch = host_batch(tokens, input_mask, loss_mask, (lp_old + noise) * loss_mask, adv,
-                       lp_old_BT=lp_old)
-    state, m = learner.step(state, batch)
-    metrics.append(jax.device_get(m))
-  return jax.device_get(state), metrics, learner
+  return test_learner._run(mesh, steps, model=_moe_model())
 
 
 @pytest.mark.devices(8)
