@@ -115,10 +115,11 @@ def test_transformers_checkpoint_loads_and_exports_back(tmp_path):
   assert hf_json["model_type"] == "qwen3_moe" and hf_json["num_experts"] == 5
 
 
+@pytest.mark.parametrize("n", [37, 400])  # blocks of 8 rows; of `moe.BLOCK_ROWS` rows
 @pytest.mark.parametrize("impl", ["blocked", "ragged_dot"])
-def test_grouped_matmul_equals_every_expert_on_every_token(impl):
+def test_grouped_matmul_equals_every_expert_on_every_token(impl, n):
   rng = np.random.default_rng(0)
-  n, d, f, e, k = 37, 16, 12, 5, 2
+  d, f, e, k = 16, 12, 5, 2
   h = jnp.asarray(rng.standard_normal((n, d)), jnp.float32)
   normal = lambda *shape: jnp.asarray(0.3 * rng.standard_normal(shape), jnp.float32)
   w = {"router": normal(d, e), "experts_gate": normal(e, d, f), "experts_up": normal(e, d, f),
@@ -127,20 +128,29 @@ def test_grouped_matmul_equals_every_expert_on_every_token(impl):
   experts = np.stack([np.where(rng.random(n) < 0.7, 3, rng.integers(0, 3, n)),
                       np.full(n, 1)], -1)
   experts[:, 1] = np.where(experts[:, 0] == 1, 0, 1)
-  routing = moe.Routing(jnp.asarray(experts, jnp.int32),
-                        jnp.asarray(rng.random((n, k)), jnp.float32), None)
+  gates = rng.random((n, k))
+  # Expert id E marks a slot another device computes (`experts_on_mesh`): it adds zero.
+  elsewhere = rng.random(n) < 0.2
+  experts[elsewhere, 1] = e
+  routing = moe.Routing(jnp.asarray(experts, jnp.int32), jnp.asarray(gates, jnp.float32), None)
+  kept = moe.Routing(jnp.asarray(np.where(experts < e, experts, 0), jnp.int32),
+                     jnp.asarray(np.where(experts < e, gates, 0.0), jnp.float32), None)
   got = moe.experts_mlp(h, h, routing, w, None, impl)
-  ref = moe.experts_mlp_reference(h, routing, w)
+  ref = moe.experts_mlp_reference(h, kept, w)
   np.testing.assert_allclose(np.asarray(got), np.asarray(ref), rtol=2e-5, atol=2e-5)
-  per_token = moe.experts_mlp_per_token(h, routing, w)
+  per_token = moe.experts_mlp_per_token(h, kept, w)
   np.testing.assert_allclose(np.asarray(per_token), np.asarray(ref), rtol=2e-5, atol=2e-5)
-  # Gradients through the grouped matmul (the learner's backward) match too.
+  # Gradients through the grouped matmul (the learner's backward: the weights'
+  # and, through the rows' moves in and out of the sorted buffer, the tokens').
   cot = normal(n, d)
-  loss = lambda w, fn: jnp.sum(fn(w) * cot)
-  g = jax.grad(loss)(w, lambda w: moe.experts_mlp(h, h, routing, w, None, impl))
-  g_ref = jax.grad(loss)(w, lambda w: moe.experts_mlp_reference(h, routing, w))
+  loss = lambda h, w, fn, r: jnp.sum(fn(h, w, r) * cot)
+  g = jax.grad(loss, (0, 1))(h, w, lambda h, w, r: moe.experts_mlp(h, h, r, w, None, impl),
+                             routing)
+  g_ref = jax.grad(loss, (0, 1))(h, w, lambda h, w, r: moe.experts_mlp_reference(h, r, w),
+                                 kept)
+  np.testing.assert_allclose(np.asarray(g[0]), np.asarray(g_ref[0]), rtol=1e-4, atol=1e-4)
   for name in ("experts_gate", "experts_up", "experts_down"):
-    np.testing.assert_allclose(np.asarray(g[name]), np.asarray(g_ref[name]), rtol=1e-4,
+    np.testing.assert_allclose(np.asarray(g[1][name]), np.asarray(g_ref[1][name]), rtol=1e-4,
                                atol=1e-4)
 
 

@@ -26,7 +26,7 @@ import jax.numpy as jnp
 from mipu_jax.models import quantized
 from mipu_jax.models import sharding
 
-BLOCK_ROWS = 16  # rows per block of the "blocked" grouped matmul
+BLOCK_ROWS = 128  # rows per block of the "blocked" grouped matmul (at most)
 
 
 class Routing(NamedTuple):
@@ -78,67 +78,112 @@ def _dense_weight(w) -> jax.Array:
   return w
 
 
-def _blocked_matmul(x_mI: jax.Array, w_EIO: jax.Array, experts_m: jax.Array,
-                    group_sizes_E: jax.Array) -> jax.Array:
-  """Rows `x_mI` sorted by expert times their expert's weight, in blocks of
-  `BLOCK_ROWS` rows that each belong to one expert (groups padded to whole
-  blocks): a batched dot over at most m / s + E blocks, so the work is the
-  routed rows' own (XLA:CPU lowers `ragged_dot` to a masked dot over all E).
-  Rows past the groups (expert id E: another device's, `experts_on_mesh`)
-  give zeros, as `ragged_dot`'s do."""
-  m, e = x_mI.shape[0], w_EIO.shape[0]
-  s = BLOCK_ROWS
-  nb = m // s + e  # enough blocks for any group sizes
-  padded_E = (group_sizes_E + s - 1) // s * s
-  pad_start_E = jnp.cumsum(padded_E) - padded_E
-  start_E = jnp.cumsum(group_sizes_E) - group_sizes_E
-  expert_m = jnp.minimum(experts_m, e - 1)
-  rank_m = jnp.arange(m, dtype=jnp.int32) - start_E[expert_m]
-  slot_m = jnp.where(experts_m < e, pad_start_E[expert_m] + rank_m, nb * s)
-  xp = jnp.zeros((nb * s, x_mI.shape[1]), x_mI.dtype).at[slot_m].set(x_mI, mode="drop")
-  block_start = jnp.arange(nb, dtype=jnp.int32) * s
-  block_expert = jnp.clip(
-      jnp.searchsorted(jnp.cumsum(padded_E), block_start, side="right"), 0, e - 1)
-  y = jnp.einsum("bsI,bIO->bsO", xp.reshape(nb, s, -1), w_EIO[block_expert])
-  return y.reshape(nb * s, -1).at[slot_m].get(mode="fill", fill_value=0)
+class _Layout(NamedTuple):
+  """Where each routed (token, slot) row sits in the expert-sorted buffer.
+
+  Rows are grouped by expert, each group padded to whole blocks of `rows`
+  (1 for `ragged_dot`: no padding). `slot_m` is row m's place in the buffer (-1
+  for an expert id E, another device's: it contributes zero), `src_p` the row
+  at each place (-1 for padding); the two are inverse maps.
+  """
+
+  slot_m: jax.Array
+  src_p: jax.Array
+  sizes_E: jax.Array  # rows per expert group, padding included
+  rows: int
 
 
-def grouped_matmul(x_mI: jax.Array, w_EIO, experts_m: jax.Array, group_sizes_E: jax.Array,
-                   impl: str) -> jax.Array:
-  """`x_m · w[experts_m]` for rows sorted by expert (`group_sizes_E` rows each)."""
-  w_EIO = _dense_weight(w_EIO).astype(x_mI.dtype)
-  if impl == "auto":
-    impl = "blocked" if jax.default_backend() == "cpu" else "ragged_dot"
-  if impl == "blocked":
-    return _blocked_matmul(x_mI, w_EIO, experts_m, group_sizes_E)
+def _block_rows(m: int, e: int) -> int:
+  """Rows per block: `BLOCK_ROWS`, fewer when the m rows spread over e experts
+  leave groups smaller than that (decoding), so padding stays below half."""
+  r = BLOCK_ROWS
+  while r > 8 and r * e > m:
+    r //= 2
+  return r
+
+
+def _layout(experts_m: jax.Array, e: int, rows: int) -> _Layout:
+  """Each row's rank within its expert by a cumulative count (no sort)."""
+  m = experts_m.shape[0]
+  onehot_mE = (experts_m[:, None] == jnp.arange(e, dtype=jnp.int32)[None]).astype(jnp.int32)
+  counts_E = jnp.sum(onehot_mE, axis=0)
+  rank_m = jnp.sum((jnp.cumsum(onehot_mE, axis=0) - 1) * onehot_mE, axis=1)
+  sizes_E = (counts_E + rows - 1) // rows * rows
+  start_E = jnp.cumsum(sizes_E) - sizes_E
+  slot_m = jnp.where(experts_m < e, start_E[jnp.minimum(experts_m, e - 1)] + rank_m, -1)
+  length = m if rows == 1 else (m // rows + e) * rows  # enough for any group sizes
+  src_p = jnp.full((length,), -1, jnp.int32).at[jnp.where(slot_m < 0, length, slot_m)].set(
+      jnp.arange(m, dtype=jnp.int32), mode="drop")  # (an index -1 would wrap around)
+  return _Layout(slot_m, src_p, sizes_E.astype(jnp.int32), rows)
+
+
+@jax.custom_vjp
+def _take_rows(x_mD: jax.Array, src_p: jax.Array, slot_m: jax.Array) -> jax.Array:
+  """`x[src_p]`, zero where `src_p` < 0. `slot_m` is the inverse map (row m's
+  place, -1 if none), so the backward is a gather too: XLA:CPU's scatter-add,
+  the default transpose of a gather, costs more than the experts' matmuls."""
+  return jnp.where((src_p >= 0)[:, None], x_mD[jnp.maximum(src_p, 0)], 0).astype(x_mD.dtype)
+
+
+def _take_rows_fwd(x_mD, src_p, slot_m):
+  return _take_rows(x_mD, src_p, slot_m), (src_p, slot_m)
+
+
+def _take_rows_bwd(res, g_pD):
+  src_p, slot_m = res
+  return _take_rows(g_pD, slot_m, src_p), None, None
+
+
+_take_rows.defvjp(_take_rows_fwd, _take_rows_bwd)
+
+
+def grouped_matmul(x_pI: jax.Array, w_EIO, layout: _Layout, impl: str) -> jax.Array:
+  """`x · w[e]` for each group of rows in the expert-sorted buffer.
+
+  "blocked": a batched dot over blocks of `layout.rows` rows that each belong to
+  one expert, so the work is the routed rows' own (XLA:CPU lowers `ragged_dot`
+  to a masked dot over all E). "ragged_dot": XLA's grouped matmul. Rows past
+  the groups give zeros.
+  """
+  w_EIO = _dense_weight(w_EIO).astype(x_pI.dtype)
   if impl == "footprint":  # a memory plan's stand-in: the shapes, not the values
-    return x_mI @ jnp.sum(w_EIO, axis=0)
-  return jax.lax.ragged_dot(x_mI, w_EIO, group_sizes_E)
+    return x_pI @ jnp.sum(w_EIO, axis=0)
+  if impl == "ragged_dot":
+    return jax.lax.ragged_dot(x_pI, w_EIO, layout.sizes_E)
+  s, e = layout.rows, w_EIO.shape[0]
+  nb = x_pI.shape[0] // s
+  ends_E = jnp.cumsum(layout.sizes_E)
+  block_expert = jnp.clip(jnp.searchsorted(ends_E, jnp.arange(nb, dtype=jnp.int32) * s,
+                                           side="right"), 0, e - 1)
+  y = jnp.einsum("bsI,bIO->bsO", x_pI.reshape(nb, s, -1), w_EIO[block_expert])
+  return y.reshape(nb * s, -1)
 
 
 def experts_mlp(h_nD: jax.Array, hq_nD: jax.Array, routing: Routing, w: dict,
                 act_quant: Optional[Callable], impl: str) -> jax.Array:
   """Dropless experts: each token's k SwiGLUs, weighted by its gates and summed.
 
-  `hq_nD` is `h_nD` after the sampler's activation quantizer (or `h_nD`); the
-  experts' down projection sees its input quantized the same way. An expert id
-  equal to E (the weights' expert count: a slot another device computes,
-  `experts_on_mesh`) is sorted past the groups and contributes zero.
+  The (token, slot) rows move once into the expert-sorted buffer, run the
+  three grouped matmuls there and move back (`_take_rows`). `hq_nD` is `h_nD`
+  after the sampler's activation quantizer (or `h_nD`); the experts' down
+  projection sees its input quantized the same way. An expert id equal to E
+  (the weights' expert count: a slot another device computes,
+  `experts_on_mesh`) contributes zero.
   """
   n, k = routing.experts.shape
   e = w["experts_gate"].shape[0]
-  flat_m = routing.experts.reshape(-1)
-  order_m = jnp.argsort(flat_m, stable=True)
-  experts_m = flat_m[order_m]
-  group_sizes_E = jnp.bincount(flat_m, length=e).astype(jnp.int32)  # drops id E
-  x_mD = hq_nD[order_m // k]
-  gate_mF = grouped_matmul(x_mD, w["experts_gate"], experts_m, group_sizes_E, impl)
-  up_mF = grouped_matmul(x_mD, w["experts_up"], experts_m, group_sizes_E, impl)
-  act_mF = jax.nn.silu(gate_mF) * up_mF
+  if impl == "auto":
+    impl = "blocked" if jax.default_backend() == "cpu" else "ragged_dot"
+  rows = _block_rows(n * k, e) if impl == "blocked" else 1
+  layout = _layout(routing.experts.reshape(-1), e, rows)
+  x_pD = _take_rows(jnp.repeat(hq_nD, k, axis=0), layout.src_p, layout.slot_m)
+  gate_pF = grouped_matmul(x_pD, w["experts_gate"], layout, impl)
+  up_pF = grouped_matmul(x_pD, w["experts_up"], layout, impl)
+  act_pF = jax.nn.silu(gate_pF) * up_pF
   if act_quant is not None:
-    act_mF = act_quant(act_mF[None])[0]
-  y_mD = grouped_matmul(act_mF, w["experts_down"], experts_m, group_sizes_E, impl)
-  y_nkD = jnp.zeros_like(y_mD).at[order_m].set(y_mD).reshape(n, k, -1)
+    act_pF = act_quant(act_pF[None])[0]
+  y_pD = grouped_matmul(act_pF, w["experts_down"], layout, impl)
+  y_nkD = _take_rows(y_pD, layout.slot_m, layout.src_p).reshape(n, k, -1)
   return jnp.sum(y_nkD * routing.gates[..., None].astype(y_nkD.dtype), axis=1).astype(
       h_nD.dtype)
 
