@@ -37,10 +37,6 @@ _REPORT_ONLY = flags.DEFINE_bool("report_only", False, "Train nothing: report wh
 _QUICK = flags.DEFINE_bool("quick", False, "Smoke budget (tests).")
 
 
-def run_name(row: str, precision: str, lr: float, seed: int) -> str:
-  return f"{row}_{precision}_lr{lr:g}_s{seed}"
-
-
 def config_dict(row: str, precision: str, lr: float, seed: int, steps: int, eval_every: int,
                 quick: bool = False):
   return moe_config.get_config(
@@ -62,11 +58,12 @@ def pilot_jobs(workdir: str) -> list:
         cells[f"baseline_{p}"] = make("baseline", p)
       for p in _PRECISIONS.value:
         moe_report.check_pilot_pair(control, cells[f"baseline_{p}"])
-      jobs.append(harness.Job("control", seed, control,
-                              os.path.join(workdir, "runs", run_name("control", "fp32", lr, seed))))
+      run_dir = lambda row, p: os.path.join(workdir, "runs",
+                                            moe_report.run_name(row, p, lr, seed))
+      jobs.append(harness.Job("control", seed, control, run_dir("control", "fp32")))
       for p in _PRECISIONS.value:
         jobs.append(harness.Job(f"baseline_{p}", seed, cells[f"baseline_{p}"],
-                                os.path.join(workdir, "runs", run_name("baseline", p, lr, seed))))
+                                run_dir("baseline", p)))
   return jobs
 
 
@@ -79,7 +76,7 @@ def main(argv):
   if not _REPORT_ONLY.value:
     harness.train_in_workers(jobs, workers=_WORKERS.value,
                              cache=os.path.join(workdir, ".jax_cache"))
-  out = moe_report.pilot_report([j.workdir for j in jobs], workdir)
+  out = moe_report.pilot_report([j.workdir for j in jobs], workdir, _STEPS.value)
   print(out)
 
 

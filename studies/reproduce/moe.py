@@ -116,9 +116,83 @@ def check_pilot_pair(control, baseline) -> None:
     raise ValueError(f"the pilot's control and baseline differ beyond the sampler: {other}")
 
 
-def pilot_report(workdirs: Sequence[str], out_dir: str) -> str:
-  """A markdown table of the pilot's runs (`read_run`), written to `pilot.md`
-  and `pilot.json` in `out_dir`."""
+def run_name(row: str, precision: str, lr: float, seed: int) -> str:
+  """A study run's directory name under `WORKDIR/runs` (`parse_run_name` reads it)."""
+  return f"{row}_{precision}_lr{lr:g}_s{seed}"
+
+
+def parse_run_name(name: str) -> Optional[dict]:
+  """`run_name`'s fields back, None for a name of another form."""
+  from studies.configs import moe as moe_config  # pylint: disable=g-import-not-at-top
+  for row in sorted(moe_config.ROWS, key=len, reverse=True):
+    if name.startswith(row + "_"):
+      rest = name[len(row) + 1:]
+      precision, sep, tail = rest.rpartition("_lr")
+      lr, sep2, seed = tail.rpartition("_s")
+      if sep and sep2 and precision and seed.isdigit():
+        try:
+          return {"row": row, "precision": precision, "lr": float(lr), "seed": int(seed)}
+        except ValueError:
+          return None
+  return None
+
+
+def collapse_rich(runs: Sequence[Mapping], steps: int) -> dict:
+  """The pilot's question under the rule fixed above: per (precision, lr) cell,
+  the baseline's collapses and the control's collapses and Stable flags over the
+  seeds whose runs reached `steps`, and the verdict (the lowest lr of a
+  deployable precision that qualifies, else the closest cell)."""
+  cells = {}
+  for r in runs:
+    f = parse_run_name(r["name"])
+    if f is None or r["steps"] < steps:
+      continue
+    collapsed = bool(r["mu_collapse"] or r["pi_collapse"])
+    if f["row"] == "control":
+      c = cells.setdefault(("control", f["lr"]), {"seeds": 0, "collapsed": 0, "stable": 0})
+      c["seeds"] += 1
+      c["collapsed"] += collapsed
+      c["stable"] += bool(r["mu_stable"] and r["pi_stable"])
+    elif f["row"] == "baseline":
+      c = cells.setdefault((f["precision"], f["lr"]), {"seeds": 0, "collapsed": 0})
+      c["seeds"] += 1
+      c["collapsed"] += collapsed
+  table = []
+  for (precision, lr), c in sorted(cells.items(), key=lambda kv: (kv[0][1], str(kv[0][0]))):
+    if precision == "control" or precision not in ("bf16", "fp8"):
+      continue
+    control = cells.get(("control", lr), {"seeds": 0, "collapsed": 0, "stable": 0})
+    control_clean = (control["seeds"] > 0 and control["collapsed"] == 0
+                     and control["stable"] == control["seeds"])
+    rich = control_clean and c["collapsed"] > RICH_MIN_SHARE * c["seeds"]
+    table.append({"precision": precision, "lr": lr, "baseline_seeds": c["seeds"],
+                  "baseline_collapsed": c["collapsed"], "control_seeds": control["seeds"],
+                  "control_collapsed": control["collapsed"],
+                  "control_stable": control["stable"], "control_clean": control_clean,
+                  "rich": rich})
+  chosen = next((t for t in table if t["rich"]), None)
+  clean = [t for t in table if t["control_clean"]]
+  closest = max(clean, key=lambda t: t["baseline_collapsed"] / t["baseline_seeds"],
+                default=None)
+  if chosen is not None:
+    verdict = (f"collapse-rich: {chosen['precision']} at lr {chosen['lr']:g} "
+               f"({chosen['baseline_collapsed']} of {chosen['baseline_seeds']} baseline seeds "
+               "collapse, the control none)")
+  elif closest is not None:
+    verdict = (f"no collapse-rich cell; closest with a clean control: {closest['precision']} at "
+               f"lr {closest['lr']:g} ({closest['baseline_collapsed']} of "
+               f"{closest['baseline_seeds']} baseline seeds collapse)")
+  elif table:
+    verdict = "no collapse-rich cell: in every finished cell the fp32 control itself is not clean"
+  else:
+    verdict = f"no cell has finished runs ({steps} steps) yet"
+  return {"cells": table, "chosen": chosen, "closest": closest, "verdict": verdict}
+
+
+def pilot_report(workdirs: Sequence[str], out_dir: str, steps: int) -> str:
+  """A markdown table of the pilot's runs (`read_run`) and the collapse-rich
+  verdict over those that reached `steps` (`collapse_rich`), written to
+  `pilot.md` and `pilot.json` in `out_dir`."""
   runs = [r for r in (read_run(w) for w in workdirs) if r is not None]
   fmt = lambda x, f="{:.3f}": "—" if x is None else f.format(x)
   lines = [
@@ -134,10 +208,12 @@ def pilot_report(workdirs: Sequence[str], out_dir: str) -> str:
         f"{fmt(r['moe/token_flip_rate'])} | {fmt(r['rollout/response_length_mean'], '{:.1f}')}"
         f" / {fmt(r['length_max'], '{:.0f}')} | {fmt(r['cap_hit_mean'])} / "
         f"{fmt(r['cap_hit_max'])} |")
+  rich = collapse_rich(runs, steps)
+  lines += ["", f"Verdict ({steps}-step runs, the rule above): {rich['verdict']}."]
   text = "\n".join(lines)
   os.makedirs(out_dir, exist_ok=True)
   with open(os.path.join(out_dir, "pilot.md"), "w") as f:
     f.write(text + "\n")
   with open(os.path.join(out_dir, "pilot.json"), "w") as f:
-    json.dump(runs, f, indent=1)
+    json.dump({"runs": runs, "collapse_rich": rich}, f, indent=1)
   return text

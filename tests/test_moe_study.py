@@ -1,0 +1,89 @@
+"""The MoE study's rules, fixed before its runs (studies/reproduce/moe.py), by hand."""
+
+import json
+
+import pytest
+
+from studies.configs import moe as moe_config
+from studies.reproduce import moe
+
+
+@pytest.mark.parametrize("row", moe_config.ROWS)
+@pytest.mark.parametrize("precision", ["fp32", "fp8", "int4_all"])
+def test_run_names_read_back(row, precision):
+  name = moe.run_name(row, precision, 5e-4, 12)
+  assert moe.parse_run_name(name) == {"row": row, "precision": precision, "lr": 5e-4,
+                                      "seed": 12}
+
+
+def test_a_foreign_run_name_is_not_read():
+  assert moe.parse_run_name("baseline_fp8_s0") is None
+  assert moe.parse_run_name("unknown_fp8_lr0.001_s0") is None
+
+
+def _run(row, precision, lr, seed, steps=600, mu=None, pi=None, stable=True):
+  return {"name": moe.run_name(row, precision, lr, seed), "steps": steps, "mu_collapse": mu,
+          "pi_collapse": pi, "mu_stable": stable, "pi_stable": stable}
+
+
+def test_collapse_rich_takes_the_lowest_qualifying_lr():
+  runs = []
+  for seed in range(3):
+    runs.append(_run("control", "fp32", 2e-4, seed))
+    runs.append(_run("control", "fp32", 5e-4, seed))
+    runs.append(_run("control", "fp32", 1e-3, seed))
+    # 2e-4: 1 of 3 collapses (not most); 5e-4: 2 of 3, one of them on π only.
+    runs.append(_run("baseline", "fp8", 2e-4, seed, mu=300 if seed == 0 else None))
+    runs.append(_run("baseline", "fp8", 5e-4, seed, mu=400 if seed == 0 else None,
+                     pi=450 if seed == 1 else None))
+    runs.append(_run("baseline", "fp8", 1e-3, seed, mu=200))
+    # An emulated sampler is not deployable: never chosen, however rich.
+    runs.append(_run("baseline", "int4_all", 1e-4, seed, mu=100))
+  out = moe.collapse_rich(runs, steps=600)
+  assert (out["chosen"]["precision"], out["chosen"]["lr"]) == ("fp8", 5e-4)
+  assert out["chosen"]["baseline_collapsed"] == 2
+  assert [c["lr"] for c in out["cells"]] == [2e-4, 5e-4, 1e-3]
+  assert out["verdict"].startswith("collapse-rich: fp8 at lr 0.0005 (2 of 3")
+
+
+def test_collapse_rich_needs_a_clean_control_and_finished_runs():
+  runs = []
+  for seed in range(3):
+    # At 1e-3 the control degrades in one seed: not clean, so not rich.
+    runs.append(_run("control", "fp32", 1e-3, seed, stable=seed != 2))
+    runs.append(_run("baseline", "bf16", 1e-3, seed, mu=100))
+    runs.append(_run("control", "fp32", 5e-4, seed))
+    # Unfinished runs do not count: 1 of the 2 finished collapses.
+    runs.append(_run("baseline", "bf16", 5e-4, seed, mu=100 if seed else None,
+                     steps=600 if seed < 2 else 350))
+  out = moe.collapse_rich(runs, steps=600)
+  assert out["chosen"] is None
+  assert (out["closest"]["lr"], out["closest"]["baseline_collapsed"],
+          out["closest"]["baseline_seeds"]) == (5e-4, 1, 2)
+  assert out["verdict"].startswith("no collapse-rich cell; closest with a clean control: bf16")
+  at_1e3 = [r for r in runs if "_lr0.001_" in r["name"]]
+  assert moe.collapse_rich(at_1e3, steps=600)["verdict"].endswith("is not clean")
+  assert moe.collapse_rich([], steps=600)["verdict"] == "no cell has finished runs (600 steps) yet"
+
+
+def test_seed_counts_by_power():
+  assert moe.seeds_for_power(0.8, 0.2) == 10
+  assert moe.seeds_for_power(0.7, 0.2) == 15
+
+
+def test_read_run_counts_collapse_on_pi_and_cap_hits(tmp_path):
+  rows = [{"step": 0, "eval/avg": 0.9, "eval/avg_se": 0.01, "eval_pi/avg": 0.9,
+           "eval_pi/avg_se": 0.01}]
+  for step in range(1, 5):
+    rows.append({"step": step, "rollout/truncated_fraction": 0.25 * (step == 4),
+                 "rollout/response_length_max": 100 + step})
+  rows.append({"step": 4, "eval/avg": 0.85, "eval/avg_se": 0.01, "eval_pi/avg": 0.6,
+               "eval_pi/avg_se": 0.01})
+  run = tmp_path / moe.run_name("baseline", "fp8", 5e-4, 0)
+  run.mkdir()
+  (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+  out = moe.read_run(str(run))
+  assert out["steps"] == 4 and out["mu_collapse"] is None and out["pi_collapse"] == 4
+  assert not out["mu_stable"] and not out["pi_stable"]  # 0.85 is 5 SEs below 0.9
+  assert out["cap_hit_mean"] == pytest.approx(0.0625) and out["cap_hit_max"] == 0.25
+  assert out["length_max"] == 104
