@@ -15,6 +15,10 @@
 #   bash bench/gpu_checks.sh window   # the accelerator window: everything below in order of
 #                                     # value within BUDGET seconds (default 420), each part
 #                                     # under its own timeout; TINY=1 smoke-runs it on a CPU
+#   bash bench/gpu_checks.sh window2  # the second window (bench/README.md, "The second
+#                                     # window"): the decode step's profile, the launch plans,
+#                                     # XLA paged and dense, true on-policy's price, the tests
+#                                     # left unrun, the main job, MoE; BUDGET and TINY as above
 set -u
 OUT=${OUT:-/tmp/gpu_checks}
 mkdir -p "$OUT"
@@ -37,22 +41,24 @@ pack() {
   tar --warning=no-file-changed -czf "$DEST/$1" -C "$OUT" . || [ $? -eq 1 ] \
     || { rm -f "$DEST/$1"; return 1; }
 }
-# part NAME MAX_SECONDS CMD...: runs CMD under min(MAX_SECONDS, what is left of BUDGET),
-# output in $OUT/NAME.log, its status and time in $OUT/window.txt; skipped under 30 s left.
+# part NAME MAX_SECONDS CMD...: runs CMD under min(MAX_SECONDS x SCALE, what is left of
+# BUDGET), output in $OUT/NAME.log, its status and time in $OUT/window.txt; skipped under 30 s
+# left; killed 15 s after its limit if it has not stopped.
 part() {
-  local name=$1 max=$2; shift 2
+  local name=$1 max=$(( $2 * ${SCALE:-1} )); shift 2
   local left=$(( ${BUDGET:-420} - ($(date +%s) - START) ))
   if [ "$left" -lt 30 ]; then
     echo "$name: skipped, ${left} s of the budget left" | tee -a "$OUT/window.txt"; return
   fi
   local t=$(( max < left ? max : left )) t0=$(date +%s)
-  timeout "$t" "$@" > "$OUT/$name.log" 2>&1
+  timeout -k 15 "$t" "$@" > "$OUT/$name.log" 2>&1
   local rc=$?
   echo "$name: rc $rc in $(( $(date +%s) - t0 )) s (limit $t s)" | tee -a "$OUT/window.txt"
   tail -4 "$OUT/$name.log"
   # The device brings back at most 8 files: everything so far, packed after each part.
   if [ -n "${DEST:-}" ]; then
-    pack "window.tgz.$BASHPID" && mv "$DEST/window.tgz.$BASHPID" "$DEST/window.tgz"
+    local tgz=${DEST_TGZ:-window.tgz}
+    pack "$tgz.$BASHPID" && mv "$DEST/$tgz.$BASHPID" "$DEST/$tgz"
     cp "$OUT/window.txt" "$OUT/env.txt" "$DEST/"
   fi
 }
@@ -96,6 +102,78 @@ case "${1:-kernel}" in
       --json "$OUT/paged_kernel.json"
     echo "window: $(( $(date +%s) - START )) s of ${BUDGET:-420}" | tee -a "$OUT/window.txt"
     pack window.tgz; cp "$OUT/window.txt" "$DEST/"
+    ;;
+  window2)
+    # Each part in order of value, under its own limit; 5 and 6 (tests, the main job) side by
+    # side: neither is a device timing. TINY=1: tiny shapes on the CPU, the tests collected.
+    if [ -n "${TINY:-}" ]; then  # a loaded 2-core CPU: twice each part's limit
+      export JAX_PLATFORMS=cpu; tiny=(--tiny); collect=(--co); SCALE=${SCALE:-2}
+      kernel=(--rows 4 --slots 256 --page 16 --kv_heads 2 --heads 4 --head_dim 32 --layers 2
+              --ppb 1,2 --splits 2 --warps 4 --stages 2 --slot_plans 32,2,4,2 --calls 2
+              --repeats 1 --sweep_fills 256,32)
+      decode=(--rows 8 --slots 256 --prompt 64 --preset tiny --page_size 16 --repeats 2)
+      compare=(--quick)
+    else
+      export JAX_PLATFORMS=cuda; tiny=(); collect=()
+      kernel=(--ppb 1,2 --splits 4,2,8,16 --warps 4,8 --stages 2,3
+              --slot_plans "64,4,4,2;64,4,4,3;64,8,4,2;32,8,4,2" --sweep_fills 2048,256)
+      decode=(--rows 64 --slots 2048 --prompt 1024 --preset qwen3_0p6b --dtype bfloat16)
+      compare=()
+    fi
+    export XLA_PYTHON_CLIENT_PREALLOCATE=false  # parts 5 and 6 share the device
+    DEST=$OUT; OUT=$(mktemp -d); cp "$DEST/env.txt" "$OUT/"   # packed into $DEST/window2.tgz
+    DEST_TGZ=window2.tgz
+    # 1. One decode step profiled (Qwen3-0.6B, 64 x (1,024 + 1,024), rows at 1,536 slots),
+    #    bf16 and FP8 KV: its kernels by class against the step and its byte bound.
+    part profile 100 python3 -m bench.gpu.decode_profile "${tiny[@]}" --out "$OUT/profile"
+    # 2. The kernel's launch plans at full and 1/8 fill, bf16 then FP8 pools, each against a
+    #    read of its bytes; prints the MEASURED_PLANS row of the best.
+    part plans_bf16 75 python3 -m bench.gpu.paged_kernel "${kernel[@]}" --max_seconds 50 \
+      --json "$OUT/plans_bf16.json"
+    part plans_fp8 70 python3 -m bench.gpu.paged_kernel "${kernel[@]}" --kv_dtype fp8 \
+      --max_seconds 45 --json "$OUT/plans_fp8.json"
+    # 3. The decode step per attention: the kernel, the XLA paged path, the dense cache.
+    part decode_attention 80 python3 -m bench.perf.decode "${decode[@]}" \
+      --impls pallas,paged,dense --json "$OUT/decode_attention.json"
+    # 4. The true on-policy mode's price, bf16: sampler and learner step, mode on / off.
+    part true_on_policy 60 python3 -m bench.perf.true_on_policy ${TINY:+--tiny} \
+      --dtype bfloat16 --json "$OUT/true_on_policy.json"
+    # 5. The tests the first window left unrun (pytest-timeout's thread method dumps every
+    #    thread's stack at the limit: a hang or a slow compile), beside 6.
+    per_test=(); python3 -c "import pytest_timeout" 2>/dev/null \
+      && per_test=(-o timeout=75 -o timeout_method=thread)
+    pt=(python3 -m pytest -v -rxXfs -p no:cacheprovider "${per_test[@]}" "${collect[@]}")
+    part tests_int4 90 "${pt[@]}" \
+      "tests/test_native_quant.py::test_native_log_probs_equal_emulated[int4-None-True]" &
+    part tests_kv_cache 90 "${pt[@]}" \
+      tests/test_kv_cache.py::test_decode_attention_auto_is_a_kernel_on_a_gpu_or_a_tpu \
+      tests/test_kv_cache.py::test_paged_cache_write_lands_at_the_page_table_slots \
+      tests/test_kv_cache.py::test_paged_and_dense_decode_sample_the_same_in_float32 &
+    part tests_true_on_policy 90 "${pt[@]}" \
+      tests/test_true_on_policy.py::test_default_bf16_is_not_bitwise \
+      tests/test_true_on_policy.py::test_refusals \
+      tests/test_true_on_policy.py::test_rl_loop_logs_no_mismatch \
+      tests/test_true_on_policy.py::test_float32_on_a_gpu_warns &
+    # 6. The main job as the README gives it (its install aside: mipu_jax is on PYTHONPATH),
+    #    timed; cut at its limit, its log's progress bar says how far it got.
+    rm -rf /tmp/window2_compare
+    part compare 100 python3 -m experiments.compare --workdir /tmp/window2_compare \
+      "${compare[@]}" &
+    wait
+    cp /tmp/window2_compare/table.md "$OUT/compare_table.md" 2>/dev/null
+    # 7. MoE: a reduced Qwen3-30B-A3B (2 layers): one expert matmul per grouped-matmul
+    #    implementation, then the learner step and the sampler with each.
+    part moe 120 python3 -m bench.gpu.moe_step "${tiny[@]}" --json "$OUT/moe.json"
+    echo "window2: $(( $(date +%s) - START )) s of ${BUDGET:-420}" | tee -a "$OUT/window.txt"
+    pack window2.tgz; cp "$OUT/window.txt" "$DEST/"
+    # The figures in the call's own output too, in case its files do not come back.
+    echo "=== summary"; cat "$OUT/window.txt"
+    grep -h -A1 "MEASURED_PLANS row" "$OUT"/plans_*.log 2>/dev/null
+    classes="attention|qkv|output|MLP|LM head|sampling|cache|copies|other|\*\*kernels|measured|step"
+    grep -h -E "^## |^step |^\| ($classes)" "$OUT/profile/profile.md" 2>/dev/null
+    grep -h -E "^\| [0-9.]+ \(|step at" "$OUT/decode_attention.log" 2>/dev/null
+    grep -h -E "passed|failed|error|Timeout|xfail" "$OUT"/tests_*.log 2>/dev/null | tail -8
+    tail -3 "$OUT/compare.log" 2>/dev/null; tail -12 "$OUT/moe.log" 2>/dev/null
     ;;
   followup)
     # After a window: the true on-policy comparison under XLA flag sets, the GPU tests in

@@ -337,6 +337,23 @@ def test_pallas_launch_plan_from_the_environment(monkeypatch):
   np.testing.assert_allclose(np.asarray(out), 1.0, rtol=1e-6)
 
 
+def test_pallas_default_plan_is_the_measured_one_of_its_shape_class(monkeypatch):
+  h100 = "NVIDIA H100 80GB HBM3"
+  shape = (64, 8, 2, 32, 64, 128, jnp.bfloat16)  # rows, kv heads, heads per kv, pages, G, H
+  split = ("pages", paged_pallas.split_plan(64, 8, 32, 64) + (4, 2))
+  assert paged_pallas.default_plan(*shape, device_kind=h100) == split
+  key = paged_pallas.plan_class(h100, jnp.bfloat16, 64, 8, 2, 32 * 64, 64, 128)
+  # Rows x kv heads and slots in the same powers of two: the same class.
+  assert key == paged_pallas.plan_class(h100, "bfloat16", 100, 8, 2, 3000, 64, 128)
+  monkeypatch.setitem(paged_pallas.MEASURED_PLANS, key, ("slots", (64, 8, 4, 3)))
+  assert paged_pallas.default_plan(*shape, device_kind=h100) == ("slots", (64, 8, 4, 3))
+  assert paged_pallas.default_plan(*shape[:-1], jnp.float8_e4m3fn, device_kind=h100) == split
+  assert paged_pallas.default_plan(*shape, device_kind="NVIDIA H200") == split
+  # A measured plan that does not tile this row (4 x 16 pages of 32) leaves the default.
+  monkeypatch.setitem(paged_pallas.MEASURED_PLANS, key, ("pages", (4, 16, 4, 2)))
+  assert paged_pallas.default_plan(*shape, device_kind=h100) == split
+
+
 def test_decode_attention_auto_is_a_kernel_on_a_gpu_or_a_tpu():
   cfg = SamplerConfig()
   assert cfg.decode_attention == "auto"  # resolved by the engine: no backend started here

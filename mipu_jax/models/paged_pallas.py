@@ -222,6 +222,42 @@ def env_plan() -> Optional[tuple[str, tuple[int, int, int, int]]]:
   return gather, plan
 
 
+# The best launch plan measured per shape class (`plan_class`) by bench/gpu/paged_kernel.py
+# on a GPU, which prints the rows to paste here; bench/README.md has each row's date, device
+# and command. A class not here takes `split_plan`'s default; MIPU_PALLAS_DECODE_PLAN
+# overrides both.
+MEASURED_PLANS: dict[tuple, tuple[str, tuple[int, int, int, int]]] = {}
+
+
+def plan_class(device_kind: str, pool_dtype, rows: int, kv_heads: int, heads_per_kv: int,
+               slots: int, page_size: int, head_dim: int) -> tuple:
+  """The key of `MEASURED_PLANS`: the device, the pool's dtype, the query heads per kv
+  head, the page and head sizes exactly; rows x kv heads (the grid before splits) and a
+  row's slots rounded down to powers of two (a plan measured at one fits the class)."""
+  floor2 = lambda x: 1 << (max(int(x), 1).bit_length() - 1)
+  return (device_kind, jnp.dtype(pool_dtype).name, heads_per_kv, page_size, head_dim,
+          floor2(rows * kv_heads), floor2(slots))
+
+
+def default_plan(rows: int, kv_heads: int, heads_per_kv: int, pages: int, page_size: int,
+                 head_dim: int, pool_dtype, *, interpret: bool = False,
+                 device_kind: Optional[str] = None) -> tuple[str, tuple[int, int, int, int]]:
+  """`(gather, plan)` where neither the call nor the environment names one: the measured
+  plan of the shape's class where it fits, else pages with `split_plan`'s blocks and
+  splits, 4 warps, 2 stages."""
+  if device_kind is None:
+    device_kind = jax.devices()[0].device_kind
+  key = plan_class(device_kind, pool_dtype, rows, kv_heads, heads_per_kv, pages * page_size,
+                   page_size, head_dim)
+  measured = MEASURED_PLANS.get(key)
+  if measured is not None:
+    gather, plan = measured
+    if _fits(plan[0], plan[1], pages * page_size, page_size if gather == "pages" else 1,
+             interpret):
+      return gather, tuple(plan)
+  return "pages", split_plan(rows, kv_heads, pages, page_size) + (4, 2)
+
+
 def _fits(block: int, splits: int, slots: int, unit: int, interpret: bool) -> bool:
   """Whether blocks of `block` units of `unit` slots (a page, or one slot) x `splits` tile a row
   of `slots` slots, in Triton's tiles."""
@@ -239,7 +275,8 @@ def decode(q_BTNH, k_pool, v_pool, k_scale, v_scale, page_ids_BJ, lengths_B, dty
   off a GPU). `plan`: `(block, k_splits, num_warps, num_stages)`; `gather`: "pages" (a block is
   `block` pages, fetched through the page table) or "slots" (the pools as `[K, P * G, H]` rows, a
   block is `block` slots, each fetched through its own row index: no page-id loads). Default:
-  `env_plan()`, else "pages" with `split_plan`'s blocks and splits, 4 warps, 2 stages.
+  `env_plan()`, else `default_plan` (the measured plan of the shape's class, else "pages" with
+  `split_plan`'s blocks and splits, 4 warps, 2 stages).
   `pool_parts`: as `paged_tpu.decode`; on a mesh the kernel runs per shard (`kv_cache.per_shard`).
   """
   b, t, n, h = q_BTNH.shape
@@ -271,6 +308,11 @@ def _decode(q_BTNH, k_pool, v_pool, k_scale, v_scale, page_ids_BJ, lengths_B, *,
     if env is not None and (gather is None or env[0] == gather) and _fits(
         env[1][0], env[1][1], j * g, unit_of(env[0]), interpret):
       gather, plan = env  # else the environment's plan does not fit: the default
+  if plan is None:
+    best = default_plan(b, k_pool.shape[0], q_BTNH.shape[2] // k_pool.shape[0], j, g, h,
+                        k_pool.dtype, interpret=interpret)
+    if gather is None or best[0] == gather:
+      gather, plan = best
   gather = gather or "pages"
   if gather not in GATHERS:
     raise ValueError(f"gather {gather!r}: one of {GATHERS}.")
