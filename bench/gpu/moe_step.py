@@ -7,9 +7,9 @@ The `qwen3_30b_a3b` preset's dimensions (D 2,048, 32 / 4 heads of 128, 128 exper
 width 768, top-8, V 151,936, untied head) with `--layers` layers, random weights,
 in one run:
 
-- `grouped`: one expert matmul (`moe.grouped_matmul`, rows sorted by expert, uniform
-  routing) at `--grouped_rows` routed rows (64 decode rows x 8; 512 tokens x 8), per
-  `--impls` (`ragged_dot`: `jax.lax.ragged_dot`; `blocked`: fixed row blocks, a
+- `experts`: the experts' SwiGLU alone (`moe.experts_mlp`, uniform routing) for
+  `--expert_tokens` tokens (64: a decode step's rows; 512), per `--impls`
+  (`ragged_dot`: `jax.lax.ragged_dot`; `blocked`: row blocks of one expert each, a
   batched dot), its time and TFLOP/s on the routed rows' own FLOPs;
 
 then with each of `--impls` as the experts' `moe_impl` (the first's learner step and
@@ -73,29 +73,32 @@ def _fastest(fn, repeats: int) -> tuple[float, float]:
   return first, best
 
 
-def bench_grouped(cfg, a, dtype: str) -> list[dict]:
-  """One expert matmul (D -> expert width) per impl and row count."""
+def bench_experts(cfg, a, dtype: str) -> list[dict]:
+  """The experts' SwiGLU (`moe.experts_mlp`: rows into the expert-sorted buffer, three
+  grouped matmuls, back) for n tokens of k uniformly routed slots, per impl."""
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
   from mipu_jax.models import moe  # pylint: disable=g-import-not-at-top
-  e, d, f = cfg.num_experts, cfg.hidden_size, cfg.moe_intermediate_size
+  e, k, d, f = (cfg.num_experts, cfg.num_experts_per_tok, cfg.hidden_size,
+                cfg.moe_intermediate_size)
   rng = np.random.default_rng(0)
-  w = jnp.asarray(rng.normal(size=(e, d, f)) * 0.02, dtype)
+  normal = lambda *shape: jnp.asarray(rng.normal(size=shape) * 0.02, dtype)
+  w = {"experts_gate": normal(e, d, f), "experts_up": normal(e, d, f),
+       "experts_down": normal(e, f, d)}
   rows = []
-  for m in (int(x) for x in a.grouped_rows.split(",")):
-    x = jnp.asarray(rng.normal(size=(m, d)), dtype)
-    experts = jnp.asarray(np.sort(rng.integers(0, e, m)), jnp.int32)
-    sizes = jnp.bincount(experts, length=e).astype(jnp.int32)
+  for n in (int(x) for x in a.expert_tokens.split(",")):
+    h = jnp.asarray(rng.normal(size=(n, d)), dtype)
+    experts = jnp.asarray(np.argsort(rng.random((n, e)), axis=1)[:, :k], jnp.int32)
+    routing = moe.Routing(experts, jnp.full((n, k), 1 / k, dtype), jnp.zeros((n, e)))
     for impl in a.impls.split(","):
-      row = dict(rows=m, impl=impl)
+      row = dict(tokens=n, routed_rows=n * k, impl=impl)
       try:
-        fn = jax.jit(lambda x, w, ex, gs, impl=impl: moe.grouped_matmul(x, w, ex, gs, impl))
-        first, best = _fastest(lambda: jax.block_until_ready(fn(x, w, experts, sizes)),
-                               a.repeats)
+        fn = jax.jit(lambda h, r, w, impl=impl: moe.experts_mlp(h, h, r, w, None, impl))
+        first, best = _fastest(lambda: jax.block_until_ready(fn(h, routing, w)), a.repeats)
         row.update(ms=round(best * 1e3, 3), first_call_s=round(first, 2),
-                   tflops=round(2 * m * d * f / best / 1e12, 2))
+                   tflops=round(2 * n * k * 3 * d * f / best / 1e12, 2))
       except Exception as ex:  # pylint: disable=broad-except
         row["error"] = f"{type(ex).__name__}: {str(ex)[:300]}"
-      print(f"  grouped {row}", file=sys.stderr, flush=True)
+      print(f"  experts {row}", file=sys.stderr, flush=True)
       rows.append(row)
   return rows
 
@@ -148,21 +151,21 @@ def main():
   p.add_argument("--layers", type=int, default=2)
   p.add_argument("--impls", default="blocked,ragged_dot",
                  help="the experts' moe_impl values, each timed (learner and sampler) in turn")
-  p.add_argument("--grouped_rows", default="512,4096")
+  p.add_argument("--expert_tokens", default="64,512")
   p.add_argument("--prompt", type=int, default=512)
   p.add_argument("--response", type=int, default=1536)
   p.add_argument("--seqs", type=int, default=64)
   p.add_argument("--sampler_prompt", type=int, default=256)
   p.add_argument("--sampler_new", type=int, default=256)
   p.add_argument("--repeats", type=int, default=3)
-  p.add_argument("--parts", default="grouped,learner,sampler")
+  p.add_argument("--parts", default="experts,learner,sampler")
   p.add_argument("--tiny", action="store_true", help="CPU smoke sizes (the tiny_moe preset)")
   p.add_argument("--json", default="")
   a = p.parse_args()
   cpu = jax.default_backend() == "cpu"
   if a.tiny:
     a.preset, a.layers, a.prompt, a.response, a.seqs = "tiny_moe", 2, 16, 48, 4
-    a.sampler_prompt, a.sampler_new, a.repeats, a.grouped_rows = 16, 16, 2, "32"
+    a.sampler_prompt, a.sampler_new, a.repeats, a.expert_tokens = 16, 16, 2, "8"
   cfg = models.get_config(a.preset).replace(num_layers=a.layers)
   dtype = "float32" if cpu else "bfloat16"
   d = jax.devices()[0]
@@ -178,8 +181,8 @@ def main():
       with open(a.json, "w") as f:
         json.dump(out, f, indent=1)
 
-  if "grouped" in parts:
-    out["grouped"] = bench_grouped(cfg, a, dtype)
+  if "experts" in parts:
+    out["experts"] = bench_experts(cfg, a, dtype)
     save()
   # The first impl's learner and sampler, then the others' samplers before their learner
   # steps: where XLA lowers a grouped matmul as a dot padded to every expert (bench/README.md,
@@ -213,11 +216,12 @@ def report(out: dict, a) -> str:
   lines = [f"{out['preset']} with {out['layers']} layers ({out['params'] / 1e9:.2f}B parameters, "
            f"{out['active_params'] / 1e9:.3f}B active), {out['dtype']}, {out['device']}, jax "
            f"{out['jax']}; matmul peak {out['peak_tflops']} TFLOP/s measured in the same run", ""]
-  if out.get("grouped"):
-    lines += ["| one expert matmul | rows | ms | TFLOP/s (routed rows) |", "|---|---:|---:|---:|"]
-    for r in out["grouped"]:
-      lines.append(f"| {r['impl']} | {r['rows']} | {r.get('ms', 'failed')} | "
-                   f"{r.get('tflops', r.get('error', ''))} |")
+  if out.get("experts"):
+    lines += ["| experts' SwiGLU | tokens (routed rows) | ms | TFLOP/s (routed rows) |",
+              "|---|---:|---:|---:|"]
+    for r in out["experts"]:
+      lines.append(f"| {r['impl']} | {r['tokens']} ({r['routed_rows']}) | {r.get('ms', 'failed')}"
+                   f" | {r.get('tflops', r.get('error', ''))} |")
     lines.append("")
   lines += ["| moe_impl | what | tokens/s | step / call s | MFU (active) or x bound "
             "| first call s |",

@@ -2,6 +2,7 @@
 
     from bench.gpu import xprof_table
     table = xprof_table.reduce(xplane_path, compiled.as_text(), module="generate_step", steps=5)
+    python -m bench.gpu.xprof_table trace.xplane.pb.gz hlo.txt.gz --steps 5   # a saved trace
 
 Reads the trace's `*.xplane.pb` with `jax.profiler.ProfileData` (jaxlib's own
 XSpace reader: no TensorBoard or xprof needed) and the program's optimized HLO
@@ -378,3 +379,30 @@ def markdown(table: dict, step_s: Optional[float] = None, bound_s: Optional[floa
     lines.append(f"| {t['op']} | {t['cls']} | {t['s'] * 1e3:.3f} | {t['count_per_step']:.0f} "
                  f"| {t['kernel']} |")
   return "\n".join(lines)
+
+
+def main():
+  import argparse  # pylint: disable=g-import-not-at-top
+  import gzip  # pylint: disable=g-import-not-at-top
+  p = argparse.ArgumentParser(description="Reduce a saved trace: "
+                              "python -m bench.gpu.xprof_table TRACE.xplane.pb[.gz] HLO.txt[.gz]")
+  p.add_argument("xplane")
+  p.add_argument("hlo")
+  p.add_argument("--module", default="generate_step")
+  p.add_argument("--steps", type=int, default=5)
+  a = p.parse_args()
+  opener = lambda path, mode: (gzip.open if path.endswith(".gz") else open)(path, mode)
+  xplane = a.xplane
+  if xplane.endswith(".gz"):
+    import tempfile  # pylint: disable=g-import-not-at-top
+    with opener(a.xplane, "rb") as f, tempfile.NamedTemporaryFile(
+        suffix=".xplane.pb", delete=False) as g:
+      g.write(f.read())
+      xplane = g.name
+  with opener(a.hlo, "rt") as f:
+    hlo_text = f.read()
+  print(markdown(reduce(xplane, hlo_text, module=a.module, steps=a.steps)))
+
+
+if __name__ == "__main__":
+  main()
