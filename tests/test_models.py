@@ -157,6 +157,29 @@ def test_mlp_recompute_is_resolved_for_the_platform():
   assert not qwen3.recompute_mlp_for("gpu") and not qwen3.recompute_mlp_for("tpu")
 
 
+def test_the_bare_call_takes_the_platforms_mlp_recompute():
+  """A bare `model(tokens)` under `jax.grad` runs what the learner runs on the
+  default backend (`recompute_mlp_for`: on a CPU the recompute, bitwise the plain
+  MLP, test below); an explicit flag still decides, and a cached (sampling)
+  call never recomputes."""
+  import jax  # pylint: disable=g-import-not-at-top
+  from mipu_jax.models import qwen3  # pylint: disable=g-import-not-at-top
+  graphdef, params = nnx.split(_random_model(CONFIGS["tied_gqa2"], seed=1))
+  tokens = jnp.asarray(np.random.default_rng(2).integers(0, 97, (2, 7)))
+
+  def grad_jaxpr(**kw):
+    loss = lambda p: jnp.sum(nnx.merge(graphdef, p)(tokens, **kw).logits)
+    return str(jax.make_jaxpr(jax.grad(loss))(params))
+
+  platform = qwen3.recompute_mlp_for(jax.default_backend())
+  assert grad_jaxpr() == grad_jaxpr(recompute_mlp=platform)
+  assert grad_jaxpr() != grad_jaxpr(recompute_mlp=not platform)
+  model = nnx.merge(graphdef, params)
+  cache = qwen3.init_cache(model.config, 2, 16)
+  cached = lambda **kw: str(jax.make_jaxpr(lambda t: model(t, cache=cache, **kw).logits)(tokens))
+  assert cached() == cached(recompute_mlp=False)
+
+
 @pytest.mark.skipif(__import__("jax").default_backend() != "cpu",
                     reason="bitwise equality is XLA:CPU's")
 def test_recomputed_gated_mlp_is_bitwise_the_plain_one():

@@ -52,7 +52,7 @@ def policy_logprobs(model, tokens_BT: jax.Array, mask_BT: jax.Array,
                     scoring: Scoring, *, with_entropy: bool = False,
                     entropy_grad: bool = False, logits_chunk: int = 0,
                     segment_ids_BT: jax.Array | None = None,
-                    positions_BT: jax.Array | None = None, recompute_mlp: bool = False,
+                    positions_BT: jax.Array | None = None, recompute_mlp: bool | None = None,
                     routing_BTLk: jax.Array | None = None, with_routing: bool = False,
                     with_aux: bool = False):
   """`lp[:, t] = log π(tokens[t] | tokens[:t])` (0 at t = 0), and the entropy.
@@ -76,7 +76,8 @@ def policy_logprobs(model, tokens_BT: jax.Array, mask_BT: jax.Array,
       is meaningful only within its segment; the loss mask drops the rest).
     positions_BT: packed rows: RoPE positions restarting in each segment.
     recompute_mlp: the model's backward pass recomputes each layer's MLP input
-      (`Qwen3.__call__`; the learner's step resolves it for its platform).
+      (`Qwen3.__call__`; None: the default backend's choice; the learner's step
+      resolves it for its mesh's platform).
     routing_BTLk: MoE routing replay: the experts to route each token to
       (`Qwen3.__call__`, docs/method.md §7a); None: the live router's.
     with_routing: also return the forward's routing (`Output.routing`: the
@@ -137,7 +138,7 @@ def policy_logprobs(model, tokens_BT: jax.Array, mask_BT: jax.Array,
 def invariant_logprobs(model, tokens_BT: jax.Array, mask_BT: jax.Array, scoring: Scoring,
                        *, entropy_grad: bool = False, logits_chunk: int = 0,
                        segment_ids_BT: jax.Array | None = None,
-                       positions_BT: jax.Array | None = None, recompute_mlp: bool = False,
+                       positions_BT: jax.Array | None = None, recompute_mlp: bool | None = None,
                        routing_BTLk: jax.Array | None = None):
   """`(log-probs, entropy, routing)` as `policy_logprobs`, from the batch-invariant
   forward the sampler runs in the true on-policy mode (docs/method.md §7); the

@@ -24,7 +24,7 @@ def entropy(logits_BTV: jax.Array, temperature: float = 1.0):
 
 def sequence_logprobs(model, tokens_BT: jax.Array, mask_BT: jax.Array,
                       temperature: float = 1.0, *, with_entropy: bool = False,
-                      recompute_mlp: bool = False):
+                      recompute_mlp: bool | None = None):
   """Log-prob of every token given its prefix, aligned with `tokens_BT`.
 
   `out[:, t] = log p(tokens[:, t] | tokens[:, :t])` for t >= 1; `out[:, 0] = 0`

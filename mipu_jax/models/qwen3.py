@@ -377,7 +377,7 @@ class Qwen3(nnx.Module):
                positions_BT: Optional[jax.Array] = None,
                segment_ids_BT: Optional[jax.Array] = None,
                cache: Optional[KVCache] = None, inference: Inference = Inference(),
-               logits: bool = True, recompute_mlp: bool = False,
+               logits: bool = True, recompute_mlp: Optional[bool] = None,
                routing_BTLk: Optional[jax.Array] = None) -> Output:
     """Runs the decoder.
 
@@ -396,14 +396,18 @@ class Qwen3(nnx.Module):
       logits: False: no `[B, T, V]` logits (the learner's chunked log-probs
         and the sampler's prefill take the hidden state).
       recompute_mlp: the backward pass recomputes each layer's gate and up
-        projections and SwiGLU instead of saving them, without a remat policy
-        (`recompute_mlp_for`): the same math (dense layers).
+        projections and SwiGLU instead of saving them, without a remat policy:
+        the same math (dense layers). None: the default backend's choice
+        (`recompute_mlp_for`), so a bare call under `jax.grad` is as fast as
+        the learner's.
       routing_BTLk: MoE models: int `[B, T, L_moe, k]` expert ids to route each
         token to (routing replay, docs/method.md §7a; a position with an id < 0
         keeps its own routing); None routes by the live router.
     """
     cfg = self.config
     b, t = tokens_BT.shape
+    if recompute_mlp is None:
+      recompute_mlp = cache is None and recompute_mlp_for(jax.default_backend())
     if mask_BT is None:
       mask_BT = jnp.ones((b, t), bool)
     mask_BT = mask_BT.astype(bool)
