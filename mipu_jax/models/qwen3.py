@@ -134,6 +134,17 @@ def _proj(eq: str, x, xq, w, n_in: int):
   return jnp.einsum(eq, xq, w)
 
 
+def _proj_rows(x_BTI, xq_BTI, w_IO):
+  """`_proj` of a 2-D weight as one `[B·T, I] x [I, O]` matmul: the same math,
+  but XLA:CPU computes the weight gradient of a contraction over two row axes
+  from a transposed copy of the `[B, T, O]` gradient (bench/README.md, "Where
+  the learner's time goes")."""
+  if isinstance(w_IO, quantized.QuantizedWeight):
+    return quantized.project(x_BTI, w_IO, 1)
+  b, t, i = xq_BTI.shape
+  return jnp.einsum("MI,IO->MO", xq_BTI.reshape(b * t, i), w_IO).reshape(b, t, -1)
+
+
 def _layer(cfg: Qwen3Config, x_BTD, w, positions_BT, act_quant, attend,
            recompute_mlp: bool = False, sparse=None):
   """One decoder layer. `w` holds this layer's weights (already in compute dtype).
@@ -194,7 +205,7 @@ def _attention_out_mlp(cfg: Qwen3Config, w, x_BTD, attn_BTNH, act_quant, mlp_in)
 
   def mlp(h_BTD, hq_BTD):
     act_BTF = mlp_in(h_BTD, hq_BTD, w["gate"], w["up"])
-    return _proj("BTF,FD->BTD", act_BTF, _aq(act_BTF, act_quant), w["down"], 1)
+    return _proj_rows(act_BTF, _aq(act_BTF, act_quant), w["down"])
 
   return _attention_out(cfg, w, x_BTD, attn_BTNH, act_quant, mlp)
 
@@ -246,8 +257,8 @@ def _invariant_layer(cfg: Qwen3Config, x_BTD, w, positions_BT, attend, sparse=No
 
 def _gated_mlp_in(h_BTD, hq_BTD, w_gate, w_up):
   """`silu(h W_gate) * (h W_up)`, the SwiGLU MLP up to its down projection."""
-  gate_BTF = _proj("BTD,DF->BTF", h_BTD, hq_BTD, w_gate, 1)
-  up_BTF = _proj("BTD,DF->BTF", h_BTD, hq_BTD, w_up, 1)
+  gate_BTF = _proj_rows(h_BTD, hq_BTD, w_gate)
+  up_BTF = _proj_rows(h_BTD, hq_BTD, w_up)
   return jax.nn.silu(gate_BTF) * up_BTF
 
 
