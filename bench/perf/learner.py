@@ -1,6 +1,21 @@
-r"""Learner throughput vs the machine's fp32 matmul peak and tunix; correction overhead.
+r"""Learner throughput vs transformers, the machine's fp32 matmul peak and tunix; correction overhead.
 
+    python -m bench.perf.learner --vs_transformers [--shapes tiny,mid --repeats 5]
     python -m bench.perf.learner [--batch 16 --seq 128 --hidden 256 --layers 4 --repeats 7]
+
+`--vs_transformers`: per shape of `bench/perf/sampler.py` (fp32, tied
+embeddings, 64 x 96 tokens), on the same weights and batch, interleaved:
+  * forward + backward of the mean token log-prob: mipu_jax with the learner's
+    arithmetic (`policy_logprobs`, its LM-head chunking and the platform's MLP
+    recompute) against transformers' `Qwen3ForCausalLM` (CPU torch, as many
+    threads as CPUs), our export of the same weights;
+  * one learner step: `Learner.step` (PPO loss, entropy metric, AdamW with
+    clipping, every metric) against the same update in torch
+    (`torch_learner_step`);
+and prints tokens/s, the ratio mipu_jax / transformers, and the host: CPU model,
+its vector / matrix flags, versions and load.
+
+Without it:
 
 Measures, in one run on the same machine (fp32, single device):
   * the machine's fp32 matmul peak (a large jitted `a @ b`);
@@ -21,8 +36,11 @@ Achieved GFLOP/s count matmul FLOPs only (`bench/perf/model.py`'s formula).
 import argparse
 import json
 import os
+import platform
+import resource
 import subprocess
 import sys
+import tempfile
 import time
 
 import jax
@@ -38,8 +56,43 @@ from mipu_jax import models
 from mipu_jax.learner import host_batch
 from mipu_jax.learner import Learner
 from mipu_jax.learner import mesh_from_config
+from mipu_jax.learner import policy_logprobs
+from mipu_jax.learner import Scoring
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
+# The CPU flags that decide fp32 GEMM speed (oneDNN / MKL in torch, XNNPACK in XLA:CPU).
+_FLAGS = ("avx2", "fma", "avx512f", "avx512_bf16", "avx512_fp16", "avx512_vnni", "amx_tile",
+          "amx_bf16", "amx_int8", "amx_fp16")
+
+
+def host() -> dict:
+  """This machine: CPU model, family / model numbers, the GEMM-relevant flags, versions."""
+  info = {}
+  try:
+    out = subprocess.run(["lscpu"], capture_output=True, text=True, check=True).stdout
+    info = {k.strip(): v.strip() for k, v in
+            (line.split(":", 1) for line in out.splitlines() if ":" in line)}
+  except (OSError, subprocess.CalledProcessError):
+    pass
+  flags = set(info.get("Flags", "").split())
+  versions = {"jax": jax.__version__}
+  for name in ("torch", "transformers"):
+    try:
+      versions[name] = __import__(name).__version__
+    except ImportError:
+      pass
+  return {"cpu": info.get("Model name", platform.processor() or "unknown"),
+          "family_model": f"{info.get('CPU family', '?')}/{info.get('Model', '?')}",
+          "cpus": os.cpu_count(), "flags": [f for f in _FLAGS if f in flags],
+          "versions": versions, "load": round(os.getloadavg()[0], 2)}
+
+
+def host_line() -> str:
+  h = host()
+  versions = ", ".join(f"{k} {v}" for k, v in h["versions"].items())
+  return (f"host: {h['cpu']} (family/model {h['family_model']}), {h['cpus']} CPUs, flags "
+          f"{' '.join(h['flags']) or 'none of ' + '/'.join(_FLAGS)}; {versions}; "
+          f"load average {h['load']}")
 
 
 def _best_time(fn, repeats):
@@ -148,6 +201,179 @@ def bench_corrections_alone(a):
                     a.repeats * 10)
 
 
+def shape_config(name: str) -> models.Qwen3Config:
+  """A `bench/perf/sampler.py` shape ("tiny", "mid") as a tied-embedding Qwen3."""
+  from bench.perf.sampler import CONFIGS  # pylint: disable=g-import-not-at-top
+  return models.Qwen3Config(**CONFIGS[name], tie_embeddings=True)
+
+
+def rl_batch(vocab: int, batch: int, seq: int, prompt: int, seed: int = 0):
+  """`(tokens, input_mask, loss_mask, lp_old, advantages)`: random tokens, the
+  response after `prompt` tokens, old log-probs and advantages (numpy)."""
+  rng = np.random.default_rng(seed)
+  tokens = rng.integers(3, vocab, (batch, seq))
+  input_mask = np.ones((batch, seq), np.float32)
+  loss_mask = input_mask * (np.arange(seq)[None, :] >= prompt)
+  lp_old = -rng.uniform(0.1, 3.0, (batch, seq)) * loss_mask
+  return tokens, input_mask, loss_mask, lp_old, rng.normal(size=batch)
+
+
+def shape_learner(mcfg: models.Qwen3Config, batch: int, seq: int, prompt: int):
+  """`(model, learner, state, sharded batch)`: a default one-update learner
+  (no correction, one device, state not donated) on `rl_batch`."""
+  cfg = config_lib.TrainConfig(
+      data=config_lib.DataConfig(prompts_per_step=batch // 4, group_size=4),
+      sampling=config_lib.SamplingConfig(max_new_tokens=seq - prompt),
+      loss=losses.LossConfig(correction=losses.CorrectionConfig.from_preset("none")),
+      learner=config_lib.LearnerConfig(mesh=config_lib.MeshConfig(1, 1, 1)))
+  model = models.Qwen3(mcfg, rngs=nnx.Rngs(0))
+  learner = Learner.from_config(cfg, model, mesh_from_config(cfg.learner.mesh), donate=False)
+  state = learner.init_state(nnx.to_pure_dict(nnx.state(model, nnx.Param)), seed=0)
+  tokens, input_mask, loss_mask, lp_old, adv = rl_batch(mcfg.vocab_size, batch, seq, prompt)
+  rl = learner.shard_batch(host_batch(tokens, input_mask, loss_mask, lp_old, adv,
+                                      lp_old_BT=lp_old))
+  return model, learner, state, rl
+
+
+def learner_fwd_bwd(model, learner, tokens):
+  """mipu_jax: `() -> grads` of the mean token log-prob with the learner's
+  arithmetic (`policy_logprobs`: its LM-head chunking, its MLP recompute)."""
+  graphdef, params = nnx.split(model)
+  tokens = jnp.asarray(tokens, jnp.int32)
+  mask = jnp.ones(tokens.shape, jnp.float32)
+  spec = learner.spec
+
+  def loss(params):
+    lp = policy_logprobs(nnx.merge(graphdef, params), tokens, mask, Scoring(),
+                         logits_chunk=spec.logits_chunk, recompute_mlp=spec.recompute_mlp)
+    return -jnp.mean(lp[:, 1:])
+
+  grad = jax.jit(jax.grad(loss))
+  return lambda: jax.block_until_ready(grad(params))
+
+
+def load_hf(path: str, threads: int):
+  import torch  # pylint: disable=g-import-not-at-top
+  import transformers  # pylint: disable=g-import-not-at-top
+  torch.set_num_threads(threads)
+  hf = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+  hf.train()
+  return hf
+
+
+def hf_fwd_bwd(hf, tokens):
+  """transformers: `()` -> forward + backward of the mean token log-prob."""
+  import torch  # pylint: disable=g-import-not-at-top
+  x = torch.tensor(np.asarray(tokens, np.int64))
+
+  def run():
+    hf.zero_grad(set_to_none=True)
+    lp = torch.log_softmax(hf(x).logits[:, :-1].float(), -1).gather(-1, x[:, 1:, None])
+    (-lp.mean()).backward()
+
+  return run
+
+
+def torch_learner_step(hf, tokens, input_mask, loss_mask, lp_old, adv):
+  """transformers: `()` -> one PPO update as `Learner.step`'s (docs/method.md §2:
+  clip 0.2, token mean over the response), the entropy as a metric without
+  gradient, gradient clipping at 1 and `torch.optim.AdamW`. Scopes
+  `cat:vocab`, `cat:loss`, `cat:optimizer` name its parts for a profiler."""
+  import torch  # pylint: disable=g-import-not-at-top
+  from torch.profiler import record_function  # pylint: disable=g-import-not-at-top
+  del input_mask  # every token is real
+  opt = torch.optim.AdamW(hf.parameters(), lr=1e-6, weight_decay=0.0)
+  x = torch.tensor(np.asarray(tokens, np.int64))
+  m = torch.tensor(loss_mask[:, 1:], dtype=torch.float32)
+  old = torch.tensor(lp_old[:, 1:], dtype=torch.float32)
+  a = torch.tensor(adv, dtype=torch.float32)[:, None]
+
+  def step():
+    opt.zero_grad(set_to_none=True)
+    logits = hf(x).logits[:, :-1]
+    with record_function("cat:vocab"):
+      logp = torch.log_softmax(logits.float(), -1)
+      lp = logp.gather(-1, x[:, 1:, None])[..., 0]
+      with torch.no_grad():
+        entropy = -(logp.exp() * logp).sum(-1)
+    with record_function("cat:loss"):
+      ratio = torch.exp(lp - old)
+      pg = torch.maximum(-a * ratio, -a * ratio.clamp(0.8, 1.2))
+      loss = (pg * m).sum() / m.sum()
+      metric = (entropy * m).sum() / m.sum()
+    loss.backward()
+    with record_function("cat:optimizer"):
+      torch.nn.utils.clip_grad_norm_(hf.parameters(), 1.0)
+      opt.step()
+    return loss.detach(), metric
+
+  return step
+
+
+def cpu_seconds() -> float:
+  r = resource.getrusage(resource.RUSAGE_SELF)
+  return r.ru_utime + r.ru_stime
+
+
+def interleaved(fns: dict, repeats: int) -> dict:
+  """`{name: (fastest wall s, CPU s of that call)}` over `repeats` rounds in
+  which every fn runs once (after one warm-up each): load drift hits all alike."""
+  for fn in fns.values():
+    fn()
+  best = {}
+  for _ in range(repeats):
+    for name, fn in fns.items():
+      c0, t0 = cpu_seconds(), time.perf_counter()
+      fn()
+      wall, cpu = time.perf_counter() - t0, cpu_seconds() - c0
+      if name not in best or wall < best[name][0]:
+        best[name] = (wall, cpu)
+  return best
+
+
+def vs_transformers(a) -> list:
+  """The `--vs_transformers` table rows (and a JSON record per shape)."""
+  threads = os.cpu_count() or 1
+  records = []
+  print(host_line())
+  print(f"{a.tx_batch} x {a.tx_seq} tokens ({a.prompt} prompt), fp32, fastest of "
+        f"{a.repeats} interleaved rounds; torch on {threads} threads\n")
+  print("| shape | measured | transformers ms | mipu_jax ms | transformers tok/s | "
+        "mipu_jax tok/s | mipu / transformers |")
+  print("|---|---|---|---|---|---|---|")
+  for name in a.shapes.split(","):
+    mcfg = shape_config(name)
+    model, learner, state, rl = shape_learner(mcfg, a.tx_batch, a.tx_seq, a.prompt)
+    data = rl_batch(mcfg.vocab_size, a.tx_batch, a.tx_seq, a.prompt)
+    with tempfile.TemporaryDirectory() as d:
+      models.save_pretrained(model, d)
+      hf = load_hf(d, threads)
+    holder = [state]
+
+    def ours_step():
+      jax.block_until_ready(learner.step(holder[0], rl))
+
+    fns = {"fwd+bwd/transformers": hf_fwd_bwd(hf, data[0]),
+           "fwd+bwd/mipu_jax": learner_fwd_bwd(model, learner, data[0]),
+           "learner step/transformers": torch_learner_step(hf, *data),
+           "learner step/mipu_jax": ours_step}
+    best = interleaved(fns, a.repeats)
+    n_tok = a.tx_batch * a.tx_seq
+    rec = {"shape": name, "params": mcfg.num_params(), "tokens": n_tok, **host()}
+    for what in ("fwd+bwd", "learner step"):
+      (t_hf, c_hf), (t_us, c_us) = best[f"{what}/transformers"], best[f"{what}/mipu_jax"]
+      print(f"| {name} | {what} | {t_hf * 1e3:,.0f} | {t_us * 1e3:,.0f} | "
+            f"{n_tok / t_hf:,.0f} | {n_tok / t_us:,.0f} | **{t_hf / t_us:.2f}x** |")
+      rec[what] = {"transformers_s": t_hf, "mipu_jax_s": t_us, "ratio": t_hf / t_us,
+                   "transformers_cpu_s": c_hf, "mipu_jax_cpu_s": c_us}
+    records.append(rec)
+    del hf, learner, state, rl
+  print(f"\nload average at end {os.getloadavg()[0]:.1f}")
+  for rec in records:
+    print(json.dumps(rec))
+  return records
+
+
 def main():
   p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   p.add_argument("--batch", type=int, default=16)
@@ -162,7 +388,15 @@ def main():
   p.add_argument("--vocab", type=int, default=2048)
   p.add_argument("--repeats", type=int, default=7)
   p.add_argument("--tunix_python", default="/tmp/tunix-venv/bin/python")
+  p.add_argument("--vs_transformers", action="store_true",
+                 help="only the comparison with transformers, per --shapes")
+  p.add_argument("--shapes", default="tiny,mid")
+  p.add_argument("--tx_batch", type=int, default=64, help="rows, --vs_transformers")
+  p.add_argument("--tx_seq", type=int, default=96, help="tokens per row, --vs_transformers")
   a = p.parse_args()
+  if a.vs_transformers:
+    vs_transformers(a)
+    return
 
   mcfg = _model_config(a)
   tokens_per_step = a.batch * a.seq

@@ -1,0 +1,367 @@
+r"""Where a CPU learner step's time goes: mipu_jax's XLA ops against transformers' torch ops.
+
+    python -m bench.perf.learner_profile [--shape mid --batch 64 --seq 96 --side both]
+
+One learner step of the same Qwen3 (`bench/perf/sampler.py`'s shapes, fp32, tied
+embeddings), batch and loss on each side, profiled after two warm steps:
+
+  * mipu_jax: `Learner.step` (log-probs and entropy, PPO loss, AdamW with clipping,
+    every metric), traced with `jax.profiler`; each XLA op (thunk) is placed by
+    the Python call stack XLA keeps in the compiled HLO's metadata. The plain
+    `dot`s XLA:CPU runs asynchronously through Eigen (absent from the trace)
+    are estimated from their FLOPs at the traced matmuls' rate.
+  * transformers: `Qwen3ForCausalLM` on our exported weights, log-softmax and
+    gather, entropy without gradient, the PPO loss, `backward`, gradient
+    clipping and `torch.optim.AdamW`, under `torch.profiler`; each aten op is
+    placed by the module (or patched function) it ran in, a backward op by
+    the forward op that recorded it (the autograd sequence number).
+
+Prints one table of categories (matmuls, attention, the vocabulary's
+log-softmax, norms, RoPE, SwiGLU, the layer scan's stacked residuals and copies,
+the optimizer, ...) with each side's op time and share, the step's wall and
+CPU time (and kernel time: page faults on fresh buffers), then the costliest
+XLA ops with their category and source. Op times are summed over threads:
+XLA:CPU runs independent ops on both of its threads at once, torch runs one op
+at a time on all threads, so compare shares, and wall times only from the last lines.
+"""
+
+import argparse
+import collections
+import glob
+import gzip
+import json
+import linecache
+import os
+import re
+import resource
+import tempfile
+import time
+
+import jax
+import numpy as np
+
+from bench.perf import learner as learner_bench
+from bench.perf.sampler import CONFIGS
+from mipu_jax import models
+
+# Rows of the table, in order.
+CATEGORIES = (
+    ("mm_layers", "matmuls: layer projections (q k v o, gate up down)"),
+    ("mm_head", "matmuls: LM head (tied embedding)"),
+    ("mm_eigen", "matmuls outside the trace: Eigen's async dots (estimated)"),
+    ("attention", "attention core (scores, mask, softmax, PV)"),
+    ("vocab", "log-softmax, gather, entropy over the vocabulary"),
+    ("norm", "RMSNorms (layers, q/k, final)"),
+    ("rope", "RoPE"),
+    ("swiglu", "SwiGLU elementwise (silu, product, their gradients)"),
+    ("residual", "residual adds, embedding lookup and its gradient"),
+    ("scan", "layer scan: stacked residuals, carries, copies"),
+    ("optimizer", "optimizer (AdamW, clipping, gradient norm)"),
+    ("loss", "loss, corrections, metrics"),
+    ("other", "other"),
+)
+
+
+# --- XLA side ---------------------------------------------------------------
+
+
+def _hlo_index(text: str):
+  """Per instruction of the compiled HLO: opcode, called computation, call stack.
+
+  The stack is the list of `(file, function, line)` XLA keeps for the op
+  (`stack_frame_id` into the module's FileNames / FunctionNames / FileLocations /
+  StackFrames tables; a printed `parent_frame_id` is the parent's id + 1).
+  """
+  def table(name):
+    start = text.index("\n" + name + "\n") + len(name) + 2
+    out = {}
+    for line in text[start:].splitlines():
+      m = re.match(r"(\d+) (.*)$", line)
+      if not m:
+        break
+      out[int(m[1])] = m[2]
+    return out
+
+  files = {k: v.strip('"') for k, v in table("FileNames").items()}
+  funcs = {k: v.strip('"') for k, v in table("FunctionNames").items()}
+  locs = {}
+  for k, v in table("FileLocations").items():
+    m = re.match(r"\{file_name_id=(\d+) function_name_id=(\d+) line=(\d+)", v)
+    locs[k] = (files[int(m[1])], funcs[int(m[2])], int(m[3]))
+  frames = {}
+  for k, v in table("StackFrames").items():
+    m = re.match(r"\{file_location_id=(\d+) parent_frame_id=(\d+)\}", v)
+    frames[k] = (int(m[1]), int(m[2]) - 1)
+
+  def stack(fid):
+    out, seen = [], set()
+    while fid in frames and fid not in seen:
+      seen.add(fid)
+      loc, fid = frames[fid]
+      out.append(locs[loc])
+    return out
+
+  instructions, comp_ops, comp = {}, collections.defaultdict(set), None
+  comp_flops = collections.Counter()
+  for line in text.splitlines():
+    if not line.startswith(" "):
+      m = re.match(r"^(?:ENTRY )?%?([\w.\-]+) .*\{$", line)
+      comp = m[1] if m else comp
+      continue
+    m = re.match(r"^\s+(?:ROOT )?%?([\w.\-]+) = ", line)
+    if not m:
+      continue
+    rest = line[m.end():]
+    if rest.startswith("("):  # a tuple type
+      depth = 0
+      for i, ch in enumerate(rest):
+        depth += (ch == "(") - (ch == ")")
+        if depth == 0:
+          break
+      rest = rest[i + 1:]
+    else:
+      rest = rest.split(" ", 1)[1]
+    op = re.match(r"\s*([\w\-]+)\(", rest)[1]
+    comp_ops[comp].add(op)
+    frame = re.search(r"stack_frame_id=(\d+)", line)
+    calls = re.search(r"calls=%([\w.\-]+)", line)
+    instructions[m[1]] = dict(
+        op=op, calls=calls[1] if calls else None,
+        shape=line[m.end():].split(" ")[0], stack=stack(int(frame[1])) if frame else [])
+    if op == "dot":  # FLOPs: 2 x output elements x contracted elements
+      lhs = re.search(r"dot\(%?([\w.\-]+)", rest)[1]
+      dims = [int(d) for d in re.search(r"lhs_contracting_dims=\{([\d,]*)\}", rest)[1].split(",") if d]
+      lhs_shape = _dims(instructions[lhs]["shape"])
+      flops = 2 * np.prod(_dims(instructions[m[1]]["shape"])) * np.prod([lhs_shape[d] for d in dims])
+      instructions[m[1]]["flops"] = comp_flops[comp] = comp_flops[comp] + float(flops)
+  for ins in instructions.values():
+    ins.setdefault("flops", comp_flops.get(ins["calls"], 0.0) if ins["op"] == "fusion" else 0.0)
+  return instructions, comp_ops
+
+
+def _dims(shape: str) -> list[int]:
+  return [int(d) for d in re.match(r"\w+\[([\d,]*)\]", shape)[1].split(",") if d]
+
+
+def _xla_category(ins, comp_ops) -> str:
+  """A category of `CATEGORIES` for one HLO instruction (innermost frame first)."""
+  is_dot = ins["op"] in ("dot", "convolution") or (
+      ins["calls"] is not None and "dot" in comp_ops.get(ins["calls"], ()))
+  for path, fn, line in ins["stack"]:
+    name = fn.split(".")[-1]
+    src = linecache.getline(path, line)
+    if "/optax/" in path or "/mipu_jax/schedules/" in path or "optax.tree.norm" in src:
+      return "optimizer"
+    if "/mipu_jax/models/attention.py" in path:
+      return "attention"
+    if name == "logits" and "/models/qwen3.py" in path:
+      return "mm_head"
+    if (is_dot and "/models/qwen3.py" in path) or name in ("_proj", "_proj_rows"):
+      return "mm_layers"  # with the layout copies of a projection's operands
+    if name == "rms_norm":
+      return "norm"
+    if name == "rope":
+      return "rope"
+    if name == "_gated_mlp_in":
+      return "swiglu"
+    if name in ("token_logprobs", "entropy", "chunked_token_logprobs"):
+      return "vocab"
+    if "/mipu_jax/losses/" in path:
+      return "loss"
+    if "jax.lax.scan(" in src or "grad_fn(params" in src:
+      return "scan"
+    if "jnp.take(embed" in src or "x_BTD +" in src:
+      return "residual"
+  if ins["op"] in ("copy", "while", "dynamic-slice", "dynamic-update-slice", "broadcast",
+                   "tuple", "get-tuple-element", "bitcast") or ins["op"] == "fusion" and (
+                       "copy" in comp_ops.get(ins["calls"], ()) or
+                       "dynamic-update-slice" in comp_ops.get(ins["calls"], ())):
+    return "scan"
+  return "other"
+
+
+def _usage():
+  r = resource.getrusage(resource.RUSAGE_SELF)
+  return np.array([time.perf_counter(), r.ru_utime, r.ru_stime, r.ru_minflt])
+
+
+def profile_xla(learner, state, batch, warm=2):
+  """Per-category op seconds of one traced step, the step's usage, the top ops."""
+  with jax.set_mesh(learner.mesh):
+    text = learner._step.lower(state, batch).compile().as_text()  # pylint: disable=protected-access
+  instructions, comp_ops = _hlo_index(text)
+  for _ in range(warm):
+    jax.block_until_ready(learner.step(state, batch))
+  u0 = _usage()
+  jax.block_until_ready(learner.step(state, batch))
+  usage = _usage() - u0
+  with tempfile.TemporaryDirectory() as d:
+    with jax.profiler.trace(d, create_perfetto_trace=True):
+      jax.block_until_ready(learner.step(state, batch))
+    path = glob.glob(os.path.join(d, "**", "perfetto_trace.json.gz"), recursive=True)[0]
+    with gzip.open(path) as f:
+      events = json.load(f)
+  events = events["traceEvents"] if isinstance(events, dict) else events
+  per_op, calls = collections.Counter(), collections.Counter()
+  for e in events:
+    if e.get("ph") == "X" and e["name"] in instructions:
+      per_op[e["name"]] += e.get("dur", 0) * 1e-6
+      calls[e["name"]] += 1
+  per_cat = collections.Counter()
+  for name, sec in per_op.items():
+    per_cat[_xla_category(instructions[name], comp_ops)] += sec
+  # XLA:CPU runs a plain `dot` (Eigen; the ones library fusions do not take)
+  # asynchronously: the trace shows its dispatch, not its work. Estimate that
+  # work from its FLOPs at the rate of the traced library matmuls.
+  fused = [n for n in per_op if instructions[n]["op"] == "fusion" and instructions[n]["flops"]]
+  rate = sum(instructions[n]["flops"] * calls[n] for n in fused) / sum(per_op[n] for n in fused)
+  per_cat["mm_eigen"] = sum(instructions[n]["flops"] * calls[n] for n in per_op
+                            if instructions[n]["op"] == "dot") / rate
+  top = []
+  for name, sec in per_op.most_common():
+    ins = instructions[name]
+    where = next((f"{os.path.basename(p)}:{fn.split('.')[-1]}:{ln}" for p, fn, ln in ins["stack"]
+                  if "/mipu_jax/" in p), "")
+    top.append((name, sec, calls[name], ins["shape"], _xla_category(ins, comp_ops), where))
+  return per_cat, usage, top
+
+
+# --- torch side -------------------------------------------------------------
+
+
+def _scoped_hf(path, threads):
+  """transformers' Qwen3 with `cat:*` profiler scopes on its norms, MLPs,
+  attention core, RoPE, LM head and embedding."""
+  from torch.profiler import record_function  # pylint: disable=g-import-not-at-top
+  from transformers.models.qwen3 import modeling_qwen3  # pylint: disable=g-import-not-at-top
+  hf = learner_bench.load_hf(path, threads)
+
+  def scoped(fn, label):
+    def wrapped(*args, **kwargs):
+      with record_function(label):
+        return fn(*args, **kwargs)
+    return wrapped
+
+  modeling_qwen3.apply_rotary_pos_emb = scoped(modeling_qwen3.apply_rotary_pos_emb, "cat:rope")
+  impl = hf.config._attn_implementation  # pylint: disable=protected-access
+  core = modeling_qwen3.ALL_ATTENTION_FUNCTIONS.get_interface(
+      impl, modeling_qwen3.eager_attention_forward)
+  modeling_qwen3.ALL_ATTENTION_FUNCTIONS[impl] = scoped(core, "cat:attention")
+  modeling_qwen3.eager_attention_forward = scoped(modeling_qwen3.eager_attention_forward,
+                                                  "cat:attention")
+  for mod in hf.modules():
+    label = {"Qwen3RMSNorm": "cat:norm", "Qwen3MLP": "cat:mlp",
+             "Embedding": "cat:residual"}.get(type(mod).__name__)
+    if mod is hf.lm_head:
+      label = "cat:mm_head"
+    if label:
+      mod.forward = scoped(mod.forward, label)
+  return hf
+
+
+_MATMULS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::matmul", "aten::linear")
+
+
+def profile_torch(path, data, threads, warm=2):
+  """Per-category op seconds of one profiled torch step and the step's usage."""
+  from torch.profiler import profile, ProfilerActivity  # pylint: disable=g-import-not-at-top
+  hf = _scoped_hf(path, threads)
+  step = learner_bench.torch_learner_step(hf, *data)
+  for _ in range(warm):
+    step()
+  u0 = _usage()
+  step()
+  usage = _usage() - u0
+  with profile(activities=[ProfilerActivity.CPU]) as prof:
+    step()
+  events = list(prof.events())
+  fwd_by_seq = {}
+  for e in events:
+    if e.sequence_nr >= 0 and not e.name.startswith("autograd::") and "Backward" not in e.name:
+      fwd_by_seq.setdefault(e.sequence_nr, e)
+
+  def label(e, depth=0):
+    while e is not None:
+      if e.name.startswith("cat:"):
+        return e.name[4:]
+      if depth < 3 and "Backward" in e.name and e.sequence_nr >= 0:
+        src = fwd_by_seq.get(e.sequence_nr)
+        if src is not None:
+          return label(src, depth + 1)
+      e = e.cpu_parent
+    return None
+
+  per_cat = collections.Counter()
+  for e in events:
+    if e.name.startswith("cat:") or e.name.startswith("autograd::engine"):
+      continue
+    sec = e.self_cpu_time_total * 1e-6
+    if sec <= 0:
+      continue
+    cat = label(e)
+    is_mm = e.name in _MATMULS
+    if cat == "mlp":
+      cat = "mm_layers" if is_mm else "swiglu"
+    elif cat is None:
+      cat = "mm_layers" if is_mm else "other"
+    per_cat[cat] += sec
+  return per_cat, usage
+
+
+# --- the table --------------------------------------------------------------
+
+
+def _cpu_line(name, usage):
+  wall, user, sys_, faults = usage
+  return (f"{name}: step {wall:.2f} s wall, {user + sys_:.2f} s CPU ({sys_:.2f} s of it "
+          f"kernel), {faults / 1e3:.0f}k page faults")
+
+
+def main():
+  p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  p.add_argument("--shape", default="mid", choices=sorted(CONFIGS))
+  p.add_argument("--batch", type=int, default=64)
+  p.add_argument("--seq", type=int, default=96)
+  p.add_argument("--prompt", type=int, default=32)
+  p.add_argument("--side", default="both", choices=("both", "jax", "torch"))
+  p.add_argument("--top", type=int, default=15, help="costliest XLA ops to list")
+  a = p.parse_args()
+  mcfg = learner_bench.shape_config(a.shape)
+  data = learner_bench.rl_batch(mcfg.vocab_size, a.batch, a.seq, a.prompt)
+  model, learner, state, batch = learner_bench.shape_learner(mcfg, a.batch, a.seq, a.prompt)
+  threads = os.cpu_count() or 1
+  print(learner_bench.host_line())
+  print(f"shape {a.shape}: {mcfg.num_params() / 1e6:.1f} M params, {a.batch} x {a.seq} "
+        f"tokens, fp32; MLP input recomputed: {learner.spec.recompute_mlp}; load average "
+        f"at start {os.getloadavg()[0]:.1f}\n")
+  sides = {}
+  if a.side in ("both", "jax"):
+    sides["mipu_jax"] = profile_xla(learner, state, batch)
+  del learner, state, batch  # their buffers, before torch's
+  if a.side in ("both", "torch"):
+    with tempfile.TemporaryDirectory() as d:
+      models.save_pretrained(model, d)
+      sides["transformers"] = profile_torch(d, data, threads)
+  names = list(sides)
+  print("| category | " + " | ".join(f"{n} ms | share" for n in names) + " |")
+  print("|---|" + "---|---|" * len(names))
+  totals = {n: sum(s[0].values()) for n, s in sides.items()}
+  for key, title in CATEGORIES:
+    cells = []
+    for n in names:
+      sec = sides[n][0].get(key, 0.0)
+      cells.append(f"{sec * 1e3:,.0f} | {sec / totals[n]:.1%}")
+    print(f"| {title} | " + " | ".join(cells) + " |")
+  print("| **sum** | " + " | ".join(
+      f"**{totals[n] * 1e3:,.0f}** | 100%" for n in names) + " |\n")
+  for n in names:
+    print(_cpu_line(n, sides[n][1]))
+  print(f"load average at end {os.getloadavg()[0]:.1f}")
+  if "mipu_jax" in sides and a.top:
+    print(f"\nthe {a.top} costliest XLA ops of the traced step (time summed over calls):")
+    for name, sec, count, shape, cat, where in sides["mipu_jax"][2][:a.top]:
+      print(f"  {sec * 1e3:7.1f} ms x{count:<3d} {cat:9s} {name:34s} {shape:28s} {where}")
+
+
+if __name__ == "__main__":
+  main()
