@@ -1,0 +1,63 @@
+r"""One MoE layer's experts, forward + backward, on a CPU: the grouped matmul's dispatch
+against a plain SwiGLU of the same active width (docs/method.md §7a).
+
+    python -m bench.probes.moe_dispatch
+
+The small task's MoE shape (2,048 tokens, D 128, 8 experts of width 128, top-2): the
+`blocked` and `ragged_dot` forms of `moe.experts_mlp`, every expert on every token (the
+test reference) and the dense twin, each `jax.grad` of a sum of squares through the
+router. Process CPU seconds (both threads), fastest of 15 after a warm-up: under load
+they move less than wall time. Runs at any commit with `moe.experts_mlp(h, hq, routing,
+w, act_quant, impl)`, so before / after a dispatch change is one command at each.
+"""
+
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from mipu_jax.models import moe
+
+
+def _best_cpu(f, repeats=15):
+  f()
+  times = []
+  for _ in range(repeats):
+    t = time.process_time()
+    f()
+    times.append(time.process_time() - t)
+  return min(times)
+
+
+def main():
+  n, d, f, e, k = 2048, 128, 128, 8, 2
+  rng = np.random.default_rng(0)
+  h = jnp.asarray(rng.normal(size=(n, d)), jnp.float32)
+  router = jnp.asarray(rng.normal(size=(d, e)) * 0.1, jnp.float32)
+  w = {"experts_gate": jnp.asarray(rng.normal(size=(e, d, f)) * .05, jnp.float32),
+       "experts_up": jnp.asarray(rng.normal(size=(e, d, f)) * .05, jnp.float32),
+       "experts_down": jnp.asarray(rng.normal(size=(e, f, d)) * .05, jnp.float32)}
+
+  def timed(fn):
+    def loss(h, w):
+      return jnp.sum(fn(h, moe.route(h, router, k, True), w) ** 2)
+    g = jax.jit(jax.grad(loss, argnums=(0, 1)))
+    return _best_cpu(lambda: jax.block_until_ready(g(h, w)))
+
+  def dense(h, r, w):  # one SwiGLU of width k x f: the same active FLOPs
+    cat = lambda name, axis: jnp.concatenate([w[name][0]] * k, axis)
+    return (jax.nn.silu(h @ cat("experts_gate", 1)) * (h @ cat("experts_up", 1))) @ cat(
+        "experts_down", 0)
+
+  rows = {impl: timed(lambda h, r, w, impl=impl: moe.experts_mlp(h, h, r, w, None, impl))
+          for impl in ("blocked", "ragged_dot")}
+  rows["every expert on every token"] = timed(moe.experts_mlp_reference)
+  rows["dense twin (same active width)"] = timed(dense)
+  print(f"jax {jax.__version__}; load {open('/proc/loadavg').read().split()[0]}")
+  for name, t in rows.items():
+    print(f"{name:32s} {t * 1e3:8.2f} CPU ms  {t / rows['dense twin (same active width)']:.2f}x dense")
+
+
+if __name__ == "__main__":
+  main()
