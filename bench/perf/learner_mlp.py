@@ -28,11 +28,7 @@ one step of `kept` and `recomputed` from a `jax.profiler` trace.
 
 import collections
 import dataclasses
-import glob
-import gzip
-import json
 import os
-import tempfile
 import time
 
 os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_cpu_multi_thread_eigen"
@@ -44,6 +40,8 @@ import numpy as np  # pylint: disable=g-import-not-at-top,wrong-import-position
 from absl import app  # pylint: disable=g-import-not-at-top,wrong-import-position
 from absl import flags  # pylint: disable=g-import-not-at-top,wrong-import-position
 from flax import nnx  # pylint: disable=g-import-not-at-top,wrong-import-position
+
+from bench.perf import learner_profile  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 _ROW = flags.DEFINE_string("row", "baseline", "studies/configs/table.py row.")
 _ROUNDS = flags.DEFINE_integer("rounds", 9, "Timed calls of each variant.")
@@ -69,13 +67,7 @@ def _outputs_vs(a, b) -> str:
 
 def _top_ops(call, name):
   """The `_TOP` XLA ops with the most time over one call, from a profiler trace."""
-  with tempfile.TemporaryDirectory() as d:
-    with jax.profiler.trace(d, create_perfetto_trace=True):
-      jax.block_until_ready(call())
-    path = glob.glob(os.path.join(d, "**", "perfetto_trace.json.gz"), recursive=True)[0]
-    with gzip.open(path) as f:
-      events = json.load(f)
-  events = events["traceEvents"] if isinstance(events, dict) else events
+  events = learner_profile.trace_events(call)
   total, count = collections.Counter(), collections.Counter()
   for e in events:
     # XLA's ops (thunks), not the Python frames ("$...") or the executor.

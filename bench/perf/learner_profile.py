@@ -180,6 +180,17 @@ def _xla_category(ins, comp_ops) -> str:
   return "other"
 
 
+def trace_events(call) -> list:
+  """The events of one profiled `call()` (jax's profiler, as a Perfetto trace)."""
+  with tempfile.TemporaryDirectory() as d:
+    with jax.profiler.trace(d, create_perfetto_trace=True):
+      jax.block_until_ready(call())
+    path = glob.glob(os.path.join(d, "**", "perfetto_trace.json.gz"), recursive=True)[0]
+    with gzip.open(path) as f:
+      events = json.load(f)
+  return events["traceEvents"] if isinstance(events, dict) else events
+
+
 def _usage():
   r = resource.getrusage(resource.RUSAGE_SELF)
   return np.array([time.perf_counter(), r.ru_utime, r.ru_stime, r.ru_minflt])
@@ -195,13 +206,7 @@ def profile_xla(learner, state, batch, warm=2):
   u0 = _usage()
   jax.block_until_ready(learner.step(state, batch))
   usage = _usage() - u0
-  with tempfile.TemporaryDirectory() as d:
-    with jax.profiler.trace(d, create_perfetto_trace=True):
-      jax.block_until_ready(learner.step(state, batch))
-    path = glob.glob(os.path.join(d, "**", "perfetto_trace.json.gz"), recursive=True)[0]
-    with gzip.open(path) as f:
-      events = json.load(f)
-  events = events["traceEvents"] if isinstance(events, dict) else events
+  events = trace_events(lambda: learner.step(state, batch))
   per_op, calls = collections.Counter(), collections.Counter()
   for e in events:
     if e.get("ph") == "X" and e["name"] in instructions:

@@ -135,8 +135,8 @@ class Engine:
     rows = 1 if mesh is None else sharding.row_shards(mesh)
     if config.max_concurrent_decodes % rows:
       raise ValueError(f"max_concurrent_decodes ({config.max_concurrent_decodes}) must be a "
-                       f"multiple of the mesh's {rows} row shards (data x fsdp x expert): each holds "
-                       "as many slots, in its part of the KV cache.")
+                       f"multiple of the mesh's {rows} row shards (data x fsdp x expert): each "
+                       "holds as many slots, in its part of the KV cache.")
     if config.true_on_policy and mesh is not None and mesh.shape.get("tensor", 1) > 1:
       raise ValueError("true_on_policy needs tensor=1: a tensor split sums each contraction "
                        "in parts, in another order than the learner's (docs/method.md §7).")

@@ -147,19 +147,16 @@ def collapse_rich(runs: Sequence[Mapping], steps: int) -> dict:
     f = parse_run_name(r["name"])
     if f is None or r["steps"] < steps:
       continue
-    collapsed = bool(r["mu_collapse"] or r["pi_collapse"])
-    if f["row"] == "control":
-      c = cells.setdefault(("control", f["lr"]), {"seeds": 0, "collapsed": 0, "stable": 0})
-      c["seeds"] += 1
-      c["collapsed"] += collapsed
-      c["stable"] += bool(r["mu_stable"] and r["pi_stable"])
-    elif f["row"] == "baseline":
-      c = cells.setdefault((f["precision"], f["lr"]), {"seeds": 0, "collapsed": 0})
-      c["seeds"] += 1
-      c["collapsed"] += collapsed
+    if f["row"] not in ("control", "baseline"):
+      continue
+    c = cells.setdefault((f["row"] if f["row"] == "control" else f["precision"], f["lr"]),
+                         {"seeds": 0, "collapsed": 0, "stable": 0})
+    c["seeds"] += 1
+    c["collapsed"] += bool(r["mu_collapse"] or r["pi_collapse"])
+    c["stable"] += bool(r["mu_stable"] and r["pi_stable"])
   table = []
-  for (precision, lr), c in sorted(cells.items(), key=lambda kv: (kv[0][1], str(kv[0][0]))):
-    if precision == "control" or precision not in ("bf16", "fp8"):
+  for (precision, lr), c in sorted(cells.items(), key=lambda kv: (kv[0][1], kv[0][0])):
+    if precision not in ("bf16", "fp8"):  # the control's cells, the emulated samplers
       continue
     control = cells.get(("control", lr), {"seeds": 0, "collapsed": 0, "stable": 0})
     control_clean = (control["seeds"] > 0 and control["collapsed"] == 0
