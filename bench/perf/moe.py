@@ -20,7 +20,6 @@ import json
 import os
 import platform
 import tempfile
-import time
 
 import jax
 import jax.numpy as jnp
