@@ -18,7 +18,6 @@ Times are the fastest of `--repeats` after a warm-up. Prints a table and one JSO
 import argparse
 import json
 import os
-import platform
 import tempfile
 
 import jax
@@ -27,19 +26,10 @@ import numpy as np
 from flax import nnx
 
 from bench.perf.learner import _best_time as _best  # fastest of repeats after a warm-up
+from bench.perf.learner import host
+from bench.perf.learner import host_line
 from bench.perf.model import matmul_peak_gflops
 from mipu_jax import models
-
-
-def _cpu_model() -> str:
-  try:
-    with open("/proc/cpuinfo") as f:
-      for line in f:
-        if line.startswith("model name"):
-          return line.split(":", 1)[1].strip()
-  except OSError:
-    pass
-  return platform.processor() or "unknown"
 
 
 def main():
@@ -116,9 +106,7 @@ def main():
   active = cfg.num_active_params()
   mfu = lambda t: 6 * active * n_tok / t / 1e9 / peak
   gen_tok = a.batch * a.new
-  print(f"host: {_cpu_model()}, {threads} threads; jax {jax.__version__}, torch "
-        f"{torch.__version__}, transformers {transformers.__version__}; fp32 peak "
-        f"{peak:.0f} GFLOP/s")
+  print(f"{host_line()}; {threads} threads each side; fp32 peak {peak:.0f} GFLOP/s")
   print(f"MoE: {cfg.num_params():,} parameters, {active:,} active; dense twin "
         f"{dense_cfg.num_params():,}; forward+backward of {a.batch} x {a.seq} tokens")
   print("| what | seconds | tokens/s | vs transformers | MFU (active) |")
@@ -132,7 +120,7 @@ def main():
     t = results[k]
     print(f"| {k} ({a.new} new x {a.batch}) | {t:.4f} | {gen_tok / t:,.0f} | "
           f"{results['transformers_moe_decode'] / t:.2f}x | — |")
-  print(json.dumps({"host": _cpu_model(), "threads": threads, "peak_gflops": peak,
+  print(json.dumps({"host": host(), "threads": threads, "peak_gflops": peak,
                     "args": vars(a), **results}))
 
 
