@@ -161,6 +161,9 @@ def test_three_real_steps_log_everything(tmp_path):
   assert os.listdir(tmp_path / "tensorboard")
   assert sorted(os.listdir(tmp_path / "checkpoints")) == ["2", "3"]
   assert int(result.state.step) == 3
+  # The code it ran from (the suite runs in a git checkout): one session, from step 0.
+  (session,) = rl.resume.read_commits(str(tmp_path))
+  assert session == dict(rl.resume.code_commit(), from_step=0)
   # The loop's own phase timers: rewards inside the rollout, recompute, update
   # and sync inside the learner's time, the step-2 save logged with step 3.
   for row in steps:

@@ -104,6 +104,7 @@ def run_one(cfg: config_lib.TrainConfig, row: str, seed: int, workdir: str,
     # current criterion.
     rows = rl.read_jsonl(os.path.join(workdir, "metrics.jsonl"))
     return RunSummary(row=row, seed=seed, workdir=workdir, seconds=seconds,
+                      commits=rl.resume.read_commits(workdir),
                       **summarize(rows, cfg.eval.tiers))
   if not train:
     return None
@@ -119,6 +120,7 @@ def run_one(cfg: config_lib.TrainConfig, row: str, seed: int, workdir: str,
         "preemption notice (checkpointed); rerun to finish it")
     return None
   s = RunSummary(row=row, seed=seed, workdir=workdir, seconds=seconds,
+                 commits=rl.resume.read_commits(workdir),
                  **summarize(result.rows, cfg.eval.tiers))
   with open(done, "w") as f:
     json.dump(dataclasses.asdict(s), f, indent=2)

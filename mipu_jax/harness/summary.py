@@ -43,6 +43,10 @@ class RunSummary:
     final_pi: the last evaluation's Avg. of the learner's π at full precision
       (`eval_pi/avg`, `eval.pi`); None for a run that did not evaluate it.
     peak_pi: the best `eval_pi/avg` (None likewise).
+    commits: the code each training session of the run ran, in order
+      (`runs.code_commit`: the repository's commit, whether its tree had
+      changes, the step the session started from); empty for a run trained
+      before the record existed, or from code outside a git checkout.
   """
   row: str
   seed: int
@@ -60,6 +64,7 @@ class RunSummary:
   note: str = ""
   final_pi: Optional[float] = None
   peak_pi: Optional[float] = None
+  commits: Sequence[Mapping[str, Any]] = ()
 
 
 def collapse_step(rows: Sequence[Mapping[str, float]],

@@ -299,6 +299,7 @@ def _train(cfg, workdir, gate, allow_config_change, guard) -> RunResult:
           workdir, backends=cfg.logging.backend_names, wandb_cfg=cfg.logging.wandb,
           run_config=config_lib.as_json(cfg), start_step=start)
       files["config"] = resume.record_config(workdir, cfg, start, diff)
+      resume.record_commit(workdir, start)
       rows = resume.metrics_rows(files["metrics"], start)
     for r in rows:
       writer.write(int(r["step"]), {k: v for k, v in r.items() if k != "step"},

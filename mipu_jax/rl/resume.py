@@ -16,11 +16,15 @@ checks and repairs before its first step (docs/reliability.md).
   (`metrics_rows`); a fresh start moves an earlier attempt's log aside.
 - **The non-finite guard's patience** (`NonFiniteStreak`): consecutive RL steps
   with a skipped update, checkpointed with the run.
+- **Its code** (`record_commit`): each session of the run (the first and every
+  resume) appends the git commit it ran from, whether that tree had uncommitted
+  changes, and the step it started after, so a result names the code that made it.
 """
 
 import json
 import logging
 import os
+import subprocess
 from typing import Any, Callable, Mapping, Optional
 
 import mipu_jax
@@ -31,6 +35,41 @@ from mipu_jax.rl import writer as writer_lib
 _log = logging.getLogger(__name__)
 
 CHANGES_FILE = "config_changes.json"
+COMMITS_FILE = "commits.jsonl"
+
+
+def code_commit() -> Optional[dict[str, Any]]:
+  """The git commit of the checkout this process imports mipu_jax from, and
+  whether its tracked files differ from it; None outside a git checkout (an
+  installed wheel) or without git."""
+  root = os.path.dirname(os.path.dirname(os.path.abspath(mipu_jax.__file__)))
+
+  def git(*args):
+    return subprocess.run(["git", "-C", root, *args], capture_output=True, text=True,
+                          check=True, timeout=60).stdout.strip()
+  try:
+    commit = git("rev-parse", "HEAD")
+    dirty = bool(git("status", "--porcelain", "--untracked-files=no"))
+  except (OSError, subprocess.SubprocessError):
+    return None
+  return {"commit": commit, "dirty": dirty}
+
+
+def record_commit(workdir: str, start: int) -> None:
+  """Appends `{commit, dirty, from_step}` for this session to `commits.jsonl`."""
+  code = code_commit()
+  if code is not None:
+    with open(os.path.join(workdir, COMMITS_FILE), "a") as f:
+      f.write(json.dumps(dict(code, from_step=int(start))) + "\n")
+
+
+def read_commits(workdir: str) -> list[dict[str, Any]]:
+  """The sessions `record_commit` logged in `workdir`, oldest first."""
+  path = os.path.join(workdir, COMMITS_FILE)
+  if not os.path.exists(path):
+    return []
+  with open(path) as f:
+    return [json.loads(line) for line in f if line.strip()]
 
 
 def open_checkpoints(workdir: str, cfg: config_lib.CheckpointConfig,
