@@ -4,6 +4,7 @@ import json
 
 import pytest
 
+from mipu_jax import rl
 from studies.configs import moe as moe_config
 from studies.reproduce import moe
 
@@ -87,3 +88,6 @@ def test_read_run_counts_collapse_on_pi_and_cap_hits(tmp_path):
   assert not out["mu_stable"] and not out["pi_stable"]  # 0.85 is 5 SEs below 0.9
   assert out["cap_hit_mean"] == pytest.approx(0.0625) and out["cap_hit_max"] == 0.25
   assert out["length_max"] == 104
+  # A committed run's metrics are compressed (experiments/compress_results.py): the same.
+  rl.compress_jsonl(str(run / "metrics.jsonl"))
+  assert not (run / "metrics.jsonl").exists() and moe.read_run(str(run)) == out

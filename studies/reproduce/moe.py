@@ -67,7 +67,7 @@ def stable(curve: Sequence[Mapping[str, float]]) -> bool:
 def read_run(workdir: str) -> Optional[dict]:
   """One pilot run, finished or not: its evaluations and rollout statistics."""
   path = os.path.join(workdir, "metrics.jsonl")
-  if not os.path.exists(path):
+  if not (os.path.exists(path) or os.path.exists(path + ".gz")):  # .gz: a committed run
     return None
   rows = rl.read_jsonl(path)
   steps = [r for r in rows if r.get("step", 0) > 0]
