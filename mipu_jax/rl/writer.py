@@ -20,8 +20,6 @@ import os
 import shutil
 from typing import Any, Mapping, Optional, Sequence
 
-import tensorboardX
-
 _log = logging.getLogger(__name__)
 _WARN_EVERY = 100
 
@@ -33,6 +31,9 @@ class BackendStartError(RuntimeError):
 class _TensorBoard:
 
   def __init__(self, workdir: str, start_step: int):
+    # Imported here: tensorboardX imports torch (seconds), which a run that
+    # does not log to TensorBoard never needs.
+    import tensorboardX  # pylint: disable=g-import-not-at-top
     # Events of steps past the checkpoint (logged before a kill) are hidden.
     self._tb = tensorboardX.SummaryWriter(os.path.join(workdir, "tensorboard"),
                                           purge_step=start_step + 1 if start_step else None)
