@@ -8,11 +8,6 @@ rate over steps.
 import os
 from typing import Mapping, Sequence
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402  (after choosing the backend)
-
 PANELS = (
     ("rollout/reward_mean", "reward"),
     ("eval/avg", "eval pass@1 (avg over sets)"),
@@ -21,6 +16,16 @@ PANELS = (
     ("actor/grad_norm", "grad norm"),
     ("actor/lr", "learning rate"),
 )
+
+
+def _pyplot():
+  """matplotlib's pyplot on the Agg backend, imported at the first plot: a run
+  with `logging.plots=False` (and every process importing `mipu_jax.rl`) skips
+  its import."""
+  import matplotlib  # pylint: disable=g-import-not-at-top
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+  return plt
 
 
 def _series(rows: Sequence[Mapping[str, float]], name: str):
@@ -69,14 +74,14 @@ def save_figure(fig, path: str, title: str = "") -> str:
   fig.tight_layout()
   os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
   fig.savefig(path, dpi=100)
-  plt.close(fig)
+  _pyplot().close(fig)
   return path
 
 
 def plot_run(rows: Sequence[Mapping[str, float]], path: str,
              title: str = "") -> str:
   """Six panels over steps, saved as a PNG at `path`; returns the path."""
-  fig, axes = plt.subplots(2, 3, figsize=(13, 6.5))
+  fig, axes = _pyplot().subplots(2, 3, figsize=(13, 6.5))
   for ax, (name, label) in zip(axes.flat, PANELS):
     xs, ys = _series(rows, name)
     ax.plot(xs, ys, marker="o" if len(xs) < 30 else None, markersize=3)
