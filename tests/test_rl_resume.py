@@ -8,8 +8,9 @@ accept/rollback sequence bitwise equal to an uninterrupted run. The harness is
 `mipu_jax.testing.kill_resume`; this file is also its target:
 `python tests/test_rl_resume.py WORKDIR`.
 
-Both runs share a persistent XLA compilation cache so that the restarts do not
-recompile (CPU, 2 cores).
+Every attempt compiles into the session's persistent XLA compilation cache
+(tests/conftest.py), so that the restarts do not recompile (CPU, 2 cores) and
+the programs the in-process loop tests compile are compiled once.
 """
 
 import json
@@ -68,10 +69,7 @@ def _final(workdir):
 
 
 @pytest.mark.long
-def test_rl_loop_killed_anywhere_resumes_bitwise(tmp_path, monkeypatch):
-  monkeypatch.setenv("JAX_COMPILATION_CACHE_DIR", str(tmp_path / "xla_cache"))
-  monkeypatch.setenv("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
-  monkeypatch.setenv("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
+def test_rl_loop_killed_anywhere_resumes_bitwise(tmp_path):
   command = lambda d: [sys.executable, os.path.abspath(__file__), d]
 
   reference_dir = str(tmp_path / "reference")
