@@ -4,13 +4,15 @@ config, NaN advantages reaching the gradient, `OSError(ENOSPC)` raised by a log
 write and by orbax's background checkpoint write, and a metrics line cut short.
 
 Every run is the same tiny `rl.train` config (1 tier, 4 prompts x 4 responses,
-16 new tokens), so the XLA programs compile once per session.
+16 new tokens), so the XLA programs compile once per session; the tests that
+start from a finished 2-step run fault copies of one (`two_step_run`).
 """
 
 import dataclasses
 import errno
 import json
 import os
+import shutil
 
 import chex
 import jax
@@ -39,6 +41,19 @@ def _restore(workdir, step=None):
   with checkpoint.Checkpointer(os.path.join(workdir, "checkpoints")) as ckpt:
     state, meta = ckpt.restore(step, target=run.learner.abstract_state())
   return state, meta
+
+
+@pytest.fixture(scope="module")
+def two_step_run(tmp_path_factory):
+  """A finished 2-step run's workdir, trained once for the module."""
+  workdir = str(tmp_path_factory.mktemp("two_step_run") / "run")
+  rl.train(_config(2), workdir)
+  return workdir
+
+
+def _copy(run_dir, tmp_path):
+  """A copy of `run_dir` to fault, as `tmp_path / "run"`."""
+  return shutil.copytree(run_dir, str(tmp_path / "run"))
 
 
 def _steps(workdir):
@@ -82,9 +97,8 @@ def test_corrupt_and_partial_checkpoints_are_moved_aside_and_the_run_goes_on(tmp
   chex.assert_trees_all_equal(_host(state), _host(reference.state))
 
 
-def test_resume_with_another_config_is_an_error_unless_intended(tmp_path):
-  workdir = str(tmp_path / "run")
-  rl.train(_config(2), workdir)
+def test_resume_with_another_config_is_an_error_unless_intended(tmp_path, two_step_run):
+  workdir = _copy(two_step_run, tmp_path)
   first = open(os.path.join(workdir, "config.json")).read()
   changed = dataclasses.replace(
       _config(3), optim=config_lib.OptimConfig(learning_rate=3e-3),
@@ -121,9 +135,8 @@ def test_resume_differences_ignore_what_does_not_change_the_run():
       "seed": (0, 1)}
 
 
-def test_a_torn_metrics_line_is_repaired_on_resume(tmp_path):
-  workdir = str(tmp_path / "run")
-  rl.train(_config(2), workdir)
+def test_a_torn_metrics_line_is_repaired_on_resume(tmp_path, two_step_run):
+  workdir = _copy(two_step_run, tmp_path)
   path = os.path.join(workdir, "metrics.jsonl")
   with open(path, "a") as f:
     f.write('{"step": 3, "rollout/reward_me')  # a kill mid-write
@@ -226,10 +239,10 @@ def test_a_full_disk_during_a_log_write_keeps_the_previous_checkpoint(tmp_path, 
   chex.assert_trees_all_equal(_host(state), saved[2])
 
 
-def test_a_full_disk_during_a_checkpoint_write_keeps_the_previous_one(tmp_path, monkeypatch):
+def test_a_full_disk_during_a_checkpoint_write_keeps_the_previous_one(tmp_path, monkeypatch,
+                                                                     two_step_run):
   from orbax.checkpoint._src.path import async_path  # pylint: disable=g-import-not-at-top
-  workdir = str(tmp_path / "run")
-  rl.train(_config(2), workdir)
+  workdir = _copy(two_step_run, tmp_path)
   before, _ = _restore(workdir)
   write_text = async_path.write_text
 
