@@ -30,13 +30,32 @@ import pytest  # noqa: E402
 
 FIXTURES = pathlib.Path(__file__).parent / "fixtures"
 
+# Modules whose tests share module fixtures that compile or run something (a
+# tiny RL run, a learner run, sampled rows, the campaign's world): xdist sends
+# each one whole to one worker, which builds its fixtures once.
+WHOLE_MODULES = frozenset({
+    "test_bad_inputs.py", "test_faults.py", "test_gates.py", "test_hf.py",
+    "test_learner.py", "test_moe.py", "test_moe_rl.py", "test_true_on_policy.py"})
 
-def pytest_configure(config):
-  """xdist's load scheduling first sends each worker a quarter of its share of
-  consecutive tests, which would hand one worker every long test: two to start,
-  then one at a time (unless `--maxschedchunk` is given)."""
-  if getattr(config.option, "maxschedchunk", 0) is None:
-    config.option.maxschedchunk = 1
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+  """Under -n (xdist's `load`): the tests one at a time in collection order, two
+  to each worker to start, then one more whenever a worker has two or fewer
+  left, and a module of `WHOLE_MODULES` as one unit. (xdist's own `loadgroup`
+  does not group on pytest 9.2, whose node ids it can no longer rewrite.)"""
+  if config.getvalue("dist") != "load":
+    return None
+  from xdist.scheduler import LoadScopeScheduling  # pylint: disable=g-import-not-at-top
+
+  class WholeModules(LoadScopeScheduling):
+
+    def _split_scope(self, nodeid):
+      module = nodeid.split("::", 1)[0]
+      return module if os.path.basename(module) in WHOLE_MODULES else nodeid
+
+  config.option.loadscopereorder = False  # keep pytest_collection_modifyitems' order
+  return WholeModules(config, log)
 
 
 def pytest_runtest_setup(item):
@@ -48,9 +67,11 @@ def pytest_runtest_setup(item):
 
 
 def pytest_collection_modifyitems(items):
-  """The tests marked `long` first (stable otherwise): xdist hands out tests in
-  collection order, and a minute-long test drawn last leaves one core idle."""
-  items.sort(key=lambda item: item.get_closest_marker("long") is None)
+  """The tests marked `long` and the modules of `WHOLE_MODULES` first (stable
+  otherwise): xdist hands out tests in collection order, and a minute-long
+  test or module drawn last leaves one core idle."""
+  items.sort(key=lambda item: not (item.get_closest_marker("long")
+                                   or item.path.name in WHOLE_MODULES))
 
 
 @pytest.fixture(scope="session")
