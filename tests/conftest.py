@@ -37,12 +37,20 @@ WHOLE_MODULES = frozenset({
     "test_bad_inputs.py", "test_faults.py", "test_gates.py", "test_hf.py",
     "test_learner.py", "test_moe.py", "test_moe_rl.py", "test_true_on_policy.py"})
 
+# Tests of several modules that share one session fixture (a run both check):
+# xdist sends each group whole to one worker, which runs the fixture once.
+SHARED_FIXTURE_GROUPS = {
+    "test_reproduce.py::test_main_job_quick_then_the_tables_reuse_its_runs": "main_job",
+    "test_colab.py::test_notebook_runs_in_quick_mode": "main_job",
+}
+
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config, log):
   """Under -n (xdist's `load`): the tests one at a time in collection order, two
   to each worker to start, then one more whenever a worker has two or fewer
-  left, and a module of `WHOLE_MODULES` as one unit. (xdist's own `loadgroup`
+  left, a module of `WHOLE_MODULES` and a group of `SHARED_FIXTURE_GROUPS` as
+  one unit each. (xdist's own `loadgroup`
   does not group on pytest 9.2, whose node ids it can no longer rewrite.)"""
   if config.getvalue("dist") != "load":
     return None
@@ -52,6 +60,9 @@ def pytest_xdist_make_scheduler(config, log):
 
     def _split_scope(self, nodeid):
       module = nodeid.split("::", 1)[0]
+      group = SHARED_FIXTURE_GROUPS.get(os.path.basename(nodeid))
+      if group:
+        return group
       return module if os.path.basename(module) in WHOLE_MODULES else nodeid
 
   config.option.loadscopereorder = False  # keep pytest_collection_modifyitems' order
@@ -87,3 +98,19 @@ def math_inputs(tiny_ckpt):
   """`ckpt=...,train=...,eval=...` for `studies/configs/math.py` and the pod configs."""
   return (f"ckpt={tiny_ckpt},train={FIXTURES / 'train' / 'dapo_math.jsonl'},"
           f"eval={FIXTURES / 'benchmarks'}")
+
+
+@pytest.fixture(scope="session")
+def main_job(tmp_path_factory):
+  """The README's main command in quick mode (`experiments/compare.py --quick`, a
+  real run per row, on one CPU device): its workdir and finished process. The
+  main job's test checks it; the quickstart notebook's test reads back its
+  `tis` run, the notebook's quick row (`SHARED_FIXTURE_GROUPS`)."""
+  import subprocess  # pylint: disable=g-import-not-at-top
+  import sys  # pylint: disable=g-import-not-at-top
+  workdir = tmp_path_factory.mktemp("main_job") / "main"
+  proc = subprocess.run(
+      [sys.executable, "-m", "experiments.compare", f"--workdir={workdir}", "--quick"],
+      capture_output=True, text=True, timeout=600, cwd=os.path.dirname(FIXTURES.parent),
+      env=dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS=""))
+  return workdir, proc

@@ -10,6 +10,7 @@ to printing outside a kernel.
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -31,10 +32,16 @@ def _code_cells(path):
 
 
 @pytest.mark.long
-def test_notebook_runs_in_quick_mode(tmp_path):
+def test_notebook_runs_in_quick_mode(tmp_path, main_job):
+  """The quickstart's quick row is the main job's `tis` run (seed 0, quick, one
+  CPU device: conftest's `main_job`, which trained it): the notebook reads that
+  finished run back (`run_table` checks its config is the row's) and makes its
+  table and curves from it."""
   cells = _code_cells(NOTEBOOK)
   script = tmp_path / "quickstart.py"
   script.write_text("\n\n".join(cells) + "\nprint('FILES', result.files)\n")
+  assert main_job[1].returncode == 0, main_job[1].stderr[-3000:]
+  shutil.copytree(main_job[0] / "runs" / "tis_s0", tmp_path / "work" / "runs" / "tis_s0")
   env = dict(os.environ, MIPU_QUICK="1", MIPU_WORKDIR=str(tmp_path / "work"),
              JAX_PLATFORMS="cpu")
   env["XLA_FLAGS"] = ""  # one CPU device, as on a Colab CPU runtime

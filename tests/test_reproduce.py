@@ -3,8 +3,6 @@
 import dataclasses
 import os
 import pathlib
-import subprocess
-import sys
 
 import pytest
 
@@ -215,16 +213,12 @@ def test_tables_have_the_sources_layout():
 
 
 @pytest.mark.long
-def test_main_job_quick_then_the_tables_reuse_its_runs(tmp_path):
-  """The README's main command in quick mode (a real run per row), then the
-  sources' tables on the same workdir: finished runs are read back (their
-  configs checked), twins reused, random rollback handed MIPU's measured rate
-  (at a rate of 0, Step 1's run)."""
-  workdir = tmp_path / "main"
-  proc = subprocess.run(
-      [sys.executable, "-m", "experiments.compare", f"--workdir={workdir}", "--quick"],
-      capture_output=True, text=True, timeout=600, cwd=ROOT,
-      env=dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS=""))
+def test_main_job_quick_then_the_tables_reuse_its_runs(main_job):
+  """The README's main command in quick mode (a real run per row; conftest's
+  `main_job`), then the sources' tables on the same workdir: finished runs are
+  read back (their configs checked), twins reused, random rollback handed
+  MIPU's measured rate (at a rate of 0, Step 1's run)."""
+  workdir, proc = main_job
   assert proc.returncode == 0, proc.stderr[-3000:]
   md = (workdir / "table.md").read_text()
   assert "### Side by side under a high-mismatch sampler" in md
