@@ -99,7 +99,7 @@ def model_config(args):
   from mipu_jax import models  # pylint: disable=g-import-not-at-top
   cfg = models.get_config(args.preset)
   if args.tiny:
-    cfg = models.get_config("tiny", vocab_size=512, num_layers=2)
+    cfg = models.get_config("tiny", vocab_size=512, num_layers=1)
   return cfg
 
 
