@@ -72,6 +72,8 @@ def test_real_checkpoint_notebook_runs_on_cpu_against_the_tiny_checkpoint(tmp_pa
   assert "eval/avg" in rows[0] and "eval/avg" in rows[-1]
   assert all("rollout_corr/k3_kl" in r and "health/unhealthy" in r for r in rows[1:])
   assert os.path.getsize(work / "real_checkpoint_curves.png") > 10_000
+  # The accelerator bench's cell finds the bench (skipped on a CPU, not missing).
+  assert "bench/gpu/accelerator.py: skipped (CPU runtime" in proc.stdout
 
 
 @pytest.mark.parametrize("notebook", [NOTEBOOK, REAL], ids=["quickstart", "real_checkpoint"])
