@@ -50,8 +50,8 @@ def pytest_xdist_make_scheduler(config, log):
   """Under -n (xdist's `load`): the tests one at a time in collection order, two
   to each worker to start, then one more whenever a worker has two or fewer
   left, a module of `WHOLE_MODULES` and a group of `SHARED_FIXTURE_GROUPS` as
-  one unit each. (xdist's own `loadgroup`
-  does not group on pytest 9.2, whose node ids it can no longer rewrite.)"""
+  one unit each. (xdist's own `loadgroup` does not group on pytest 9.2, whose
+  node ids it can no longer rewrite.)"""
   if config.getvalue("dist") != "load":
     return None
   from xdist.scheduler import LoadScopeScheduling  # pylint: disable=g-import-not-at-top

@@ -31,3 +31,11 @@ def test_without_git_nothing_is_recorded(tmp_path, monkeypatch):
   assert resume.code_commit() is None
   resume.record_commit(str(tmp_path), 0)
   assert resume.read_commits(str(tmp_path)) == []
+
+
+def test_a_package_inside_another_repositorys_tree_records_nothing(monkeypatch):
+  # An installed copy (a venv's site-packages) inside some checkout: that
+  # checkout's commit is not the code's.
+  import mipu_jax  # pylint: disable=g-import-not-at-top
+  monkeypatch.setattr(mipu_jax, "__file__", os.path.join(ROOT, "tests", "pkg", "__init__.py"))
+  assert resume.code_commit() is None

@@ -44,8 +44,8 @@ class RunSummary:
       (`eval_pi/avg`, `eval.pi`); None for a run that did not evaluate it.
     peak_pi: the best `eval_pi/avg` (None likewise).
     commits: the code each training session of the run ran, in order
-      (`runs.code_commit`: the repository's commit, whether its tree had
-      changes, the step the session started from); empty for a run trained
+      (`rl.resume.record_commit`: the repository's commit, whether its tree
+      had changes, the step the session started from); empty for a run trained
       before the record existed, or from code outside a git checkout.
   """
   row: str

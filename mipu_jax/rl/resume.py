@@ -41,13 +41,15 @@ COMMITS_FILE = "commits.jsonl"
 def code_commit() -> Optional[dict[str, Any]]:
   """The git commit of the checkout this process imports mipu_jax from, and
   whether its tracked files differ from it; None outside a git checkout (an
-  installed wheel) or without git."""
+  installed wheel, even one inside another repository's tree) or without git."""
   root = os.path.dirname(os.path.dirname(os.path.abspath(mipu_jax.__file__)))
 
   def git(*args):
     return subprocess.run(["git", "-C", root, *args], capture_output=True, text=True,
                           check=True, timeout=60).stdout.strip()
   try:
+    if os.path.realpath(git("rev-parse", "--show-toplevel")) != os.path.realpath(root):
+      return None  # the package sits in some repository's tree, not at its root
     commit = git("rev-parse", "HEAD")
     dirty = bool(git("status", "--porcelain", "--untracked-files=no"))
   except (OSError, subprocess.SubprocessError):
