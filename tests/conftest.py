@@ -17,7 +17,7 @@ if "xla_force_host_platform_device_count" not in _flags:
 _session = os.environ.get("PYTEST_XDIST_TESTRUNUID") or f"pid{os.getpid()}"
 os.environ.setdefault("JAX_COMPILATION_CACHE_DIR",
                       os.path.join(tempfile.gettempdir(), f"mipu_jax_xla_cache_{_session}"))
-os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.2")
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
 
 import jax  # noqa: E402  (must follow the environment above)
