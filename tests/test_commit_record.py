@@ -39,3 +39,34 @@ def test_a_package_inside_another_repositorys_tree_records_nothing(monkeypatch):
   import mipu_jax  # pylint: disable=g-import-not-at-top
   monkeypatch.setattr(mipu_jax, "__file__", os.path.join(ROOT, "tests", "pkg", "__init__.py"))
   assert resume.code_commit() is None
+
+
+def test_records_of_older_runs_are_rewritten_relative_to_the_repository(tmp_path):
+  """experiments/compress_results.py readies a run for a commit: a config's
+  packaged base policy and a summary's workdir written as absolute paths (by
+  another machine) become the repository's relative names; nothing else moves."""
+  import json  # pylint: disable=g-import-not-at-top
+
+  from experiments import compress_results  # pylint: disable=g-import-not-at-top
+  run = os.path.join(ROOT, "results", "_test_records_run")
+  config = {"num_steps": 2, "model": {"preset": "tiny",
+                                      "init_from": "/m/x/mipu_jax/tasks/assets/base_policy"}}
+  summary = {"row": "r", "seed": 0, "workdir": "/m/x/results/s/runs/r_s0", "final": {"avg": 0.5}}
+  try:
+    os.makedirs(run)
+    with open(os.path.join(run, "config.json"), "w") as f:
+      f.write(json.dumps(config, indent=2))
+    with open(os.path.join(run, "summary.json"), "w") as f:
+      f.write(json.dumps(summary, indent=2) + "\n")
+    assert compress_results.relative_records(run) == 2
+    assert compress_results.relative_records(run) == 0
+    with open(os.path.join(run, "config.json")) as f:
+      text = f.read()
+    assert text == json.dumps(dict(config, model=dict(
+        config["model"], init_from="mipu_jax/tasks/assets/base_policy")), indent=2)
+    with open(os.path.join(run, "summary.json")) as f:
+      text = f.read()
+    assert text == json.dumps(dict(summary, workdir="results/_test_records_run"), indent=2) + "\n"
+  finally:
+    import shutil  # pylint: disable=g-import-not-at-top
+    shutil.rmtree(run, ignore_errors=True)

@@ -271,3 +271,25 @@ def test_a_packaged_base_policy_compares_alike_in_every_clone():
   other = {"model": {"init_from": "/data/ckpt/base_policy"}}
   assert config_lib.config_diff(saved, here) == {}
   assert set(config_lib.config_diff(saved, other)) == {"model.init_from"}
+
+
+def test_records_name_packaged_policies_and_checkout_paths_relative_to_the_repository():
+  """`config.json` names the packaged base policy from the package on and a path
+  inside the checkout relative to it (results read the same in every clone);
+  a user's checkpoint elsewhere as it is. A run saved with an absolute path
+  resumes under the relative one and back."""
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  assert config_lib.record_path("/elsewhere/mipu_jax/tasks/assets/base_policy_moe") == (
+      "mipu_jax/tasks/assets/base_policy_moe")
+  assert config_lib.record_path(os.path.join(root, "results", "x", "runs", "a")) == (
+      os.path.join("results", "x", "runs", "a"))
+  assert config_lib.record_path("/data/ckpt/base_policy") == "/data/ckpt/base_policy"
+  assert config_lib.record_path(root + "_other/results") == root + "_other/results"
+  cfg = _config(1)
+  cfg = dataclasses.replace(cfg, model=dataclasses.replace(
+      cfg.model, init_from=os.path.join(root, "mipu_jax", "tasks", "assets", "base_policy")))
+  saved = config_lib.as_json(cfg)
+  assert saved["model"]["init_from"] == "mipu_jax/tasks/assets/base_policy"
+  assert config_lib.config_diff(saved, cfg) == {}
+  old = dict(saved, model=dict(saved["model"], init_from="/work/x/mipu_jax/tasks/assets/base_policy"))
+  assert config_lib.config_diff(old, saved) == {}

@@ -97,6 +97,27 @@ def test_committed_study_runs_are_finished():
   assert not unfinished, unfinished
 
 
+def test_committed_run_records_name_paths_relative_to_the_repository():
+  """A committed run's config and summary name the base policy and the run's
+  directory relative to the repository (`config.record_path`), not by the path
+  of the machine that trained them."""
+  import json  # pylint: disable=g-import-not-at-top
+  checked, absolute = 0, []
+  for run in _tracked_run_dirs():
+    for name, key in (("config.json", ("model", "init_from")), ("summary.json", ("workdir",))):
+      path = ROOT / run / name
+      if not path.is_file():
+        continue
+      value = json.loads(path.read_text())
+      for k in key:
+        value = value.get(k) if isinstance(value, dict) else None
+      checked += value is not None
+      if isinstance(value, str) and value.startswith("/"):
+        absolute.append(f"{run}/{name}: {value}")
+  assert checked > 600, checked
+  assert not absolute, absolute[:5]
+
+
 def test_the_library_imports_no_study_code():
   """mipu_jax is what `pip install` ships: it must not import this repository's
   studies, experiments or benchmarks (a user's install has none of them)."""

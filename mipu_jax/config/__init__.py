@@ -22,6 +22,7 @@ from mipu_jax.config.sections import DataConfig
 from mipu_jax.config.diff import as_json
 from mipu_jax.config.diff import config_diff
 from mipu_jax.config.diff import flatten
+from mipu_jax.config.diff import record_path
 from mipu_jax.config.diff import RESUME_NEUTRAL
 from mipu_jax.config.diff import resume_differences
 from mipu_jax.config._convert import default_config
@@ -77,5 +78,6 @@ __all__ = [
     "from_config_dict",
     "load_flags",
     "parse_flags",
+    "record_path",
     "resume_differences",
 ]

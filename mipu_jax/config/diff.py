@@ -12,6 +12,7 @@ run lasts and what it writes, never what a step computes (docs/reliability.md).
 
 import dataclasses
 import json
+import os
 from typing import Any, Mapping
 
 # Settings that change neither the parameters a step produces nor the data it
@@ -25,13 +26,34 @@ RESUME_NEUTRAL = ("num_steps", "logging.", "eval.every", "eval.pi",
 
 def as_json(cfg: Any) -> dict[str, Any]:
   """A `TrainConfig` as its saved JSON (`config.json`): tuples as lists, other
-  non-JSON values as strings."""
-  return json.loads(json.dumps(dataclasses.asdict(cfg), default=str))
+  non-JSON values as strings, `model.init_from` as `record_path` names it."""
+  out = json.loads(json.dumps(dataclasses.asdict(cfg), default=str))
+  model = out.get("model")
+  if isinstance(model, dict) and isinstance(model.get("init_from"), str):
+    model["init_from"] = record_path(model["init_from"])
+  return out
 
 
-# The base policies shipped in the package: a run records their absolute
-# path, which differs between clones (and worktrees) of the same repository.
+# The base policies shipped in the package, whose absolute path differs between
+# clones (and worktrees) of the same repository and installs of the package.
 _PACKAGED = "/mipu_jax/tasks/assets/"
+# The checkout the package is imported from (its parent directory, when that is
+# a git checkout: an editable install; a wheel's site-packages is not one).
+_CHECKOUT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def record_path(path: str) -> str:
+  """`path` as a run's record names it, so that records read the same in every
+  clone: a base policy shipped in the package from the package on
+  (`mipu_jax/tasks/assets/...`), a path inside this checkout relative to it
+  (`results/...`), any other path (a user's checkpoint) as it is."""
+  if _PACKAGED in path:
+    return "mipu_jax/tasks/assets/" + path.split(_PACKAGED, 1)[1]
+  if os.path.isabs(path) and os.path.exists(os.path.join(_CHECKOUT, ".git")):
+    inside = os.path.relpath(os.path.abspath(path), _CHECKOUT)
+    if inside != ".." and not inside.startswith(".." + os.sep):
+      return inside
+  return path
 # Values that name library code which has since moved: a saved run reads back
 # as the same config under the new name.
 RENAMED = {"data.reward_grader": {"mipu_jax.eval.grading:grade":
@@ -41,17 +63,16 @@ RENAMED = {"data.reward_grader": {"mipu_jax.eval.grading:grade":
 def flatten(cfg: Any) -> dict[str, Any]:
   """A config (`TrainConfig`, or its saved JSON mapping) as `{dotted.path: value}`.
 
-  `model.init_from` inside the package's own assets is compared from the
-  package on (`mipu_jax/tasks/assets/...`), so a committed run reads back in
-  any clone; any other checkpoint path stays as it is. `RENAMED` values are
-  read under their new names.
+  `model.init_from` is compared as `record_path` names it (records written
+  before it named absolute paths), so a committed run reads back in any clone.
+  `RENAMED` values are read under their new names.
   """
   if dataclasses.is_dataclass(cfg):
     cfg = as_json(cfg)
   flat = _flatten(cfg)
   path = flat.get("model.init_from")
-  if isinstance(path, str) and _PACKAGED in path:
-    flat["model.init_from"] = "mipu_jax/tasks/assets/" + path.split(_PACKAGED, 1)[1]
+  if isinstance(path, str):
+    flat["model.init_from"] = record_path(path)
   for key, names in RENAMED.items():
     if flat.get(key) in names:
       flat[key] = names[flat[key]]

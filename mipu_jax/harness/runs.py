@@ -122,8 +122,8 @@ def run_one(cfg: config_lib.TrainConfig, row: str, seed: int, workdir: str,
   s = RunSummary(row=row, seed=seed, workdir=workdir, seconds=seconds,
                  commits=rl.resume.read_commits(workdir),
                  **summarize(result.rows, cfg.eval.tiers))
-  with open(done, "w") as f:
-    json.dump(dataclasses.asdict(s), f, indent=2)
+  with open(done, "w") as f:  # the workdir as records name paths (config_lib.record_path)
+    json.dump(dict(dataclasses.asdict(s), workdir=config_lib.record_path(workdir)), f, indent=2)
   log(f"[reproduce] {row} seed {seed}: Avg {s.final['avg']:.3f} (peak "
       f"{s.peak_avg:.3f} ± {s.peak_se:.3f} @ {s.peak_step}), stable={s.stable}, "
       f"rollback {s.rollback_rate:.2f}, {seconds:.0f} s")
