@@ -223,7 +223,7 @@ def test_data_order_is_a_pure_function_of_seed_and_step(ckpt):
 
 
 def test_reward_pool_time_limit_errors_and_crashes(ckpt):
-  pool = tasks.RewardPool(num_workers=2, timeout_s=5.0,
+  pool = tasks.RewardPool(num_workers=2, timeout_s=2.0,
                           grade="mipu_jax.testing.graders:stubborn")
   golds = ["4", "4", "4", "4", "4", "4"]
   completions = ["\\boxed{4}", "HANG \\boxed{4}", "Answer: 4", "RAISE", "EXIT",
@@ -235,7 +235,7 @@ def test_reward_pool_time_limit_errors_and_crashes(ckpt):
   pool.close()
   # Through the task: counted in the step's metrics, scored as wrong.
   task = build.make_task(_cfg(ckpt, reward_grader="mipu_jax.testing.graders:stubborn",
-                              reward_timeout_s=5.0, reward_wrong=-1.0,
+                              reward_timeout_s=2.0, reward_wrong=-1.0,
                               truncated="filter"))
   problems = task.train[:3]
   rewards, keep, stats = task.reward(problems, ["HANG", f"\\boxed{{{problems[1].answer}}}",

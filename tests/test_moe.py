@@ -135,19 +135,19 @@ def test_grouped_matmul_equals_every_expert_on_every_token(impl, n):
   routing = moe.Routing(jnp.asarray(experts, jnp.int32), jnp.asarray(gates, jnp.float32), None)
   kept = moe.Routing(jnp.asarray(np.where(experts < e, experts, 0), jnp.int32),
                      jnp.asarray(np.where(experts < e, gates, 0.0), jnp.float32), None)
-  got = moe.experts_mlp(h, h, routing, w, None, impl)
-  ref = moe.experts_mlp_reference(h, kept, w)
+  # Jitted, as the learner and the sampler run them (one compile each, not one per op).
+  grouped = lambda h, w, r: moe.experts_mlp(h, h, r, w, None, impl)
+  got = jax.jit(grouped)(h, w, routing)
+  ref = jax.jit(moe.experts_mlp_reference)(h, kept, w)
   np.testing.assert_allclose(np.asarray(got), np.asarray(ref), rtol=2e-5, atol=2e-5)
-  per_token = moe.experts_mlp_per_token(h, kept, w)
+  per_token = jax.jit(moe.experts_mlp_per_token)(h, kept, w)
   np.testing.assert_allclose(np.asarray(per_token), np.asarray(ref), rtol=2e-5, atol=2e-5)
   # Gradients through the grouped matmul (the learner's backward: the weights'
   # and, through the rows' moves in and out of the sorted buffer, the tokens').
   cot = normal(n, d)
-  loss = lambda h, w, fn, r: jnp.sum(fn(h, w, r) * cot)
-  g = jax.grad(loss, (0, 1))(h, w, lambda h, w, r: moe.experts_mlp(h, h, r, w, None, impl),
-                             routing)
-  g_ref = jax.grad(loss, (0, 1))(h, w, lambda h, w, r: moe.experts_mlp_reference(h, r, w),
-                                 kept)
+  grad = lambda fn: jax.jit(jax.grad(lambda h, w, r: jnp.sum(fn(h, w, r) * cot), (0, 1)))
+  g = grad(grouped)(h, w, routing)
+  g_ref = grad(lambda h, w, r: moe.experts_mlp_reference(h, r, w))(h, w, kept)
   np.testing.assert_allclose(np.asarray(g[0]), np.asarray(g_ref[0]), rtol=1e-4, atol=1e-4)
   for name in ("experts_gate", "experts_up", "experts_down"):
     np.testing.assert_allclose(np.asarray(g[1][name]), np.asarray(g_ref[1][name]), rtol=1e-4,

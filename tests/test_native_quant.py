@@ -29,6 +29,7 @@ two differ about as much as bf16 differs from float32 (measured on this model:
 0.06 int8, 0.15 FP8), which is the size of the bf16 sampler's own mismatch.
 """
 
+import functools
 import re
 
 import jax
@@ -67,6 +68,17 @@ def _log_softmax(x):
   return np.asarray(jax.nn.log_softmax(jnp.asarray(x, jnp.float32), axis=-1))
 
 
+@functools.cache
+def _projection(wq, aq):
+  """The native projection and its rounded operands, jitted as the sampler runs
+  them (one compile per pair and shape, not one per eager op)."""
+  def run(x, w):
+    qw = quantized.from_float(w, quant.WEIGHT_QTYPES[wq], (1,), (0,), act=aq)
+    x_hat = x if aq is None else quant.make_act_quant(aq)(x[None])[0]
+    return quantized.project(x, qw, 1), x_hat, quant.fake_quantize(w, wq, (1,))
+  return jax.jit(run)
+
+
 @settings(max_examples=25, deadline=None)
 @given(seed=st.integers(0, 2**16), pair=st.sampled_from(
     [("int8", "int8"), ("int4", "int8"), ("fp8_e4m3", "fp8"), ("int4", "fp8"),
@@ -81,10 +93,7 @@ def test_projection_within_the_rounding_bound(seed, pair):
   i = (24, 23, 30, 72, 13)[seed % 5]
   x = jnp.asarray(rng.normal(size=(6, i)) * rng.uniform(0.1, 10), jnp.float32)
   w = jnp.asarray(rng.normal(size=(i, 10)) * rng.uniform(0.01, 1), jnp.float32)
-  qw = quantized.from_float(w, quant.WEIGHT_QTYPES[wq], (1,), (0,), act=aq)
-  native = np.asarray(quantized.project(x, qw, 1), np.float64)
-  x_hat = np.asarray(x if aq is None else quant.make_act_quant(aq)(x[None])[0], np.float64)
-  w_hat = np.asarray(quant.fake_quantize(w, wq, (1,)), np.float64)
+  native, x_hat, w_hat = (np.asarray(a, np.float64) for a in _projection(wq, aq)(x, w))
   exact = x_hat @ w_hat
   u = 2.0**-24
   gamma = (i + 2) * u / (1 - (i + 2) * u)
