@@ -49,9 +49,10 @@ SHARED_FIXTURE_GROUPS = {
 def pytest_xdist_make_scheduler(config, log):
   """Under -n (xdist's `load`): the tests one at a time in collection order, two
   to each worker to start, then one more whenever a worker has two or fewer
-  left, a module of `WHOLE_MODULES` and a group of `SHARED_FIXTURE_GROUPS` as
-  one unit each. (xdist's own `loadgroup` does not group on pytest 9.2, whose
-  node ids it can no longer rewrite.)"""
+  left, a module of `WHOLE_MODULES`, a group of `SHARED_FIXTURE_GROUPS` and
+  the cases of one parametrized test as one unit each. (xdist's own
+  `loadgroup` does not group on pytest 9.2, whose node ids it can no longer
+  rewrite.)"""
   if config.getvalue("dist") != "load":
     return None
   from xdist.scheduler import LoadScopeScheduling  # pylint: disable=g-import-not-at-top
@@ -63,7 +64,10 @@ def pytest_xdist_make_scheduler(config, log):
       group = SHARED_FIXTURE_GROUPS.get(os.path.basename(nodeid))
       if group:
         return group
-      return module if os.path.basename(module) in WHOLE_MODULES else nodeid
+      if os.path.basename(module) in WHOLE_MODULES:
+        return module
+      # A parametrized test's cases share their compiles: one worker runs them.
+      return nodeid.split("[", 1)[0]
 
   config.option.loadscopereorder = False  # keep pytest_collection_modifyitems' order
   return WholeModules(config, log)
