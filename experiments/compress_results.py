@@ -56,10 +56,10 @@ def _rewrite_json(path: str, edit) -> bool:
 def _relative_init_from(config: dict) -> bool:
   model = config.get("model")
   path = model.get("init_from") if isinstance(model, dict) else None
-  if not isinstance(path, str) or config_lib.record_path(path) == path:
+  if not isinstance(path, str):
     return False
   model["init_from"] = config_lib.record_path(path)
-  return True
+  return model["init_from"] != path
 
 
 def _relative_workdir(summary: dict, run_dir: str) -> bool:

@@ -54,6 +54,8 @@ def record_path(path: str) -> str:
     if inside != ".." and not inside.startswith(".." + os.sep):
       return inside
   return path
+
+
 # Values that name library code which has since moved: a saved run reads back
 # as the same config under the new name.
 RENAMED = {"data.reward_grader": {"mipu_jax.eval.grading:grade":
