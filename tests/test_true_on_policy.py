@@ -197,7 +197,7 @@ def test_eight_device_sampler_equals_one_device(fixture, request):
 def test_default_bf16_is_not_bitwise():
   # Mode off, the same bf16 sampler and bf16 learner differ: measured max |δ|
   # 0.025, mean 0.0063, over these samples' 166 tokens (in the mode: exactly 0).
-  model, out = _sample("bfloat16", true_on_policy=False)
+  model, out = _sample("bfloat16", true_on_policy=False, slots=8)  # no refill program
   tokens, mask, lp_mu, loss_mask = _rows(out)
   graphdef, state = nnx.split(model)
   lp = jax.jit(lambda s: logprobs_lib.policy_logprobs(
@@ -263,8 +263,12 @@ def test_rl_loop_logs_no_mismatch(tmp_path):
                                          max_new_tokens=16),
       optim=config_lib.OptimConfig(learning_rate=1e-3),
       learner=config_lib.LearnerConfig(mesh=config_lib.MeshConfig(1, 1, 1)),
-      eval=config_lib.EvalConfig(tiers=("tier1",), n_per_tier=2, num_samples=1),
-      logging=config_lib.LoggingConfig(progress_bar=False))
+      # Four samples per problem, as the rollouts draw: evaluation reuses the
+      # rollout sampler's programs. Nothing the check does not read is written.
+      eval=config_lib.EvalConfig(tiers=("tier1",), n_per_tier=2, num_samples=4),
+      checkpoint=config_lib.CheckpointConfig(enabled=False),
+      export=config_lib.ExportConfig(final=False),
+      logging=config_lib.LoggingConfig(progress_bar=False, backends="jsonl", plots=False))
   steps = [r for r in rl.train(cfg, str(tmp_path)).rows if r["step"] > 0]
   assert len(steps) == 3
   for row in steps:
