@@ -19,7 +19,8 @@ def _loss(model, tokens_BT):
 @pytest.mark.parametrize("mesh_shape", [(1, 8, 1), (2, 2, 2), (1, 2, 4)])
 def test_eight_devices_equal_one(mesh_shape):
   assert jax.device_count() == 8
-  cfg = models.get_config("tiny", vocab_size=96, num_heads=8, num_kv_heads=4)
+  # One layer: each layer is sharded alike (the stacked axis is not split).
+  cfg = models.get_config("tiny", vocab_size=96, num_heads=8, num_kv_heads=4, num_layers=1)
   mesh = models.make_mesh(*mesh_shape)
   m8 = models.init_sharded(lambda: models.Qwen3(cfg, rngs=nnx.Rngs(3)), mesh)
   m1 = models.Qwen3(cfg, rngs=nnx.Rngs(3))
