@@ -280,6 +280,7 @@ def test_two_steps_with_eval_checkpoint_resume_and_export(ckpt, tmp_path, monkey
   config = math_config.get_config(f"ckpt={ckpt},train={DAPO},eval={EVALS},quick")
   config.data.reward_grader = "mipu_jax.testing.graders:parity"  # mixed rewards
   config.export.best = True
+  config.logging.plots = False  # not read here
   config.num_steps = 1
   workdir = str(tmp_path / "run")
   first = rl.train(config_lib.from_config_dict(config), workdir)
