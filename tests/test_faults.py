@@ -100,25 +100,27 @@ def test_corrupt_and_partial_checkpoints_are_moved_aside_and_the_run_goes_on(tmp
 def test_resume_with_another_config_is_an_error_unless_intended(tmp_path, two_step_run):
   workdir = _copy(two_step_run, tmp_path)
   first = open(os.path.join(workdir, "config.json")).read()
+  # Changes to what a step computes that leave its XLA programs as they are
+  # (the resumed step compiles nothing new).
   changed = dataclasses.replace(
-      _config(3), optim=config_lib.OptimConfig(learning_rate=3e-3),
-      data=dataclasses.replace(_config(3).data, group_size=2))
+      _config(3), seed=1,
+      data=dataclasses.replace(_config(3).data, reward_wrong=-1.0))
   with pytest.raises(resume.ConfigChangedError) as e:
     rl.train(changed, workdir)
-  assert "optim.learning_rate: 0.001 (saved) -> 0.003 (now)" in str(e.value)
-  assert "data.group_size: 4 (saved) -> 2 (now)" in str(e.value)
+  assert "seed: 0 (saved) -> 1 (now)" in str(e.value)
+  assert "data.reward_wrong: 0.0 (saved) -> -1.0 (now)" in str(e.value)
   assert open(os.path.join(workdir, "config.json")).read() == first
   assert _steps(workdir) == [0, 1, 2]  # nothing written
 
   rl.train(changed, workdir, allow_config_change=True)
   assert open(os.path.join(workdir, "config.json")).read() == first
   with open(os.path.join(workdir, "config.from_step_3.json")) as f:
-    assert json.load(f)["optim"]["learning_rate"] == 3e-3
+    assert json.load(f)["seed"] == 1
   with open(os.path.join(workdir, resume.CHANGES_FILE)) as f:
     changes = json.load(f)
   assert changes == [{"step": 3, "file": "config.from_step_3.json", "differences": {
-      "data.group_size": {"before": 4, "after": 2},
-      "optim.learning_rate": {"before": 1e-3, "after": 3e-3}}}]
+      "data.reward_wrong": {"before": 0.0, "after": -1.0},
+      "seed": {"before": 0, "after": 1}}}]
   assert _steps(workdir) == [0, 1, 2, 3]
 
 
