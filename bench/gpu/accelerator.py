@@ -124,9 +124,8 @@ def learner_child(args, attention_impl: str) -> dict:
   # The plan of the very program the step runs (lowered on these inputs, CPU's own
   # passes): the step's first call below then reuses its compile.
   t0 = time.perf_counter()
-  with jax.set_mesh(learner.mesh):
-    lowered = learner._step.lower(state, learner.shard_batch(batch))  # pylint: disable=protected-access
-  plan = memory_plan._memory(lowered, cpu_artifacts=True)  # pylint: disable=protected-access
+  plan = memory_plan._memory(learner.lower_step_on(state, batch),  # pylint: disable=protected-access
+                             cpu_artifacts=True)
   compile_s = time.perf_counter() - t0
   t0 = time.perf_counter()
   state, m = learner.step(state, batch)
@@ -142,7 +141,8 @@ def learner_child(args, attention_impl: str) -> dict:
   flops = train_flops_per_token(mcfg, t) * t
   stats = jax.devices()[0].memory_stats() or {}
   return {"attention": attention_impl, "tokens": t, "step_s": round(seconds, 4),
-          "compile_s": round(compile_s, 2), "first_call_s": round(first, 2), "tokens_per_s": round(t / seconds, 1),
+          "compile_s": round(compile_s, 2), "first_call_s": round(first, 2),
+          "tokens_per_s": round(t / seconds, 1),
           "model_tflops": round(flops / seconds / 1e12, 2),
           "peak_device_gib": (round(stats["peak_bytes_in_use"] / 2**30, 2)
                               if "peak_bytes_in_use" in stats else None),

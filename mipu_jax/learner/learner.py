@@ -264,8 +264,17 @@ class Learner:
     batch = batch_lib.abstract_batch(
         batch_size, length, self.spec.loss.kl_coef > 0,
         (packed_rows, self.spec.pack_length) if self.spec.pack_length else None)
+    return self._lower(self.abstract_state(), batch)
+
+  def lower_step_on(self, state: state_lib.LearnerState, batch: batch_lib.Batch
+                    ) -> jax.stages.Lowered:
+    """Lowers the step on these inputs: the program `step(state, batch)` runs, so
+    compiling it (e.g. for its memory analysis) is the compile the step reuses."""
+    return self._lower(state, self.shard_batch(batch))
+
+  def _lower(self, state, batch) -> jax.stages.Lowered:
     with jax.set_mesh(self.mesh):
-      return self._step.lower(self.abstract_state(), batch)
+      return self._step.lower(state, batch)
 
   def _check_routing(self, routing_BTLk, tokens_shape) -> None:
     """Replayed routing against the batch and the model: `[B, T, L_moe, k]` with
