@@ -70,6 +70,7 @@ def test_blockwise_cache_mask_equals_dense():
   np.testing.assert_allclose(got, want, atol=2e-6)
 
 
+@pytest.mark.extended
 def test_splash_in_interpret_mode_equals_dense():
   q, k, v, valid, seg = _inputs(t=150, n=4, k=2, h=16)  # padded to 256 inside
   mask = attention.row_mask(valid, seg)

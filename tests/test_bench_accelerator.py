@@ -10,6 +10,7 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+@pytest.mark.extended
 @pytest.mark.long
 def test_accelerator_bench_tiny(tmp_path):
   out = tmp_path / "acc"

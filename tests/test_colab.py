@@ -31,6 +31,7 @@ def _code_cells(path):
   return cells
 
 
+@pytest.mark.extended
 @pytest.mark.long
 def test_notebook_runs_in_quick_mode(tmp_path, main_job):
   """The quickstart's quick row is the main job's `tis` run (seed 0, quick, one
@@ -52,6 +53,7 @@ def test_notebook_runs_in_quick_mode(tmp_path, main_job):
   assert os.path.getsize(tmp_path / "work" / "curves_main.png") > 10_000
 
 
+@pytest.mark.extended
 @pytest.mark.long
 def test_real_checkpoint_notebook_runs_on_cpu_against_the_tiny_checkpoint(tmp_path):
   cells = _code_cells(REAL)

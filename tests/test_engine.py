@@ -142,6 +142,7 @@ def test_samples_share_full_prompt_pages_and_copy_the_partial_one():
   np.testing.assert_array_equal(np.asarray(shared.logprobs_BN), np.asarray(own.logprobs_BN))
 
 
+@pytest.mark.extended
 def test_on_a_pod_each_row_pages_are_in_its_device_part():
   """On the 8-device mesh (4 row shards) the pool has a part per row shard
   (kv_cache.py): 8 samples of a prompt in 8 slots, a prompt block in each

@@ -20,6 +20,7 @@ def _train(tmp_path, name, **sections):
   return cfg, rl.train(cfg, str(tmp_path / name))
 
 
+@pytest.mark.extended
 @pytest.mark.long
 def test_pi_is_the_learners_policy_at_full_precision_and_changes_no_training_number(
     tmp_path):

@@ -75,6 +75,7 @@ def _corrupt_data_files(step_dir):
         f.write(data)
 
 
+@pytest.mark.extended
 def test_corrupt_and_partial_checkpoints_are_moved_aside_and_the_run_goes_on(tmp_path):
   workdir = str(tmp_path / "run")
   reference = rl.train(_config(3), workdir)

@@ -108,6 +108,7 @@ _COLLECTIVE = re.compile(r"=\s*\(?(\w+)\[([\d,]*)\][^=]*?\s(all-gather|all-reduc
                          r"(-start)?\(")
 
 
+@pytest.mark.extended
 @pytest.mark.long
 @pytest.mark.devices(8)
 def test_on_a_pod_each_device_decodes_its_own_part_in_place(model):
@@ -209,6 +210,7 @@ def _ragged(rng, dtype, slots, lengths):
   return q, (kq, vq, ksc, vsc, pages + layer * per), lengths, lengths[:, None] - 1
 
 
+@pytest.mark.extended
 @NEEDS_TRITON
 @pytest.mark.parametrize("dtype,slots", [("float32", 96), ("bfloat16", 128),
                                          ("float8_e4m3fn", 96), ("int8", 128)])

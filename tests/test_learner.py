@@ -103,6 +103,7 @@ def test_metrics_cover_spec_section_4(one_device):
   assert all(np.isfinite(v) for m in metrics for v in m.values())
 
 
+@pytest.mark.extended
 def test_eight_devices_equal_one_device(one_device):
   params_1, metrics_1, _ = one_device
   mesh = make_mesh(2, 2, 2)

@@ -157,6 +157,7 @@ def _target_main(workdir: str) -> None:
   rl.train(_config(), workdir)
 
 
+@pytest.mark.extended
 @pytest.mark.long
 def test_killed_and_resumed_run_holds_every_step_once_in_wandb(tmp_path, monkeypatch):
   # W&B points child processes at this process's W&B service (if another test

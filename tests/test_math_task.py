@@ -256,6 +256,7 @@ def test_math_config_needs_its_inputs(ckpt):
     config_lib.from_config_dict(bad)
 
 
+@pytest.mark.extended
 @pytest.mark.long
 def test_two_steps_with_eval_checkpoint_resume_and_export(ckpt, tmp_path, monkeypatch):
   """2 RL steps of the tiny checkpoint on the DAPO fixtures: evaluation on the

@@ -36,6 +36,7 @@ def _ragged(dtype, compute="float32", s=96, g=16, seed=0):
   return q, (k_pool, v_pool, None, None, ids), jnp.asarray(LENGTHS, jnp.int32)
 
 
+@pytest.mark.extended
 @pytest.mark.parametrize("dtype,compute", [("bfloat16", "float32"), ("float8_e4m3fn", "float32"),
                                            ("bfloat16", "bfloat16")])
 def test_kernel_equals_paged_on_ragged_rows(dtype, compute):
@@ -66,6 +67,7 @@ def test_kernel_equals_paged_on_ragged_rows(dtype, compute):
       np.testing.assert_array_equal(f32(decode(q, *pools, lengths, compute)), got)
 
 
+@pytest.mark.extended
 def test_kernel_per_shard_reads_a_pool_in_parts():
   """The sampler's pod layout (kv_cache.py): a pool of 4 parts, each holding
   its 2 rows' shuffled pages of 2 layers, over the 4 row shards of the
@@ -148,6 +150,7 @@ def test_kernel_lowers_for_tpu(dtype, mesh):
 PROMPTS = [[5, 9, 2], [7, 1, 8, 2, 8, 1, 3], [4, 4, 6, 10, 12], [3], [9, 9, 9, 1, 2, 3]]
 
 
+@pytest.mark.extended
 @pytest.mark.long
 def test_sampler_with_the_kernel_equals_the_paged_path():
   """A bf16 cache, 5 prompts x 3 samples through 4 refilled slots (prompts

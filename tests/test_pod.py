@@ -30,6 +30,7 @@ PROMPT_LEN = 1024  # math prompts; the learner row is prompt + response budget
 BUDGET = 16 * GIB  # a v5e chip
 
 
+@pytest.mark.extended
 @pytest.mark.long
 @pytest.mark.parametrize("module", [pod_qwen3_1p7b, pod_qwen3_4b],
                          ids=["qwen3_1p7b", "qwen3_4b"])

@@ -17,7 +17,10 @@ def _readme_commands():
 def test_ci_runs_the_readme_test_command():
   test_command = next(c for c in _readme_commands() if "pytest" in c)
   ci_lines = (ROOT / ".ci" / "run").read_text().strip().splitlines()
-  assert ci_lines[-1] == test_command.strip()
+  assert ci_lines[-2] == test_command.strip()
+  extended = re.search(r"then `(python -m pytest [^`]*-m extended tests)`",
+                       (ROOT / "README.md").read_text())
+  assert extended and ci_lines[-1] == extended[1]
 
 
 def test_ci_runs_the_readme_multiprocess_command():

@@ -212,6 +212,7 @@ def test_tables_have_the_sources_layout():
   assert "### Mismatch or precision" in md and "### Main results" not in md
 
 
+@pytest.mark.extended
 @pytest.mark.long
 def test_main_job_quick_then_the_tables_reuse_its_runs(main_job):
   """The README's main command in quick mode (a real run per row; conftest's

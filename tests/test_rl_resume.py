@@ -68,6 +68,7 @@ def _final(workdir):
     return arrays, json.load(f)
 
 
+@pytest.mark.extended
 @pytest.mark.long
 def test_rl_loop_killed_anywhere_resumes_bitwise(tmp_path):
   command = lambda d: [sys.executable, os.path.abspath(__file__), d]

@@ -59,6 +59,7 @@ def test_sharded_rollout_equals_single_device(model):
   assert per_device * 8 == state.cache.k.nbytes
 
 
+@pytest.mark.extended
 @pytest.mark.parametrize("quant", [
     dict(weight_quant="int8", act_quant="int8", kv_cache_dtype="int8"),
     dict(weight_quant="fp8_e4m3", act_quant="fp8", kv_cache_dtype="fp8")],
@@ -77,6 +78,7 @@ def test_native_sampler_refilled_and_sharded_equal_one_wave(model, quant):
   assert sharded.engine.trace_counts["generate_until_free"] >= 1  # it did refill
 
 
+@pytest.mark.extended
 @pytest.mark.parametrize("kernel", [pytest.param("pallas", marks=NEEDS_TRITON)])
 def test_pallas_decode_refilled_and_sharded_equal_one_wave(model, kernel):
   """The Pallas GPU decode kernel (Pallas' interpreter on CPU; the TPU
@@ -119,6 +121,7 @@ def float32_one_wave(model):
   return _generate(Sampler(model, eos_ids=[7], decode_attention="paged"), max_new_tokens=48)
 
 
+@pytest.mark.extended
 @pytest.mark.parametrize("kernel", [pytest.param("pallas", marks=NEEDS_TRITON)])
 def test_pallas_decode_refilled_equals_one_wave_in_float32(model, float32_one_wave, kernel):
   """The Pallas GPU decode kernel with a float32 cache through refilled

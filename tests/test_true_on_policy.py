@@ -137,6 +137,7 @@ def _assert_first_step_on_policy(learner, model, tokens, mask, lp_mu, loss_mask)
   assert m["actor/first_update_ratio_min"] == 1 and m["actor/first_update_ratio_max"] == 1
 
 
+@pytest.mark.extended
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @pytest.mark.devices(8)
 def test_sampler_and_learner_on_one_mesh(dtype):
@@ -185,6 +186,7 @@ def test_packing_learner_is_on_policy(bf16):
   _assert_first_step_on_policy(learner, model, tokens, mask, lp_mu, loss_mask)
 
 
+@pytest.mark.extended
 @pytest.mark.parametrize("fixture", ["fp32", "bf16"])
 @pytest.mark.devices(8)
 def test_eight_device_sampler_equals_one_device(fixture, request):
@@ -249,6 +251,7 @@ def test_float32_on_a_gpu_warns(caplog):
   assert "not bitwise on an H200" in caplog.text
 
 
+@pytest.mark.extended
 @pytest.mark.xfail(
     jax.default_backend() == "gpu", strict=False,
     reason="on an H200 (jax 0.11.2, the second window) bf16 true on-policy is not bitwise: "
