@@ -31,7 +31,6 @@ def _final_params(workdir: str) -> dict[str, np.ndarray]:
     return {k: f[k] for k in f.files}
 
 
-@pytest.mark.extended
 @pytest.mark.long
 def test_kill_anywhere_then_resume_is_bitwise_equal(tmp_path):
   from mipu_jax.testing.kill_resume import Kill  # pylint: disable=g-import-not-at-top
