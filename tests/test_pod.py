@@ -5,7 +5,7 @@ their shardings). Settings come from `studies/configs/pod_qwen3_*.py` (its mesh
 `data=1, fsdp=-1, tensor=1` over the 8 CPU devices of `conftest.py`, one row
 per device per micro-batch, blockwise attention, chunked log-probs, per-layer
 remat; the sampler's KV cache sharded over the slots). Per-device memory from
-`compiled.memory_analysis()` is printed (`pytest tests/test_pod.py -s`) and
+`compiled.memory_analysis()` is printed (`pytest tests/test_pod.py -s -m extended`) and
 asserted ≤ 16 GiB; it is XLA:CPU's buffer assignment, an estimate of a TPU
 compile's, and is quoted in `docs/pods.md` (`bench/perf/memory.py` prints the
 before / after table).

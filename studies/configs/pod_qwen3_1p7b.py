@@ -11,7 +11,7 @@ sources give no decay period for 1.7B, so the LR-decay row detects the
 length surge online (`auto` mode, `T_decay = round(1.8 t_surge)`, docs/method.md §6).
 
 Hardware: a v5e-16 or v5p-16 slice or larger; see `docs/pods.md`. Memory per
-device is printed by `pytest tests/test_pod.py -s`. Expected time: not
+device is printed by `pytest tests/test_pod.py -s -m extended`. Expected time: not
 measured (no pod was used here).
 """
 

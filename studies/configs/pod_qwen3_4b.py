@@ -13,7 +13,7 @@ LR-decay row uses the length-surge paper's fixed period for Qwen3-4B-Base:
 Hardware: a v5p-32 slice (16 chips, 4 hosts; `chips=16`) or larger; see
 `docs/pods.md` for the multi-host launch and the mesh per pod size. Memory per
 device (params, optimizer, one micro-batch of one 9k-token row) is printed by
-`pytest tests/test_pod.py -s`. Expected time: not measured (no pod was used
+`pytest tests/test_pod.py -s -m extended`. Expected time: not measured (no pod was used
 here); the sources' 500-step runs take days on 16 H100s.
 """
 
