@@ -11,6 +11,9 @@ they move less than wall time. Runs at any commit with `moe.experts_mlp(h, hq, r
 w, act_quant, impl)`, so before / after a dispatch change is one command at each.
 """
 
+import os
+import subprocess
+import sys
 import time
 
 import jax
@@ -60,9 +63,14 @@ def main():
     dense_t = rows["dense twin (same active width)"]
     print(f"{name:32s} {t * 1e3:8.2f} CPU ms  {t / dense_t:.2f}x dense")
   batched_against_one_dot()
+  # The same two dots in a process held to one core: a dot that takes as long there
+  # as on every core ran on one thread anyway.
+  subprocess.run([sys.executable, "-c", "import os; os.sched_setaffinity(0, "
+                  "{min(os.sched_getaffinity(0))}); from bench.probes import moe_dispatch; "
+                  "moe_dispatch.batched_against_one_dot(label='on one core')"], check=True)
 
 
-def batched_against_one_dot(blocks=40, rows=128, width=128):
+def batched_against_one_dot(blocks=40, rows=128, width=128, label="on every core"):
   """XLA:CPU's batched dot (the blocked form's: one weight per block) against one dot
   of the same rows and FLOPs: the part of the blocked form's cost that is XLA's."""
   rng = np.random.default_rng(1)
@@ -79,7 +87,8 @@ def batched_against_one_dot(blocks=40, rows=128, width=128):
       times.append(time.perf_counter() - t)
     return float(np.median(times))
   t_b, t_1 = median_wall(batched), median_wall(one)
-  print(f"batched dot [{blocks}, {rows}, {width}] x [{blocks}, {width}, {width}]: "
+  print(f"{label} ({len(os.sched_getaffinity(0))}): "
+        f"batched dot [{blocks}, {rows}, {width}] x [{blocks}, {width}, {width}]: "
         f"{t_b * 1e3:.3f} ms (wall, median); one dot of the same rows: {t_1 * 1e3:.3f} "
         f"({t_b / t_1:.2f}x)")
 
