@@ -91,3 +91,33 @@ def test_read_run_counts_collapse_on_pi_and_cap_hits(tmp_path):
   # A committed run's metrics are compressed (experiments/compress_results.py): the same.
   rl.compress_jsonl(str(run / "metrics.jsonl"))
   assert not (run / "metrics.jsonl").exists() and moe.read_run(str(run)) == out
+
+
+def test_pilot_report_draws_each_run_where_it_logged(tmp_path):
+  dirs = []
+  for i, name in enumerate([moe.run_name("control", "fp32", 5e-4, 0),
+                            moe.run_name("baseline", "fp8", 5e-4, 0)]):
+    rows = [{"step": 0, "eval/avg": 0.5, "eval/avg_se": 0.01}]
+    for step in range(1, 13):
+      row = {"step": step, "rollout/response_length_mean": 50.0 + step,
+             "rollout/truncated_fraction": 0.0, "actor/grad_norm": 1.0,
+             "rollout_corr/k3_kl": 1e-3 * step, "actor/entropy": 0.01 * step}
+      if i == 1:  # only the baseline has a sampler whose routing can flip
+        row["moe/routing_flip_rate"] = 0.02
+      rows.append(row)
+    rows.append({"step": 12, "eval/avg": 0.8, "eval/avg_se": 0.01})
+    (tmp_path / name).mkdir()
+    (tmp_path / name / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    dirs.append(str(tmp_path / name))
+  dirs.append(str(tmp_path / "not_started"))
+  drawn = moe.plot_pilot(dirs, str(tmp_path / "curves.png"))
+  assert drawn["eval/avg"] == 2 and drawn["rollout/response_length_mean"] == 2
+  assert drawn["moe/routing_flip_rate"] == 1
+  assert (tmp_path / "curves.png").stat().st_size > 10_000
+  # The 10-step means: the last one averages steps 3..12 of 50 + step.
+  xs, ys = moe._windowed([{"step": s, "x": 50.0 + s} for s in range(1, 13)], "x", 10)
+  assert xs == [10, 11, 12] and ys[-1] == pytest.approx(57.5)
+  assert moe._windowed([{"step": s, "x": float(s % 4)} for s in range(1, 13)], "x", 10,
+                       "max")[1] == [3.0, 3.0, 3.0]
+  moe.pilot_report(dirs, str(tmp_path / "out"), steps=12)
+  assert (tmp_path / "out" / "curves_pilot.png").exists()

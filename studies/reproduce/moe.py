@@ -213,4 +213,70 @@ def pilot_report(workdirs: Sequence[str], out_dir: str, steps: int) -> str:
     f.write(text + "\n")
   with open(os.path.join(out_dir, "pilot.json"), "w") as f:
     json.dump({"runs": runs, "collapse_rich": rich}, f, indent=1)
+  plot_pilot(workdirs, os.path.join(out_dir, "curves_pilot.png"))
   return text
+
+
+# (metric, panel title, steps per point, "mean" or "max" over them, log scale): the
+# precursors the LR-schedule source reads before a collapse (length, entropy,
+# gradient spikes) beside the mismatch. The gradient norm is a 10-step max: a
+# step whose groups all tie has no gradient (0), which a log-scale mean hides.
+PILOT_PANELS = (
+    ("eval/avg", "held-out pass@1 (μ solid, π dashed)", 1, "mean", False),
+    ("rollout/response_length_mean", "response length (mean, 10 steps)", 10, "mean", False),
+    ("rollout/truncated_fraction", "responses at the cap (10 steps)", 10, "mean", False),
+    ("rollout_corr/k3_kl", "k3_kl sampler vs learner (10 steps)", 10, "mean", True),
+    ("moe/routing_flip_rate", "routing decisions flipped (10 steps)", 10, "mean", False),
+    ("actor/entropy", "policy entropy (10 steps)", 10, "mean", True),
+    ("actor/grad_norm", "gradient norm (max of 10 steps)", 10, "max", True),
+)
+
+
+def _windowed(rows: Sequence[Mapping[str, float]], key: str, window: int, agg: str = "mean"):
+  """Steps and values of `key` (finite, step > 0 unless an evaluation), each the
+  mean (or max) of the last `window` logged values."""
+  pts = [(r["step"], r[key]) for r in rows
+         if key in r and math.isfinite(r[key]) and (r["step"] > 0 or key.startswith("eval"))]
+  if len(pts) < window:
+    return [], []
+  views = np.lib.stride_tricks.sliding_window_view(np.array([p[1] for p in pts]), window)
+  ys = views.max(axis=1) if agg == "max" else views.mean(axis=1)
+  return [p[0] for p in pts][window - 1:], [float(y) for y in ys]
+
+
+def plot_pilot(workdirs: Sequence[str], path: str) -> dict[str, int]:
+  """The pilot's runs over steps, one colour per run, in `PILOT_PANELS`; written
+  to `path` (PNG). Returns, per metric, how many runs it drew."""
+  from mipu_jax.rl import run_report  # pylint: disable=g-import-not-at-top
+  plt = run_report._pyplot()  # pylint: disable=protected-access
+  fig, axes = plt.subplots(2, 4, figsize=(18, 7.5))
+  drawn = {panel[0]: 0 for panel in PILOT_PANELS}
+  for i, workdir in enumerate(workdirs):
+    path_m = os.path.join(workdir, "metrics.jsonl")
+    if not (os.path.exists(path_m) or os.path.exists(path_m + ".gz")):
+      continue
+    rows = rl.read_jsonl(path_m)
+    for ax, (metric, _, window, agg, _) in zip(axes.flat, PILOT_PANELS):
+      xs, ys = _windowed(rows, metric, window, agg)
+      if not xs:
+        continue
+      ax.plot(xs, ys, color=f"C{i}", label=os.path.basename(workdir),
+              marker="o" if metric == "eval/avg" else None, markersize=2, linewidth=1)
+      drawn[metric] += 1
+      if metric == "eval/avg":
+        xs, ys = _windowed(rows, "eval_pi/avg", 1)
+        ax.plot(xs, ys, color=f"C{i}", linestyle="--", linewidth=1)
+  for ax, (metric, title, _, _, log) in zip(axes.flat, PILOT_PANELS):
+    ax.set_title(title, fontsize=10)
+    ax.set_xlabel("step")
+    ax.grid(alpha=0.3)
+    if log and drawn[metric]:
+      ax.set_yscale("log")
+    if not drawn[metric]:
+      ax.text(0.5, 0.5, "not logged by these runs", ha="center", va="center",
+              transform=ax.transAxes, color="gray")
+  handles, labels = axes.flat[0].get_legend_handles_labels()
+  axes.flat[-1].axis("off")
+  axes.flat[-1].legend(handles, labels, loc="center", fontsize=10)
+  run_report.save_figure(fig, path, "MoE pilot: fp32 control and uncorrected FP8 baseline")
+  return drawn
