@@ -1,6 +1,9 @@
 """The MoE study's rules, fixed before its runs (studies/reproduce/moe.py), by hand."""
 
 import json
+import os
+import subprocess
+import sys
 
 import pytest
 
@@ -121,3 +124,22 @@ def test_pilot_report_draws_each_run_where_it_logged(tmp_path):
                        "max")[1] == [3.0, 3.0, 3.0]
   moe.pilot_report(dirs, str(tmp_path / "out"), steps=12)
   assert (tmp_path / "out" / "curves_pilot.png").exists()
+
+
+def test_moe_vs_dense_report_recomputes_from_its_record(tmp_path):
+  # Hand-made record: per token, dense K3 0.01, MoE 0.02 on every prompt, R3 halves it.
+  cell = lambda s, **kw: {"k3_per_prompt": [s] * 3, "tokens_per_prompt": [100.0] * 3, **kw}
+  record = {"command": "python -m experiments.moe_vs_dense --prompts=3", "precisions": ["fp8"],
+            "prompts": 3, "samples": 1,
+            "cells": {"dense/fp8": cell(1.0), "moe/fp8": cell(2.0, k3_r3_per_prompt=[1.0] * 3,
+                                                               **{"moe/routing_flip_rate": 0.25})}}
+  (tmp_path / "moe_vs_dense.json").write_text(json.dumps(record))
+  subprocess.run([sys.executable, "-m", "experiments.moe_vs_dense", f"--out_dir={tmp_path}",
+                  "--report_only"], check=True, capture_output=True,
+                 cwd=os.path.dirname(os.path.dirname(__file__)))
+  row = (tmp_path / "moe_vs_dense.md").read_text().splitlines()[2]
+  assert row == ("| fp8 | 1.00e-02 [1.00e-02, 1.00e-02] | 2.00e-02 [2.00e-02, 2.00e-02] | "
+                 "2.00x [2.00, 2.00] | 50% [50%, 50%] | 33% / 33% | 0.250 / 0.000 | outside | "
+                 "inside |")
+  out = json.loads((tmp_path / "moe_vs_dense.json").read_text())
+  assert out["intervals"]["fp8"]["moe_over_dense"] == pytest.approx([2.0, 2.0, 2.0])

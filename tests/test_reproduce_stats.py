@@ -153,3 +153,18 @@ def test_difference_of_differences_claim_by_hand():
   assert len(got) == 1 and r.p_holm == r.p
   with pytest.raises(ValueError, match="exactly when it has `minus`"):
     stats.paired_test(claim, finals["lr_decay"], finals["baseline"])
+
+
+def test_bootstrap_ratio_ci_pairs_units_across_keys():
+  # Two prompts; model b's K3 per token is exactly twice a's on each prompt, so
+  # every resample keeps the ratio at 2: a degenerate interval (pairing kept).
+  num = {"a": [1.0, 6.0], "b": [2.0, 12.0]}
+  den = {"a": [10.0, 20.0], "b": [10.0, 20.0]}
+  value, lo, hi = stats.bootstrap_ratio_ci(num, den, lambda r: r["b"] / r["a"])
+  assert (value, lo, hi) == pytest.approx((2.0, 2.0, 2.0))
+  # The point value is the ratio of sums (7 / 30), not the mean of per-unit ratios;
+  # the interval lies within the per-unit ratios 0.1 and 0.3.
+  value, lo, hi = stats.bootstrap_ratio_ci(num, den, lambda r: r["a"], n_boot=2000)
+  assert value == pytest.approx(7 / 30) and 0.1 <= lo < value < hi <= 0.3
+  with pytest.raises(ValueError, match="same nonzero number of units"):
+    stats.bootstrap_ratio_ci({"a": [1.0]}, {"a": [1.0, 2.0]}, lambda r: r["a"])

@@ -65,6 +65,34 @@ def bootstrap_ci(values: Sequence[float], *, level: float = CI_LEVEL,
   return float(lo), float(hi)
 
 
+def bootstrap_ratio_ci(num: Mapping[str, Sequence[float]], den: Mapping[str, Sequence[float]],
+                       stat, *, level: float = CI_LEVEL, n_boot: int = N_BOOT,
+                       seed: int = BOOT_SEED) -> tuple[float, float, float]:
+  """`stat` of ratios of sums, with its percentile-bootstrap interval over units.
+
+  `num[key]` and `den[key]` hold one sum per unit (e.g. a prompt's K3 summed over
+  its response tokens, and the token count), the same units under every key, so
+  one resample of units serves every key: the statistic `stat({key: Σnum / Σden})`
+  keeps its pairing (two models on the same prompts). Returns
+  `(value, lo, hi)`; deterministic for a given `seed`.
+  """
+  keys = list(num)
+  n = len(num[keys[0]])
+  if n == 0 or any(len(num[k]) != n or len(den[k]) != n for k in keys):
+    raise ValueError("bootstrap_ratio_ci needs the same nonzero number of units per key.")
+  rng = np.random.default_rng(seed)
+  idx = rng.integers(0, n, size=(n_boot, n))
+  w = np.zeros((n_boot, n))
+  np.add.at(w, (np.arange(n_boot)[:, None], idx), 1.0)  # how often each unit is drawn
+  ratio = lambda weights: {k: (weights @ np.asarray(num[k], np.float64)) /
+                           (weights @ np.asarray(den[k], np.float64)) for k in keys}
+  value = float(stat(ratio(np.ones(n))))
+  draws = np.asarray(stat(ratio(w)), np.float64)
+  tail = 100 * (1 - level) / 2
+  lo, hi = np.percentile(draws, [tail, 100 - tail])
+  return value, float(lo), float(hi)
+
+
 def t_ci(values: Sequence[float], *, level: float = CI_LEVEL) -> tuple[float, float]:
   """Student's t interval of the mean: mean ± t_{(1+level)/2, n-1} · sd / √n.
 
