@@ -11,7 +11,8 @@ in `studies/reproduce/moe.py` before the runs (collapse and degradation on μ
 and on π, and which setting the study then takes). Runs go to
 `WORKDIR/runs/<row>_<precision>_lr<lr>_s<seed>`; rerunning resumes each run
 from its newest checkpoint (every `--eval_every` steps) and reads finished
-runs back.
+runs back. `--rows baseline` trains (and reports) only the baselines, to add
+seeds to a cell whose control has run.
 """
 
 import os
@@ -32,6 +33,9 @@ _PRECISIONS = flags.DEFINE_list("precisions", ["fp8"], "Deployable samplers of t
 _SEEDS = flags.DEFINE_list("seeds", ["0"], "Seeds (outer loop).")
 _STEPS = flags.DEFINE_integer("steps", 600, "RL steps per run.")
 _EVAL_EVERY = flags.DEFINE_integer("eval_every", 25, "Evaluation and checkpoint period.")
+_ROWS = flags.DEFINE_list("rows", ["control", "baseline"],
+                          "Which of the pilot's rows to train and report (e.g. only the "
+                          "baseline, to add seeds to a cell whose control has run).")
 _WORKERS = flags.DEFINE_integer("workers", 2, "Runs trained at once.")
 _REPORT_ONLY = flags.DEFINE_bool("report_only", False, "Train nothing: report what is there.")
 _QUICK = flags.DEFINE_bool("quick", False, "Smoke budget (tests).")
@@ -60,8 +64,9 @@ def pilot_jobs(workdir: str) -> list:
         moe_report.check_pilot_pair(control, cells[f"baseline_{p}"])
       run_dir = lambda row, p: os.path.join(workdir, "runs",
                                             moe_report.run_name(row, p, lr, seed))
-      jobs.append(harness.Job("control", seed, control, run_dir("control", "fp32")))
-      for p in _PRECISIONS.value:
+      if "control" in _ROWS.value:
+        jobs.append(harness.Job("control", seed, control, run_dir("control", "fp32")))
+      for p in _PRECISIONS.value if "baseline" in _ROWS.value else ():
         jobs.append(harness.Job(f"baseline_{p}", seed, cells[f"baseline_{p}"],
                                 run_dir("baseline", p)))
   return jobs
@@ -69,6 +74,9 @@ def pilot_jobs(workdir: str) -> list:
 
 def main(argv):
   del argv
+  unknown = set(_ROWS.value) - {"control", "baseline"}
+  if unknown or not _ROWS.value:
+    raise app.UsageError(f"--rows takes control and/or baseline, got {_ROWS.value}.")
   logging.set_verbosity(logging.WARNING)
   workdir = _WORKDIR.value
   os.makedirs(workdir, exist_ok=True)

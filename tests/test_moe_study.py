@@ -143,3 +143,20 @@ def test_moe_vs_dense_report_recomputes_from_its_record(tmp_path):
                  "inside |")
   out = json.loads((tmp_path / "moe_vs_dense.json").read_text())
   assert out["intervals"]["fp8"]["moe_over_dense"] == pytest.approx([2.0, 2.0, 2.0])
+
+
+def test_pilot_rows_flag_picks_the_runs_it_reports(tmp_path):
+  # A baseline-only pass (seeds added to a cell whose control has run) reports its own
+  # runs; a row the pilot does not have is refused before anything runs.
+  run = lambda *flags: subprocess.run(
+      [sys.executable, "-m", "experiments.moe_study", f"--workdir={tmp_path}", "--lrs=3e-4",
+       "--seeds=1,2", "--report_only", *flags], capture_output=True, text=True,
+      cwd=os.path.dirname(os.path.dirname(__file__)))
+  name = moe.run_name("baseline", "fp8", 3e-4, 1)
+  (tmp_path / "runs" / name).mkdir(parents=True)
+  (tmp_path / "runs" / name / "metrics.jsonl").write_text(
+      json.dumps({"step": 0, "eval/avg": 0.3, "eval/avg_se": 0.01}) + "\n")
+  assert run("--rows=baseline").returncode == 0
+  assert [r["name"] for r in json.loads((tmp_path / "pilot.json").read_text())["runs"]] == [name]
+  bad = run("--rows=remedy")
+  assert bad.returncode != 0 and "--rows takes control and/or baseline" in bad.stderr
