@@ -247,8 +247,10 @@ def _windowed(rows: Sequence[Mapping[str, float]], key: str, window: int, agg: s
 def plot_pilot(workdirs: Sequence[str], path: str) -> dict[str, int]:
   """The pilot's runs over steps, one colour per run, in `PILOT_PANELS`; written
   to `path` (PNG). Returns, per metric, how many runs it drew."""
+  import matplotlib  # pylint: disable=g-import-not-at-top
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
   from mipu_jax.rl import run_report  # pylint: disable=g-import-not-at-top
-  plt = run_report._pyplot()  # pylint: disable=protected-access
   fig, axes = plt.subplots(2, 4, figsize=(18, 7.5))
   drawn = {panel[0]: 0 for panel in PILOT_PANELS}
   for i, workdir in enumerate(workdirs):
