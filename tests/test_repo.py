@@ -166,3 +166,13 @@ def test_code_cites_no_issue_numbers():
         if ISSUE_NUMBER.search(line):
           found.append(f"{path.relative_to(ROOT)}:{n}")
   assert not found, found
+
+
+def test_gpu_checks_run_the_suite_default_with_the_extended_tests():
+  """bench/gpu_checks.sh overrides setup.cfg's marker filter so that a device window
+  runs the extended tests: the same filter without `not extended`, so a marker later
+  left out of the default is left out there too."""
+  default = re.search(r'addopts = .*-m "([^"]+)"', (ROOT / "setup.cfg").read_text())[1]
+  device = re.search(r"PYTEST_ADDOPTS=.*-m '([^']+)'",
+                     (ROOT / "bench" / "gpu_checks.sh").read_text())[1]
+  assert device == default.replace(" and not extended", "")
