@@ -142,8 +142,7 @@ def main(argv):
     model = models.from_pretrained(path)
     for precision in _PRECISIONS.value:
       cell = measure(model, precision, prompts, _SEED.value, _MAX_NEW.value, _SAMPLES.value)
-      lo, hi = SOURCE_RANGES[kind]
-      cell["in_source_range"] = lo <= cell["k3_kl"] <= hi
+      cell["in_source_range"] = in_range(cell["k3_kl"], cell["k3_kl"], kind) == "inside"
       result[f"{kind}/{precision}"] = cell
       print(kind, json.dumps(cell))
   command = "python -m experiments.moe_vs_dense " + " ".join(
