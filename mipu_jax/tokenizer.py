@@ -288,11 +288,17 @@ def _read_json(path: str) -> dict[str, Any]:
   """The JSON object in `path`, or {} if the file does not exist."""
   if not os.path.isfile(path):
     return {}
+  return read_json_object(path)
+
+
+def read_json_object(path: str, error: type[Exception] = ValueError) -> dict[str, Any]:
+  """The JSON object in `path`; damaged or non-object JSON raises `error`
+  naming the file (the one reader of HF's JSON files, here and in models/hf.py)."""
   try:
     with open(path, encoding="utf-8") as f:
       data = json.load(f)
   except (UnicodeDecodeError, json.JSONDecodeError) as e:
-    raise ValueError(f"{path} is not valid JSON: {e}.") from e
+    raise error(f"{path} is not valid JSON: {e}.") from e
   if not isinstance(data, dict):
-    raise ValueError(f"{path} should hold a JSON object, got {type(data).__name__}.")
+    raise error(f"{path} should hold a JSON object, got {type(data).__name__}.")
   return data

@@ -29,6 +29,7 @@ from safetensors.flax import save_file
 
 from mipu_jax.models.config import Qwen3Config, as_dtype
 from mipu_jax.models.qwen3 import Qwen3
+from mipu_jax.tokenizer import read_json_object
 
 _INDEX = "model.safetensors.index.json"
 _SINGLE = "model.safetensors"
@@ -385,14 +386,7 @@ def _check_dims(hf: dict, fn: str) -> None:
 
 def _read_json(fn: str) -> dict:
   """A JSON object from `fn`; anything else is a `CheckpointError` naming it."""
-  try:
-    with open(fn, encoding="utf-8") as f:
-      data = json.load(f)
-  except (UnicodeDecodeError, json.JSONDecodeError) as e:
-    raise CheckpointError(f"{fn} is not valid JSON: {e}.") from e
-  if not isinstance(data, dict):
-    raise CheckpointError(f"{fn} should hold a JSON object, got {type(data).__name__}.")
-  return data
+  return read_json_object(fn, CheckpointError)
 
 
 def context_length(path: str) -> Optional[int]:
