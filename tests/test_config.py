@@ -170,13 +170,15 @@ def test_eval_flags_and_the_old_eval_package_name(monkeypatch):
 
 
 def test_a_run_saved_before_a_setting_existed_resumes_as_it_ran():
-  """A saved config without a setting added since (the expert axis, the MoE section)
-  reads back with the value that computes what it computed: no resume difference; a
-  changed value still is one."""
+  """A saved config without a setting added since (the expert axis, the MoE section,
+  Adam's first-moment dtype) reads back with the value that computes what it computed:
+  no resume difference; a changed value still is one."""
   cfg = config_lib.TrainConfig()
   saved = config_lib.as_json(cfg)
-  del saved["learner"]["mesh"]["expert"], saved["moe"]
+  del saved["learner"]["mesh"]["expert"], saved["moe"], saved["optim"]["mu_dtype"]
   assert config_lib.resume_differences(saved, cfg) == {}
+  bf16_mu = config_lib.TrainConfig(optim=config_lib.OptimConfig(mu_dtype="bfloat16"))
+  assert set(config_lib.resume_differences(saved, bf16_mu)) == {"optim.mu_dtype"}
   replay = config_lib.as_json(config_lib.TrainConfig(
       model=config_lib.ModelConfig(preset="tiny_moe"),
       moe=config_lib.MoEConfig(routing_replay="rollout")))

@@ -12,6 +12,7 @@ from mipu_jax import config as config_lib
 from mipu_jax import losses
 from mipu_jax import schedules
 from mipu_jax.learner import make_optimizer
+from mipu_jax.learner import state as state_lib
 
 B, T = 6, 7
 
@@ -102,6 +103,76 @@ def test_optimizer_is_clipped_adamw_with_the_rate_in_its_state():
     u, s_ref = ref.update(grads, s_ref, p_ref)
     p_ref = optax.apply_updates(p_ref, u)
   jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-6), p_ours, p_ref)
+
+
+def _bf16(x):
+  return np.asarray(jnp.asarray(x, jnp.float32).astype(jnp.bfloat16).astype(jnp.float32))
+
+
+def test_bf16_first_moment_is_stored_rounded_and_stepped_with_as_stored():
+  """mu_t = bf16(b1 mu_{t-1} + (1 - b1) g_t), nu_t fp32, and the step
+  (mu_t / (1 - b1^t)) / (sqrt(nu_t / (1 - b2^t)) + eps) uses the stored mu_t:
+  checked against numpy step by step; the run stays within bf16's rounding of
+  the fp32-moment run, and differs from it."""
+  b1, b2, eps = 0.9, 0.999, 1e-8
+  tx = state_lib.scale_by_adam_bf16_mu(b1, b2, eps)
+  rng = np.random.default_rng(0)
+  params = {"w": jnp.asarray(rng.normal(size=[4, 33]), jnp.float32)}
+  st, ref = tx.init(params), optax.scale_by_adam(b1, b2, eps)
+  st_ref = ref.init(params)
+  mu, nu = np.zeros([4, 33], np.float32), np.zeros([4, 33], np.float64)
+  for t in range(1, 5):
+    g = {"w": jnp.asarray(rng.normal(size=[4, 33]) * 10.0 ** (t - 2), jnp.float32)}
+    u, st = tx.update(g, st, params)
+    u_ref, st_ref = ref.update(g, st_ref, params)
+    gw = np.asarray(g["w"], np.float64)
+    assert st.mu["w"].dtype == jnp.bfloat16 and st.nu["w"].dtype == jnp.float32
+    stored = np.asarray(st.mu["w"].astype(jnp.float32))
+    # the stored moment is the rounding of the fp32 one (one bf16 ulp: FMA contraction)
+    np.testing.assert_allclose(stored, _bf16((1 - b1) * gw + b1 * mu), rtol=2 ** -7)
+    mu = stored.astype(np.float64)
+    nu = (1 - b2) * gw * gw + b2 * nu
+    np.testing.assert_allclose(np.asarray(st.nu["w"]), nu, rtol=1e-6)
+    step = (mu / (1 - b1 ** t)) / (np.sqrt(nu / (1 - b2 ** t)) + eps)
+    # 1e-4: fp32's 1 - b2^t is 1.3e-5 off the exact 1e-3 at t = 1
+    np.testing.assert_allclose(np.asarray(u["w"]), step, rtol=1e-4)
+    # near the fp32-moment step: bf16's rounding, relative to the step's scale
+    # (a moment near zero after a sign change is relatively far off)
+    np.testing.assert_allclose(np.asarray(u["w"]), np.asarray(u_ref["w"]), rtol=0,
+                               atol=2 ** -6 * float(np.abs(u_ref["w"]).max()))
+    assert not np.array_equal(np.asarray(u["w"]), np.asarray(u_ref["w"]))
+  assert int(st.count) == 4
+
+
+def test_bf16_first_moment_lowers_the_compiled_update_s_memory():
+  """A donated clipped-Adam update holds 2 bytes per parameter less with the bf16
+  moment, and its temporaries do not grow back (optax's `mu_dtype` version's do)."""
+  params = {"w": jnp.zeros([1 << 16], jnp.float32), "b": jnp.zeros([1 << 15], jnp.float32)}
+  n = 3 << 15
+
+  def memory(mu_dtype, adam=None):
+    cfg = config_lib.OptimConfig(learning_rate=1e-3, mu_dtype=mu_dtype)
+    tx = adam or make_optimizer(cfg, num_steps=10)
+    st = jax.eval_shape(tx.init, params)
+
+    def step(p, s, g):
+      u, s = tx.update(g, s, p, response_length=1.0) if adam is None else tx.update(g, s, p)
+      return optax.apply_updates(p, u), s
+
+    return jax.jit(step, donate_argnums=(0, 1)).lower(params, st, params).compile(
+        ).memory_analysis()
+
+  fp32, bf16 = memory("float32"), memory("bfloat16")
+  assert fp32.argument_size_in_bytes - bf16.argument_size_in_bytes == 2 * n
+  assert bf16.temp_size_in_bytes <= fp32.temp_size_in_bytes
+  optax_bf16 = memory("bfloat16", optax.chain(optax.clip_by_global_norm(1.0),
+                                             optax.scale_by_adam(mu_dtype=jnp.bfloat16)))
+  assert optax_bf16.temp_size_in_bytes > bf16.temp_size_in_bytes
+
+
+def test_optimizer_rejects_other_moment_dtypes():
+  with pytest.raises(ValueError, match="mu_dtype"):
+    config_lib.OptimConfig(mu_dtype="float16")
 
 
 def test_length_surge_schedule_receives_the_response_length():

@@ -3,6 +3,7 @@ r"""Per-device memory of the pod configs, before / after the long-context work, 
     python -m bench.perf.memory                 # 8 fake CPU devices, Qwen3-1.7B and Qwen3-4B
     python -m bench.perf.memory --devices 16 --presets qwen3_4b
     python -m bench.perf.memory --presets qwen3_30b_a3b --experts 1,2,4,8
+    python -m bench.perf.memory --presets qwen3_30b_a3b --experts 8 --mu_dtype bfloat16
 
 A mixture-of-experts preset (`pod_qwen3_30b_a3b.py`) prints, for each expert
 axis of `--experts` (default: the config's), the packed learner step and the
@@ -10,6 +11,8 @@ sampler's prefill and decode (no "before": its attention and logits are the
 dense models' story); on a CPU its experts are planned with the grouped
 matmul's stand-in (`memory_plan`); `cpu copy` is not computed for it (XLA:CPU's
 own grouped matmul expands to every expert per row: terabytes, no plan of anything).
+`--mu_dtype bfloat16` plans every program with Adam's first moment in bf16
+(`optim.mu_dtype`), 2 bytes less per parameter in the learner's state.
 
 For each preset's pod config (`studies/configs/pod_qwen3_*.py`, MIPU Step 1's learner
 program, one (1024 + 8192)-token row per device per micro-batch), XLA's
@@ -42,6 +45,8 @@ def main():
   parser.add_argument("--presets", default="qwen3_1p7b,qwen3_4b")
   parser.add_argument("--experts", default="",
                       help="expert axes for an MoE preset, e.g. 1,2,4,8 (default: the config's)")
+  parser.add_argument("--mu_dtype", default="float32", choices=("float32", "bfloat16"),
+                      help="Adam's first-moment dtype (optim.mu_dtype)")
   args = parser.parse_args()
   os.environ["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={args.devices}"
   os.environ.setdefault("JAX_PLATFORMS", "cpu")
@@ -64,13 +69,20 @@ def main():
   print(f"{args.devices} devices; per-device GiB: peak (args + temp)")
   print("| model | program | peak | args | temp | cpu copy peak |")
   print("|---|---|---:|---:|---:|---:|")
+  print(f"Adam's first moment in {args.mu_dtype}")
+
+  def config(module, opts):
+    cd = module.get_config(opts)
+    cd.optim.mu_dtype = args.mu_dtype
+    return config_lib.from_config_dict(cd)
+
   for preset in args.presets.split(","):
     opts = f"step1,chips={args.devices},ckpt={ckpt},train={train}"
     if models.get_config(preset).num_experts:
-      _moe_rows(modules[preset], preset, opts, args.experts)
+      _moe_rows(modules[preset], preset, opts, args.experts, config)
       continue
-    cfg = config_lib.from_config_dict(modules[preset].get_config(opts))
-    unpacked = config_lib.from_config_dict(modules[preset].get_config(opts + ",pack=False"))
+    cfg = config(modules[preset], opts)
+    unpacked = config(modules[preset], opts + ",pack=False")
     before = dataclasses.replace(
         mp.with_model(unpacked, attention="dense"),
         learner=dataclasses.replace(unpacked.learner, logits_chunk=0))
@@ -92,14 +104,12 @@ def main():
   return 0
 
 
-def _moe_rows(module, preset: str, opts: str, experts: str) -> None:
+def _moe_rows(module, preset: str, opts: str, experts: str, config) -> None:
   """The MoE rows: per expert axis, the packed learner, prefill and decode."""
-  from mipu_jax import config as config_lib  # pylint: disable=g-import-not-at-top
   from mipu_jax import memory_plan as mp  # pylint: disable=g-import-not-at-top
   axes = [int(e) for e in experts.split(",") if e] or [None]
   for expert in axes:
-    cfg = config_lib.from_config_dict(module.get_config(
-        opts + ("" if expert is None else f",expert={expert}")))
+    cfg = config(module, opts + ("" if expert is None else f",expert={expert}"))
     slots, ep = cfg.sampling.max_concurrent_decodes, cfg.learner.mesh.expert
     pre, dec = mp.sampler_memory(cfg, 1024, slots)
     rows = [("learner, packed", mp.learner_memory(cfg, 1024)), ("prefill (KV bf16)", pre),

@@ -105,7 +105,7 @@ def config_diff(a: Any, b: Any) -> dict[str, tuple[Any, Any]]:
 # Settings added to the config after runs were saved: a saved config without one
 # reads back with the value that computes what the run computed before it existed.
 ADDED = {"learner.mesh.expert": 1, "moe.routing_replay": "none", "moe.record_routing": True,
-         "moe.aux_loss": False}
+         "moe.aux_loss": False, "optim.mu_dtype": "float32"}
 
 
 def resume_differences(saved: Any, new: Any) -> dict[str, tuple[Any, Any]]:

@@ -13,9 +13,10 @@ length surge online (`auto` mode, docs/method.md §6).
 Mesh: expert parallelism over 8 chips by default (`expert=8`: 16 of the 128
 experts per chip, docs/method.md §7a), the rest of the chips over fsdp.
 
-Hardware: 8 x 80 GiB GPUs (`chips=8`) or a v5p-32 slice (16 chips, `chips=16`)
-or larger; per-device memory from XLA's plan, and the command that prints it:
-`docs/pods.md`. Expected time: not measured (no pod or GPU host was used here).
+Hardware: 8 x 80 GiB GPUs (`chips=8`, with `--config.optim.mu_dtype=bfloat16`:
+Adam's first moment in bf16, without which the plan is 0.7 GiB over) or a v5p-32
+slice (16 chips, `chips=16`) or larger; per-device memory from XLA's plan, and
+the command that prints it: `docs/pods.md`. Expected time: not measured (no pod or GPU host was used here).
 """
 
 from studies.configs import pod_base
