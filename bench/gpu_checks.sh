@@ -90,8 +90,9 @@ case "${1:-kernel}" in
     # The GPU tests (true on-policy's bitwise check among them), the files side by side
     # (compiling is CPU work), each test under its own limit where pytest-timeout is there.
     per_test=(); python3 -c "import pytest_timeout" 2>/dev/null && per_test=(--timeout 60)
+    # (test_losses_policy: the bf16 Adam moment's rounding survives XLA's GPU compiler.)
     for f in test_kv_cache test_gpu_decode_fallback test_native_quant test_sampler_scale \
-        test_true_on_policy; do
+        test_true_on_policy test_losses_policy; do
       part "$f" 130 env XLA_PYTHON_CLIENT_PREALLOCATE=false python3 -m pytest -q -rxXfs \
         -p no:cacheprovider "${per_test[@]}" "${collect[@]}" "tests/$f.py" &
     done

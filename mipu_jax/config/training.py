@@ -57,10 +57,11 @@ class OptimConfig:
     b1: Adam β1.
     b2: Adam β2.
     eps: Adam ε.
-    mu_dtype: dtype of Adam's first moment, "float32" or "bfloat16" (optax's
-      `mu_dtype`; bf16 saves 2 bytes per parameter, which is what fits
-      Qwen3-30B-A3B on 8 x 80 GiB GPUs, docs/pods.md). The second moment and
-      the master parameters stay fp32.
+    mu_dtype: dtype of Adam's first moment, "float32" or "bfloat16"
+      (`learner.state.scale_by_adam_bf16_mu`: stored and stepped with in bf16;
+      2 bytes less per parameter, which is what fits Qwen3-30B-A3B on 8 x 80
+      GiB GPUs, docs/pods.md). The second moment and the master parameters
+      stay fp32.
     schedule: "constant", "cosine" or "length_surge".
     cosine: its arguments.
     length_surge: its arguments.

@@ -70,9 +70,9 @@ def scale_by_adam_bf16_mu(b1: float, b2: float, eps: float) -> optax.GradientTra
 
   mu_t = bf16(b1 mu_{t-1} + (1 - b1) g_t) in fp32 arithmetic; nu_t as optax's
   (fp32); the update is (mu_t / (1 - b1^t)) / (sqrt(nu_t / (1 - b2^t)) + eps).
-  Ours, not optax's `scale_by_adam(mu_dtype=...)`: that one steps with the
-  unrounded fp32 moment, which XLA keeps as one more parameter-sized buffer, so
-  the update's peak memory loses the 2 bytes per parameter the bf16 moment saves.
+  Ours, not optax's `scale_by_adam(mu_dtype=...)`, which steps with the
+  unrounded fp32 moment: in XLA's plan its update's temporaries then grow by
+  the 2 bytes per parameter the bf16 moment saves (docs/pods.md).
   """
 
   def init(params):
@@ -89,8 +89,11 @@ def scale_by_adam_bf16_mu(b1: float, b2: float, eps: float) -> optax.GradientTra
     count = optax.safe_increment(state.count)
     c1 = (1 - b1 ** count).astype(jnp.float32)
     c2 = (1 - b2 ** count).astype(jnp.float32)
+    # The barrier keeps the rounding: XLA's GPU compiler otherwise drops the
+    # f32 -> bf16 -> f32 round trip inside a jitted step (as `keep_float8` says).
+    stored = jax.lax.optimization_barrier(mu)
     step = jax.tree.map(lambda m, v: (m.astype(jnp.float32) / c1) / (jnp.sqrt(v / c2) + eps),
-                        mu, nu)
+                        stored, nu)
     return step, optax.ScaleByAdamState(count=count, mu=mu, nu=nu)
 
   return optax.GradientTransformation(init, update)
