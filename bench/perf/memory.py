@@ -66,10 +66,10 @@ def main():
   modules = {"qwen3_1p7b": pod_qwen3_1p7b, "qwen3_4b": pod_qwen3_4b,
              "qwen3_30b_a3b": pod_qwen3_30b_a3b}
   gib = mp.GIB
-  print(f"{args.devices} devices; per-device GiB: peak (args + temp)")
+  print(f"{args.devices} devices; Adam's first moment in {args.mu_dtype}; "
+        "per-device GiB: peak (args + temp)")
   print("| model | program | peak | args | temp | cpu copy peak |")
   print("|---|---|---:|---:|---:|---:|")
-  print(f"Adam's first moment in {args.mu_dtype}")
 
   def config(module, opts):
     cd = module.get_config(opts)

@@ -16,7 +16,8 @@ experts per chip, docs/method.md §7a), the rest of the chips over fsdp.
 Hardware: 8 x 80 GiB GPUs (`chips=8`, with `--config.optim.mu_dtype=bfloat16`:
 Adam's first moment in bf16, without which the plan is 0.7 GiB over) or a v5p-32
 slice (16 chips, `chips=16`) or larger; per-device memory from XLA's plan, and
-the command that prints it: `docs/pods.md`. Expected time: not measured (no pod or GPU host was used here).
+the command that prints it: `docs/pods.md`. Expected time: not measured (no pod
+or GPU host was used here).
 """
 
 from studies.configs import pod_base
