@@ -3,7 +3,7 @@
 - The compiled decode step writes the donated cache in place: its optimized
   HLO holds no copy, transpose or convert as large as one layer's share of
   the cache, for float32 / bfloat16 / FP8 / int8 caches, in one step, in
-  the `while_loop` of `generate_until_done` and in the insert that copies
+  the decode `while_loop` (`generate_until_free`) and in the insert that copies
   prompt pages.
 - `attention.paged` equals the dense reference over the gathered cache on
   ragged rows (each row its slots `[0, length)`), shuffled page tables and
@@ -89,8 +89,8 @@ def test_compiled_decode_step_writes_the_cache_in_place(model, kv, impl):
   programs = [("generate_step", engine_lib.PROGRAMS["generate_step"].default,
                (engine._spec, params, state))]
   if kv in ("bfloat16", "int8") and impl == "paged":  # the loop too, for the bytes-scattered and scaled pools
-    programs.append(("generate_until_done", engine.programs["generate_until_done"],
-                     (engine._spec, params, state)))
+    programs.append(("generate_until_free", engine.programs["generate_until_free"],
+                     (engine._spec, params, state, jnp.int32(9))))
     # The insert's copy of prompt pages into blocks and slots' own first pages.
     prefix = jax.eval_shape(lambda: engine.prefill(params, np.ones((8, 32), np.int32), [5] * 8))
     m = jnp.arange(8, dtype=jnp.int32)

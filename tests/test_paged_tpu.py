@@ -176,7 +176,8 @@ def test_sampler_with_the_kernel_equals_the_paged_path():
   state = eng.init_decode_state()
   assert eng.pool_parts == 4  # a part of the pool per row shard: its rows' pages
   assert state.cache.k.sharding.spec[:2] == ("tensor", ("data", "fsdp"))
-  lowered = eng.programs["generate_until_done"].lower(eng._spec, sampler.params, state)  # pylint: disable=protected-access
+  lowered = eng.programs["generate_until_free"].lower(eng._spec, sampler.params, state,
+                                                      jnp.int32(1))  # pylint: disable=protected-access
   assert f'"{paged_tpu.NAME}/' in lowered.as_text(debug_info=True)
 
 

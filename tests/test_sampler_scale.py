@@ -2,6 +2,7 @@
 cache sharded over the mesh, both equal to the one-wave single-device rollout."""
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -110,7 +111,8 @@ def _assert_kernel_in_decode(sampler, *, sharded):
   eng = sampler.engine
   state = eng.init_decode_state()
   with eng.mesh_context():
-    lowered = eng.programs["generate_until_done"].lower(eng._spec, sampler.params, state)  # pylint: disable=protected-access
+    lowered = eng.programs["generate_until_free"].lower(eng._spec, sampler.params, state,
+                                                        jnp.int32(1))  # pylint: disable=protected-access
   text = lowered.as_text(debug_info=True)
   assert f'"{paged_pallas.NAME}/' in text
   assert ("manual_computation" in text) == sharded

@@ -361,16 +361,13 @@ def generate_step(spec: DecodeSpec, params, ds: DecodeState):
                       lambda d: (d, idle), ds)
 
 
-def generate_until_done(spec: DecodeSpec, params, ds: DecodeState) -> DecodeState:
-  """Runs `advance` in one `lax.while_loop` until no slot is live."""
-  return jax.lax.while_loop(lambda d: jnp.any(live_slots(d)),
-                            lambda d: advance(spec, params, d)[0], ds)
-
-
 def generate_until_free(spec: DecodeSpec, params, ds: DecodeState,
                         min_finished: jax.Array) -> DecodeState:
-  """Runs `advance` until at least `min_finished` occupied slots have finished
-  (or none is live): the point where a host loop harvests and refills them."""
+  """Runs `advance` in one `lax.while_loop` until at least `min_finished` occupied
+  slots have finished (the point where a host loop harvests and refills them) or
+  none is live. With `min_finished` above the slot count: until none is live
+  (`Engine.generate_until_done`), the same program, so a refilled run compiles
+  one decode loop, not two."""
   def more(d):
     finished = jnp.sum(d.active_B & d.done_B)
     return jnp.any(live_slots(d)) & (finished < min_finished)

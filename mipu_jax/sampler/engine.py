@@ -3,7 +3,8 @@
 `Engine` is what `Sampler` runs: `prefill` right-padded prompts into a
 `Prefix`, `insert` samples of them into decode slots (a prompt's samples
 share its pages), and decode in one `lax.while_loop` until every slot
-(`generate_until_done`) or enough of them (`generate_until_free`) finished.
+(`generate_until_done`) or enough of them (`generate_until_free`) finished: one
+program, the first with a count no slots reach.
 JetStream's engine interface is a thin adapter over it (`jetstream.py`).
 
 The engine is stateless with respect to weights (JetStream style): `params`
@@ -75,7 +76,6 @@ PROGRAMS = {p.name: p for p in (
     Program("prefill_prefix", _prefill_prefix, 1, static_argnums=0),
     Program("insert", _steps.insert, 0, **_STATE),
     Program("generate_step", _steps.generate_step, **_STATE),
-    Program("generate_until_done", _steps.generate_until_done, 1, **_STATE),
     Program("generate_until_free", _steps.generate_until_free, 1, **_STATE),
     Program("init_decode_state", _steps.init_decode_state, 0,
             static_argnums=(0, 1, 2, 3, 4, 6)),
@@ -315,8 +315,8 @@ class Engine:
                           truncation: bool = True) -> DecodeState:
     """Decode steps in one `lax.while_loop` until every slot has finished
     (`truncation`: as in `insert`)."""
-    return self._constrained(self._run(
-        "generate_until_done", self._spec_for(truncation), params, decode_state))
+    return self.generate_until_free(params, decode_state, decode_state.done_B.shape[0] + 1,
+                                    truncation=truncation)
 
   def generate_until_free(self, params: Params, decode_state: DecodeState,
                           min_finished: int, *, truncation: bool = True) -> DecodeState:
