@@ -1,6 +1,7 @@
 """Where a first `Sampler.generate` call's time goes: XLA compilation per program.
 
     python -m bench.perf.first_call [--model tiny|mid] [--prompt 64] [--new 64] [--rows 64]
+                                    [--slots N]
 
 Prints the first call's wall time, the second call's (no compilation), and from
 JAX's compile log every program compiled during the first call with its XLA
@@ -47,6 +48,9 @@ def main():
   parser.add_argument("--prompt", type=int, default=64)
   parser.add_argument("--new", type=int, default=64)
   parser.add_argument("--rows", type=int, default=64)
+  parser.add_argument("--slots", type=int, default=None,
+                      help="max_concurrent_decodes (default: the sampler's); fewer than "
+                           "--rows refills slots as samples finish")
   args = parser.parse_args()
 
   totals = collections.Counter()
@@ -59,7 +63,8 @@ def main():
                 rngs=nnx.Rngs(0))
   rng = np.random.default_rng(0)
   prompts = [list(rng.integers(1, 100, args.prompt)) for _ in range(args.rows)]
-  sampler = Sampler(model, max_prefill_length=args.prompt, max_decode_length=args.new)
+  sampler = Sampler(model, max_prefill_length=args.prompt, max_decode_length=args.new,
+                    **({} if args.slots is None else {"max_concurrent_decodes": args.slots}))
   log.programs.clear()
   totals.clear()
   jax.config.update("jax_log_compiles", True)
@@ -73,6 +78,7 @@ def main():
   second = time.perf_counter() - start
 
   print(f"{args.model}: {args.rows} prompts x {args.prompt} tokens, {args.new} new, "
+        f"{sampler.config.max_concurrent_decodes} slots, "
         f"load {os.getloadavg()[0]:.2f}, jax {jax.__version__}")
   print(f"first call {first:.2f} s, second {second:.2f} s")
   print("XLA compilation per program (s):")
