@@ -176,3 +176,31 @@ def test_gpu_checks_run_the_suite_default_with_the_extended_tests():
   device = re.search(r"PYTEST_ADDOPTS=.*-m '([^']+)'",
                      (ROOT / "bench" / "gpu_checks.sh").read_text())[1]
   assert device == default.replace(" and not extended", "")
+
+
+def test_cited_sections_exist():
+  """A citation of a Markdown file's section, `<doc>.md, "Section"` or `<doc>.md
+  ("Section"` (the path from the repository root or from the citing file), is the
+  start of a heading or of a bold lead-in of that file: an edit that drops a
+  section others cite fails here."""
+  files = _tracked("*.py")
+  if files is None:
+    pytest.skip("needs the git checkout")
+  files += [d for d in _tracked("*.md") if not d.startswith(("bench/results/", "results/"))]
+  cite = re.compile(r"([\w./-]+\.md)(?:, | \()[\"“]([^\"”\n]+)[\"”]")
+  sections = {}
+  bad = []
+  for name in files:
+    for number, line in enumerate((ROOT / name).read_text().splitlines(), 1):
+      for doc, section in cite.findall(line):
+        target = next((p for p in (ROOT / doc, (ROOT / name).parent / doc) if p.is_file()), None)
+        if target is None:
+          bad.append(f"{name}:{number}: {doc} (no such file)")
+          continue
+        if target not in sections:
+          text = target.read_text()
+          sections[target] = re.findall(r"^#+ (.*)$", text, flags=re.M) + re.findall(
+              r"\*\*([^*]+)\*\*", text)
+        if not any(s.lower().startswith(section.lower()) for s in sections[target]):
+          bad.append(f"{name}:{number}: {doc}, \"{section}\"")
+  assert not bad, bad
