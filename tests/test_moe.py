@@ -346,11 +346,9 @@ def test_true_on_policy_is_bitwise_on_an_moe(dtype):
   and shared prompts; the routing it returns is the learner's."""
   from mipu_jax.learner import logprobs as logprobs_lib  # pylint: disable=g-import-not-at-top
   from mipu_jax.sampler import Sampler  # pylint: disable=g-import-not-at-top
-  # Head dim 16, not the module's 10: at 10 (and 6) XLA:CPU sums some float32 log-probs of
-  # the two sides in another order even on a dense model (measured: 4, 8, 12, 14, 16, 18,
-  # 20 and 32 are bitwise); docs/method.md §7a.
-  model = _random_moe(dict(CONFIGS["all_moe_norm_tied"], dtype=dtype, num_layers=1,
-                           head_dim=16), seed=7)
+  # The module's head dim 10: where the two sides' attention scores once parted in float32
+  # (the keys' layout into the scores' einsum; docs/method.md §7).
+  model = _random_moe(dict(CONFIGS["all_moe_norm_tied"], dtype=dtype, num_layers=1), seed=7)
   prompts = [[5, 9, 2], [7, 1, 8, 2, 8, 1, 3], [4, 4, 6, 10, 12, 3, 5, 9, 11, 2, 1]]
   out = Sampler(model, dtype=dtype, true_on_policy=True, eos_ids=(7,), return_routing=True,
                 max_concurrent_decodes=4).generate(prompts, max_new_tokens=12, num_samples=2,

@@ -24,10 +24,13 @@ from mipu_jax.testing.models import SAMPLER_CFG, peaked_qwen3
 PROMPTS = [[5, 9, 2], [7, 1, 8, 2, 8, 1, 3], [4, 4, 6, 10, 12, 3, 5, 9, 11, 2, 1],
            [3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5, 8, 9, 7, 9, 3, 2]]
 TEMPERATURE, NEW, EOS = 0.9, 24, 7
+# Head dim 10: where the two sides' float32 attention scores once parted on XLA:CPU (the
+# keys' layout into the scores' einsum; docs/method.md §7).
+CFG = SAMPLER_CFG.replace(head_dim=10)
 
 
 def _sample(dtype, *, true_on_policy=True, mesh=None, slots=4):
-  model = peaked_qwen3(SAMPLER_CFG.replace(dtype=dtype))
+  model = peaked_qwen3(CFG.replace(dtype=dtype))
   sampler = Sampler(model, dtype=dtype, true_on_policy=true_on_policy, eos_ids=(EOS,),
                     max_concurrent_decodes=slots, mesh=mesh)
   out = sampler.generate(PROMPTS, max_new_tokens=NEW, num_samples=2, temperature=TEMPERATURE,

@@ -101,26 +101,31 @@ def online_softmax_step(carry, s, v, pv: str):
   return m_new, l * corr + p.sum(-1), acc
 
 
-def _block_step(carry, q_tKQH, k_tGKH, v_tGKH, valid_tG):
-  """One key block of the online softmax for a tile of queries (float32 state)."""
+def _block_step(carry, q_tKQH, k_tKGH, v_tKGH, valid_tG):
+  """One key block of the online softmax for a tile of queries (float32 state).
+
+  Both sides hand the keys and values in as `[t, K, G, H]`, the paged cache's
+  own layout: with the learner's keys as `[t, G, K, H]` into the same einsum,
+  XLA:CPU summed the scores' contraction over H in another order at some head
+  dims (6 and 10 in float32), and the two sides' bits parted."""
   h = q_tKQH.shape[-1]
-  s_tKQG = jnp.einsum("tKQH,tGKH->tKQG", q_tKQH, k_tGKH,
+  s_tKQG = jnp.einsum("tKQH,tKGH->tKQG", q_tKQH, k_tKGH,
                       preferred_element_type=jnp.float32) * (h ** -0.5)
   s_tKQG = jnp.where(valid_tG[:, None, None, :], s_tKQG, NEG_INF)
-  return online_softmax_step(carry, s_tKQG, v_tGKH, "tKQG,tGKH->tKQH")
+  return online_softmax_step(carry, s_tKQG, v_tKGH, "tKQG,tKGH->tKQH")
 
 
 def _attend_tile(q_tNH, pos_t, kh: int, dtype, keys):
   """A tile of queries over their key blocks 0 .. max(pos) // G; `keys(j)` is
-  block j's `(k_tGKH, v_tGKH)` for each query (any values where not valid)."""
+  block j's `(k_tKGH, v_tKGH)` for each query (any values where not valid)."""
   t, n, h = q_tNH.shape
   q_tKQH = q_tNH.reshape(t, kh, n // kh, h)
   g_G = jnp.arange(KEY_BLOCK, dtype=jnp.int32)
 
   def step(j, carry):
-    k_tGKH, v_tGKH = keys(j)
+    k_tKGH, v_tKGH = keys(j)
     valid_tG = (j * KEY_BLOCK + g_G[None, :]) <= pos_t[:, None]
-    return _block_step(carry, q_tKQH, k_tGKH, v_tGKH, valid_tG)
+    return _block_step(carry, q_tKQH, k_tKGH, v_tKGH, valid_tG)
 
   init = (jnp.full((t, kh, n // kh), NEG_INF, jnp.float32),
           jnp.zeros((t, kh, n // kh), jnp.float32),
@@ -147,7 +152,8 @@ def attend_rows(q_BTNH, k_BTKH, v_BTKH, positions_BT):
     def keys(j):
       at_tG = start_t[:, None] + (j * KEY_BLOCK + jnp.arange(KEY_BLOCK, dtype=jnp.int32))[None, :]
       flat_tG = row_t[:, None] * t + jnp.clip(at_tG, 0, t - 1)
-      return jnp.take(k_MKH, flat_tG, axis=0), jnp.take(v_MKH, flat_tG, axis=0)
+      return (jnp.swapaxes(jnp.take(k_MKH, flat_tG, axis=0), 1, 2),
+              jnp.swapaxes(jnp.take(v_MKH, flat_tG, axis=0), 1, 2))
 
     return _attend_tile(q_tNH, pos_t, kh, v_BTKH.dtype, keys)
 
@@ -172,9 +178,8 @@ def attend_paged(q_BTNH, cache: kv_cache.LayerCache, dtype):
     def keys(col):
       ids_t = jax.lax.dynamic_index_in_dim(pages_tJ, jnp.minimum(col, j - 1), axis=1,
                                            keepdims=False)
-      k_tKGH = kv_cache.read_pages(cache.k, cache.k_scale, ids_t, dtype)
-      v_tKGH = kv_cache.read_pages(cache.v, cache.v_scale, ids_t, dtype)
-      return jnp.swapaxes(k_tKGH, 1, 2), jnp.swapaxes(v_tKGH, 1, 2)
+      return (kv_cache.read_pages(cache.k, cache.k_scale, ids_t, dtype),
+              kv_cache.read_pages(cache.v, cache.v_scale, ids_t, dtype))
 
     return _attend_tile(q_tNH, pos_t, kh, dtype, keys)
 
