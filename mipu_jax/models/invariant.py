@@ -107,7 +107,7 @@ def _block_step(carry, q_tKQH, k_tKGH, v_tKGH, valid_tG):
   Both sides hand the keys and values in as `[t, K, G, H]`, the paged cache's
   own layout: with the learner's keys as `[t, G, K, H]` into the same einsum,
   XLA:CPU summed the scores' contraction over H in another order at some head
-  dims (6 and 10 in float32), and the two sides' bits parted."""
+  dims (6 and 10 in float32), and the two sides' bits parted (docs/method.md §7)."""
   h = q_tKQH.shape[-1]
   s_tKQG = jnp.einsum("tKQH,tKGH->tKQG", q_tKQH, k_tKGH,
                       preferred_element_type=jnp.float32) * (h ** -0.5)
