@@ -88,7 +88,8 @@ def bf16():
 
 # Measured on an H200 (jax 0.11.2, bench/README.md "The accelerator window, measured"): in
 # float32 XLA's GPU programs give 2 of 166 log-probs other bits (4.4e-5; 71, by up to 9.5e-7,
-# without TF32); bf16 was bitwise. The cause is not pinned down (docs/method.md §7).
+# without TF32); bf16 was bitwise. Measured before the keys' layout fix that made XLA:CPU's
+# float32 bitwise (docs/method.md §7); whether it was the GPU's cause too is unmeasured.
 _GPU_FP32 = pytest.mark.xfail(jax.default_backend() == "gpu", strict=True,
                               reason="float32 not bitwise on a GPU (measured on an H200)")
 DTYPES = [pytest.param("fp32", marks=_GPU_FP32), "bf16"]
