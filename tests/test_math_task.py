@@ -222,6 +222,16 @@ def test_data_order_is_a_pure_function_of_seed_and_step(ckpt):
   assert {p.id for p in a.sample(4, seed=0, step=3, split="probe")} <= {p.id for p in a.probe}
 
 
+def test_a_workers_first_call_is_start_up_not_the_first_items_time():
+  # The grader's first call in a process (math-verify loading its parsers) is
+  # made before the worker says it is ready, so a 1 s limit does not cut it.
+  pool = tasks.RewardPool(num_workers=1, timeout_s=1.0,
+                          grade="mipu_jax.testing.graders:slow_first")
+  assert pool.grade(["\\boxed{4}", "\\boxed{5}"], ["4", "4"]).tolist() == [True, False]
+  assert (pool.timeouts, pool.errors) == (0, 0)
+  pool.close()
+
+
 def test_reward_pool_time_limit_errors_and_crashes(ckpt):
   pool = tasks.RewardPool(num_workers=2, timeout_s=2.0,
                           grade="mipu_jax.testing.graders:stubborn")

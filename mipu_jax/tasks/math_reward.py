@@ -57,7 +57,8 @@ class RewardPool:
 
   Args:
     num_workers: processes (each grades one item at a time).
-    timeout_s: per-item limit, counted from when a worker receives the item.
+    timeout_s: per-item limit, counted from when a worker receives the item
+      (the grader's first, slow call is made at start-up, `_reward_worker`).
     grade: `"module:function"` of the grader, `(completion, gold) -> bool`.
     startup_timeout_s: how long a worker may take to start.
   """

@@ -6,7 +6,9 @@ end-to-end run has groups with nonzero advantages. `stubborn(completion,
 gold)` grades like `mipu_jax.math_eval.grading.grade` but
 hangs on a completion containing `HANG`, raises on one containing `RAISE` and
 kills its own process on one containing `EXIT`: the three ways a
-pathological answer can misbehave in a worker.
+pathological answer can misbehave in a worker. `slow_first` grades like
+`grade` but takes 1.5 s on its first call in a process, as math-verify's
+first call loads its parsers.
 """
 
 import os
@@ -22,6 +24,17 @@ def stubborn(completion: str, gold: str) -> bool:
     raise RuntimeError("a grader error")
   if "EXIT" in completion:
     os._exit(3)  # pylint: disable=protected-access
+  return grading.grade(completion, gold)
+
+
+_called = False
+
+
+def slow_first(completion: str, gold: str) -> bool:
+  global _called
+  if not _called:
+    _called = True
+    time.sleep(1.5)
   return grading.grade(completion, gold)
 
 
