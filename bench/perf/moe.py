@@ -10,6 +10,9 @@ In one run, on this machine (fp32, one device, torch on as many threads as jax h
     Qwen3 whose MLP width equals the MoE's active width (k x expert width);
   * greedy decoding of `--new` tokens for `--batch` prompts: mipu_jax's `Sampler` and
     transformers' `generate` (its KV cache), same weights;
+  * the MoE's own cost, like with like: each side's MoE step over its own dense twin's
+    (transformers' `Qwen3ForCausalLM` loaded from our export of the dense twin), so the
+    experts' dispatch is compared apart from each engine's dense speed on this host;
   * MFU on active parameters: 6 x active parameters x tokens / time against the
     machine's fp32 matmul peak measured in the same run (`bench/perf/model.py`).
 Times are the fastest of `--repeats` after a warm-up. Prints a table and one JSON line.
@@ -74,17 +77,25 @@ def main():
     results[f"mipu_moe_{impl}"] = _best(fwd_bwd(m), a.repeats)
   results["mipu_dense_same_active"] = _best(fwd_bwd(models.Qwen3(dense_cfg, rngs=nnx.Rngs(0))),
                                             a.repeats)
-  with tempfile.TemporaryDirectory() as d:
-    models.save_pretrained(model, d)
-    hf = transformers.AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32)
+  def load_hf(m):
+    with tempfile.TemporaryDirectory() as d:
+      models.save_pretrained(m, d)
+      return transformers.AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32)
+
+  hf = load_hf(model)
+  hf_dense = load_hf(models.Qwen3(dense_cfg, rngs=nnx.Rngs(0)))
+  assert type(hf_dense).__name__ == "Qwen3ForCausalLM", type(hf_dense).__name__
   x = torch.tensor(tokens.astype(np.int64))
 
-  def hf_step():
-    hf.zero_grad(set_to_none=True)
-    lp = torch.log_softmax(hf(x).logits[:, :-1], -1)
-    (-lp.gather(-1, x[:, 1:, None]).mean()).backward()
+  def hf_fwd_bwd(m):
+    def step():
+      m.zero_grad(set_to_none=True)
+      lp = torch.log_softmax(m(x).logits[:, :-1], -1)
+      (-lp.gather(-1, x[:, 1:, None]).mean()).backward()
+    return step
 
-  results["transformers_moe"] = _best(hf_step, a.repeats)
+  results["transformers_moe"] = _best(hf_fwd_bwd(hf), a.repeats)
+  results["transformers_dense_same_active"] = _best(hf_fwd_bwd(hf_dense), a.repeats)
 
   # Greedy decoding, same weights.
   from mipu_jax.sampler import Sampler  # pylint: disable=g-import-not-at-top
@@ -112,7 +123,7 @@ def main():
   print("| what | seconds | tokens/s | vs transformers | MFU (active) |")
   print("| --- | --- | --- | --- | --- |")
   for k in ("mipu_moe_auto", "mipu_moe_blocked", "mipu_moe_ragged_dot",
-            "mipu_dense_same_active", "transformers_moe"):
+            "mipu_dense_same_active", "transformers_moe", "transformers_dense_same_active"):
     t = results[k]
     print(f"| {k} fwd+bwd | {t:.4f} | {n_tok / t:,.0f} | "
           f"{results['transformers_moe'] / t:.2f}x | {mfu(t):.1%} |")
@@ -120,6 +131,11 @@ def main():
     t = results[k]
     print(f"| {k} ({a.new} new x {a.batch}) | {t:.4f} | {gen_tok / t:,.0f} | "
           f"{results['transformers_moe_decode'] / t:.2f}x | — |")
+  ours = results["mipu_moe_auto"] / results["mipu_dense_same_active"]
+  theirs = results["transformers_moe"] / results["transformers_dense_same_active"]
+  print(f"MoE step over its dense twin's: mipu_jax {ours:.2f}x, transformers {theirs:.2f}x; "
+        f"dense twin vs transformers' dense twin: "
+        f"{results['transformers_dense_same_active'] / results['mipu_dense_same_active']:.2f}x")
   print(json.dumps({"host": host(), "threads": threads, "peak_gflops": peak,
                     "args": vars(a), **results}))
 
