@@ -230,6 +230,12 @@ def test_a_workers_first_call_is_start_up_not_the_first_items_time():
   assert pool.grade(["\\boxed{4}", "\\boxed{5}"], ["4", "4"]).tolist() == [True, False]
   assert (pool.timeouts, pool.errors) == (0, 0)
   pool.close()
+  # A start-up past its own limit is an error that says what start-up covers.
+  slow = tasks.RewardPool(num_workers=1, startup_timeout_s=0.5,
+                          grade="mipu_jax.testing.graders:slow_first")
+  with pytest.raises(RuntimeError, match=r"did not start \(import the grader and grade one "
+                     r"sample pair\) within 0.5 s"):
+    slow.grade(["\\boxed{4}"], ["4"])
 
 
 def test_reward_pool_time_limit_errors_and_crashes(ckpt):

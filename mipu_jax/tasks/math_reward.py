@@ -60,7 +60,8 @@ class RewardPool:
     timeout_s: per-item limit, counted from when a worker receives the item
       (the grader's first, slow call is made at start-up, `_reward_worker`).
     grade: `"module:function"` of the grader, `(completion, gold) -> bool`.
-    startup_timeout_s: how long a worker may take to start.
+    startup_timeout_s: how long a worker may take to start: to import the
+      grader and make its first call.
   """
 
   def __init__(self, num_workers: int = 2, timeout_s: float = 5.0,
@@ -80,8 +81,9 @@ class RewardPool:
     line = worker.proc.stdout.readline() if ready else ""
     if not line or not json.loads(line).get("ready"):
       worker.kill()
-      raise RuntimeError(f"a reward worker for {self.grade_spec!r} did not start "
-                         f"within {self.startup_timeout_s} s.")
+      raise RuntimeError(f"a reward worker for {self.grade_spec!r} did not start (import "
+                         f"the grader and grade one sample pair) within "
+                         f"{self.startup_timeout_s} s.")
     return worker
 
   def grade(self, completions: Sequence[str], golds: Sequence[str]) -> np.ndarray:
