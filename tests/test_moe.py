@@ -116,8 +116,11 @@ def test_transformers_checkpoint_loads_and_exports_back(tmp_path):
 
 
 @pytest.mark.parametrize("n", [37, 400])  # blocks of 8 rows; of `moe.BLOCK_ROWS` rows
-@pytest.mark.parametrize("impl", ["blocked", "ragged_dot"])
-def test_grouped_matmul_equals_every_expert_on_every_token(impl, n):
+@pytest.mark.parametrize("impl", ["blocked", "blocked_loop", "ragged_dot"])
+def test_grouped_matmul_equals_every_expert_on_every_token(impl, n, monkeypatch):
+  if impl == "blocked_loop":  # the blocked form one block at a time (large weights)
+    monkeypatch.setattr(moe, "LOOP_WEIGHT_BYTES", 0)
+    impl = "blocked"
   rng = np.random.default_rng(0)
   d, f, e, k = 16, 12, 5, 2
   h = jnp.asarray(rng.standard_normal((n, d)), jnp.float32)
@@ -152,6 +155,32 @@ def test_grouped_matmul_equals_every_expert_on_every_token(impl, n):
   for name in ("experts_gate", "experts_up", "experts_down"):
     np.testing.assert_allclose(np.asarray(g[1][name]), np.asarray(g_ref[1][name]), rtol=1e-4,
                                atol=1e-4)
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+def test_block_loop_equals_the_batched_dot_of_gathered_weights(dtype):
+  # The CPU's blocked matmul, one block at a time with each block's expert weight
+  # read in place: values and both gradients as the batched dot over gathered
+  # weights; the weight gradient sums an expert's blocks in float32.
+  rng = np.random.default_rng(1)
+  b, s, i, o, e = 7, 8, 16, 12, 4
+  x = jnp.asarray(rng.standard_normal((b, s, i)), dtype)
+  w = jnp.asarray(0.3 * rng.standard_normal((e, i, o)), dtype)
+  expert_b = jnp.asarray([0, 0, 2, 2, 2, 3, 3], jnp.int32)  # expert 1 has no block
+  cot = jnp.asarray(rng.standard_normal((b, s, o)), dtype)
+  f32 = lambda a: a.astype(jnp.float32)
+  ref = lambda x, w: jnp.einsum("bsI,bIO->bsO", f32(x), f32(w)[expert_b])
+  got = jax.jit(moe._block_loop)(x, w, expert_b)
+  tol = 1e-6 if dtype == jnp.float32 else 2e-2
+  np.testing.assert_allclose(np.asarray(f32(got)), np.asarray(ref(x, w)), rtol=tol, atol=tol)
+  g = jax.jit(jax.grad(lambda x, w: jnp.sum(f32(moe._block_loop(x, w, expert_b) * cot)),
+                       (0, 1)))(x, w)
+  g_ref = jax.grad(lambda x, w: jnp.sum(ref(x, w) * f32(cot)), (0, 1))(x, w)
+  assert g[0].dtype == g[1].dtype == dtype
+  for got_g, want in zip(g, g_ref):
+    np.testing.assert_allclose(np.asarray(f32(got_g)), np.asarray(want), rtol=tol,
+                               atol=tol * float(jnp.max(jnp.abs(want))))
+  assert not np.any(np.asarray(f32(g[1][1])))  # no block, no gradient
 
 
 @pytest.fixture(scope="module")

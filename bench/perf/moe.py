@@ -2,6 +2,7 @@ r"""MoE learner step and sampler against transformers' Qwen3-MoE on the same wei
 against a dense model of the same active parameters (docs/method.md §7a).
 
     python -m bench.perf.moe [--batch 16 --seq 128 --repeats 5]
+    python -m bench.perf.moe --hidden 512 --expert_width 512   # a wider model, same layout
 
 In one run, on this machine (fp32, one device, torch on as many threads as jax has):
   * forward + backward of the mean token log-prob: mipu_jax's MoE (the grouped matmul
@@ -41,16 +42,26 @@ def main():
   p.add_argument("--seq", type=int, default=128)
   p.add_argument("--new", type=int, default=64)
   p.add_argument("--repeats", type=int, default=5)
+  p.add_argument("--hidden", type=int, default=128, help="model width D (head dim 32)")
+  p.add_argument("--expert_width", type=int, default=128, help="each expert's SwiGLU width")
+  p.add_argument("--experts", type=int, default=8)
+  p.add_argument("--top_k", type=int, default=2)
+  p.add_argument("--layers", type=int, default=3)
   a = p.parse_args()
   import torch  # pylint: disable=g-import-not-at-top
   import transformers  # pylint: disable=g-import-not-at-top
-  threads = os.cpu_count() or 1
+  threads = len(os.sched_getaffinity(0))  # the CPUs this process may use (taskset)
   torch.set_num_threads(threads)
 
-  cfg = models.Qwen3Config(vocab_size=256, hidden_size=128, num_layers=3, num_heads=4,
-                           num_kv_heads=2, head_dim=32, intermediate_size=256,
-                           tie_embeddings=True, rope_theta=10_000.0, num_experts=8,
-                           num_experts_per_tok=2, moe_intermediate_size=128,
+  if a.hidden % 64:
+    p.error(f"--hidden {a.hidden} must be a multiple of 64 (heads of 32, twice as many "
+            "query heads as key-value heads)")
+  heads = a.hidden // 32
+  cfg = models.Qwen3Config(vocab_size=256, hidden_size=a.hidden, num_layers=a.layers,
+                           num_heads=heads, num_kv_heads=heads // 2, head_dim=32,
+                           intermediate_size=a.top_k * a.expert_width, tie_embeddings=True,
+                           rope_theta=10_000.0, num_experts=a.experts,
+                           num_experts_per_tok=a.top_k, moe_intermediate_size=a.expert_width,
                            norm_topk_prob=True)
   dense_cfg = cfg.replace(num_experts=0, num_experts_per_tok=0, moe_intermediate_size=0,
                           intermediate_size=cfg.num_experts_per_tok * cfg.moe_intermediate_size)

@@ -71,7 +71,7 @@ class Qwen3Config:
       adds it (`MoEConfig.aux_loss`).
     moe_impl: the experts' grouped matmul: "ragged_dot" (`jax.lax.ragged_dot`,
       XLA's / the TPU's grouped matmul), "blocked" (rows sorted by expert in
-      fixed blocks, a batched dot: XLA:CPU lowers ragged_dot to a masked dot
+      fixed blocks, a dot per block: XLA:CPU lowers ragged_dot to a masked dot
       over every expert) or "auto" (blocked on a CPU, ragged_dot elsewhere).
       "footprint" is for memory plans only (`mipu_jax.memory_plan`): a dot
       with a grouped matmul's operand and result shapes (`[m, I]` x

@@ -27,6 +27,10 @@ from mipu_jax.models import quantized
 from mipu_jax.models import sharding
 
 BLOCK_ROWS = 128  # rows per block of the "blocked" grouped matmul (at most)
+# From this size of one expert's weight matrix up, XLA:CPU runs the blocked matmul
+# block by block (`_block_loop`); below it the per-block weight copies cost less
+# than the loop (bench/probes/moe_dispatch.py: level at 384 x 384 float32).
+LOOP_WEIGHT_BYTES = 512 * 1024
 
 
 class Routing(NamedTuple):
@@ -140,9 +144,11 @@ _take_rows.defvjp(_take_rows_fwd, _take_rows_bwd)
 def grouped_matmul(x_pI: jax.Array, w_EIO, layout: _Layout, impl: str) -> jax.Array:
   """`x · w[e]` for each group of rows in the expert-sorted buffer.
 
-  "blocked": a batched dot over blocks of `layout.rows` rows that each belong to
-  one expert, so the work is the routed rows' own (XLA:CPU lowers `ragged_dot`
-  to a masked dot over all E). "ragged_dot": XLA's grouped matmul. Rows past
+  "blocked": a dot per block of `layout.rows` rows that each belong to one
+  expert, so the work is the routed rows' own (XLA:CPU lowers `ragged_dot` to
+  a masked dot over all E): one batched dot over weights gathered per block,
+  or on a CPU, for expert weights of `LOOP_WEIGHT_BYTES` and more, one block
+  at a time (`_block_loop`). "ragged_dot": XLA's grouped matmul. Rows past
   the groups give zeros.
   """
   w_EIO = _dense_weight(w_EIO).astype(x_pI.dtype)
@@ -155,8 +161,50 @@ def grouped_matmul(x_pI: jax.Array, w_EIO, layout: _Layout, impl: str) -> jax.Ar
   ends_E = jnp.cumsum(layout.sizes_E)
   block_expert = jnp.clip(jnp.searchsorted(ends_E, jnp.arange(nb, dtype=jnp.int32) * s,
                                            side="right"), 0, e - 1)
-  y = jnp.einsum("bsI,bIO->bsO", x_pI.reshape(nb, s, -1), w_EIO[block_expert])
-  return y.reshape(nb * s, -1)
+  x_bsI = x_pI.reshape(nb, s, -1)
+  if (jax.default_backend() == "cpu"
+      and w_EIO.shape[1] * w_EIO.shape[2] * w_EIO.dtype.itemsize >= LOOP_WEIGHT_BYTES):
+    return _block_loop(x_bsI, w_EIO, block_expert).reshape(nb * s, -1)
+  # One batched dot: on an accelerator (many small dots in turn would leave it
+  # idle), and on a CPU where the gathered weights are small.
+  return jnp.einsum("bsI,bIO->bsO", x_bsI, w_EIO[block_expert]).reshape(nb * s, -1)
+
+
+@jax.custom_vjp
+def _block_loop(x_bsI: jax.Array, w_EIO: jax.Array, expert_b: jax.Array) -> jax.Array:
+  """`x[b] · w[expert_b[b]]` for each block b, one block at a time: indexing
+  the expert's weight in a loop reads it in place, where a batched dot needs a
+  `[b, I, O]` copy of the gathered weights, which the backward also keeps and
+  scatter-adds into; on XLA:CPU those copies cost more than the loop for
+  large weights (bench/README.md, "Mixture of experts")."""
+  def block(_, xs):
+    x_sI, e = xs
+    return None, x_sI @ jax.lax.dynamic_index_in_dim(w_EIO, e, keepdims=False)
+  return jax.lax.scan(block, None, (x_bsI, expert_b))[1]
+
+
+def _block_loop_fwd(x_bsI, w_EIO, expert_b):
+  return _block_loop(x_bsI, w_EIO, expert_b), (x_bsI, w_EIO, expert_b)
+
+
+def _block_loop_bwd(res, g_bsO):
+  """The rows' gradient block by block, and each expert's weight gradient summed
+  in place over its blocks (in float32, cast back once)."""
+  x_bsI, w_EIO, expert_b = res
+
+  def block(g_EIO, xs):
+    x_sI, g_sO, e = xs
+    w_IO = jax.lax.dynamic_index_in_dim(w_EIO, e, keepdims=False)
+    g_IO = jax.lax.dynamic_index_in_dim(g_EIO, e, keepdims=False)
+    g_IO = g_IO + jnp.matmul(x_sI.T, g_sO, preferred_element_type=jnp.float32)
+    return jax.lax.dynamic_update_index_in_dim(g_EIO, g_IO, e, 0), g_sO @ w_IO.T
+
+  g_EIO, g_bsI = jax.lax.scan(block, jnp.zeros(w_EIO.shape, jnp.float32),
+                              (x_bsI, g_bsO, expert_b))
+  return g_bsI, g_EIO.astype(w_EIO.dtype), None
+
+
+_block_loop.defvjp(_block_loop_fwd, _block_loop_bwd)
 
 
 def experts_mlp(h_nD: jax.Array, hq_nD: jax.Array, routing: Routing, w: dict,
