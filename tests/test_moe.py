@@ -221,6 +221,28 @@ def test_router_gets_a_gradient_under_replay(tiny):
   assert np.abs(np.asarray(g["layers"]["experts_gate"])).max() > 0
 
 
+def test_block_loop_gives_the_models_logits_and_gradients(tiny, monkeypatch):
+  # The whole model (dense and MoE layers, the layer scan) with the CPU's blocked
+  # matmul both ways: the batched dot (the tiny weights' default) and the loop
+  # over blocks that large weights take.
+  tokens = jnp.asarray(np.random.default_rng(4).integers(0, 83, (2, 9)))
+  graphdef, params = nnx.split(tiny, nnx.Param)
+
+  def run():
+    def loss(params):
+      logits = nnx.merge(graphdef, params)(tokens).logits
+      return jnp.mean(jax.nn.log_softmax(logits)[..., 0]), logits
+    (_, logits), g = jax.jit(jax.value_and_grad(loss, has_aux=True))(params)
+    return np.asarray(logits), [np.asarray(x) for x in jax.tree.leaves(g)]
+
+  batched = run()
+  monkeypatch.setattr(moe, "LOOP_WEIGHT_BYTES", 0)
+  looped = run()
+  np.testing.assert_allclose(looped[0], batched[0], rtol=1e-5, atol=1e-6)
+  for got, want in zip(looped[1], batched[1]):
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
 def test_load_balancing_loss_is_one_when_uniform():
   e = 4
   stats = moe.LayerStats(jnp.full((3, e), 1 / e), jnp.full((3, e), 1 / e))
