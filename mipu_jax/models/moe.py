@@ -29,8 +29,9 @@ from mipu_jax.models import sharding
 BLOCK_ROWS = 128  # rows per block of the "blocked" grouped matmul (at most)
 # From this size of one expert's weight matrix up, XLA:CPU runs the blocked matmul
 # block by block (`_block_loop`); below it the per-block weight copies cost less
-# than the loop (bench/probes/moe_dispatch.py: level at 384 x 384 float32).
-LOOP_WEIGHT_BYTES = 512 * 1024
+# than the loop (bench/README.md: at 256 x 256 float32 the loop is level for the
+# learner's step and ahead when decoding).
+LOOP_WEIGHT_BYTES = 256 * 1024
 
 
 class Routing(NamedTuple):
