@@ -30,6 +30,7 @@ import numpy as np
 from flax import nnx
 
 from bench.perf.learner import _best_time as _best  # fastest of repeats after a warm-up
+from bench.perf.learner import hf_fwd_bwd
 from bench.perf.learner import host
 from bench.perf.learner import host_line
 from bench.perf.model import matmul_peak_gflops
@@ -96,17 +97,8 @@ def main():
   hf = load_hf(model)
   hf_dense = load_hf(models.Qwen3(dense_cfg, rngs=nnx.Rngs(0)))
   assert type(hf_dense).__name__ == "Qwen3ForCausalLM", type(hf_dense).__name__
-  x = torch.tensor(tokens.astype(np.int64))
-
-  def hf_fwd_bwd(m):
-    def step():
-      m.zero_grad(set_to_none=True)
-      lp = torch.log_softmax(m(x).logits[:, :-1], -1)
-      (-lp.gather(-1, x[:, 1:, None]).mean()).backward()
-    return step
-
-  results["transformers_moe"] = _best(hf_fwd_bwd(hf), a.repeats)
-  results["transformers_dense_same_active"] = _best(hf_fwd_bwd(hf_dense), a.repeats)
+  results["transformers_moe"] = _best(hf_fwd_bwd(hf, tokens), a.repeats)
+  results["transformers_dense_same_active"] = _best(hf_fwd_bwd(hf_dense, tokens), a.repeats)
 
   # Greedy decoding, same weights.
   from mipu_jax.sampler import Sampler  # pylint: disable=g-import-not-at-top
