@@ -166,9 +166,14 @@ def grouped_matmul(x_pI: jax.Array, w_EIO, layout: _Layout, impl: str) -> jax.Ar
   if (jax.default_backend() == "cpu"
       and w_EIO.shape[1] * w_EIO.shape[2] * w_EIO.dtype.itemsize >= LOOP_WEIGHT_BYTES):
     return _block_loop(x_bsI, w_EIO, block_expert).reshape(nb * s, -1)
-  # One batched dot: on an accelerator (many small dots in turn would leave it
-  # idle), and on a CPU where the gathered weights are small.
-  return jnp.einsum("bsI,bIO->bsO", x_bsI, w_EIO[block_expert]).reshape(nb * s, -1)
+  return _block_batched(x_bsI, w_EIO, block_expert).reshape(nb * s, -1)
+
+
+def _block_batched(x_bsI: jax.Array, w_EIO: jax.Array, expert_b: jax.Array) -> jax.Array:
+  """`x[b] · w[expert_b[b]]` as one batched dot over weights gathered per block:
+  on an accelerator (many small dots in turn would leave it idle), and on a CPU
+  where the gathered weights are small."""
+  return jnp.einsum("bsI,bIO->bsO", x_bsI, w_EIO[expert_b])
 
 
 @jax.custom_vjp
