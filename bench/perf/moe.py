@@ -5,18 +5,24 @@ against a dense model of the same active parameters (docs/method.md §7a).
     python -m bench.perf.moe --hidden 512 --expert_width 512   # a wider model, same layout
 
 In one run, on this machine (fp32, one device, torch on as many threads as jax has):
-  * forward + backward of the mean token log-prob: mipu_jax's MoE (the grouped matmul
-    `Qwen3Config.moe_impl` resolves to, and each implementation by name), transformers'
-    `Qwen3MoeForCausalLM` loaded from our export (the same weights), and mipu_jax's dense
-    Qwen3 whose MLP width equals the MoE's active width (k x expert width);
+  * the learner step, as each side trains: mipu_jax's `Learner.step` (log-probs and
+    entropy, the PPO loss, AdamW with clipping, every metric, the MoE's routing
+    metrics) and the same PPO update in torch on transformers' `Qwen3MoeForCausalLM`
+    loaded from our export (the same weights; `bench.perf.learner.torch_learner_step`);
+  * forward + backward of the mean token log-prob with the learner's arithmetic:
+    mipu_jax's MoE (the grouped matmul `Qwen3Config.moe_impl` resolves to, and each
+    implementation by name), transformers' MoE, and on both sides the dense twin whose
+    MLP width equals the MoE's active width (k x expert width);
   * greedy decoding of `--new` tokens for `--batch` prompts: mipu_jax's `Sampler` and
     transformers' `generate` (its KV cache), same weights;
   * the MoE's own cost, like with like: each side's MoE step over its own dense twin's
     (transformers' `Qwen3ForCausalLM` loaded from our export of the dense twin), so the
     experts' dispatch is compared apart from each engine's dense speed on this host;
   * MFU on active parameters: 6 x active parameters x tokens / time against the
-    machine's fp32 matmul peak measured in the same run (`bench/perf/model.py`).
-Times are the fastest of `--repeats` after a warm-up. Prints a table and one JSON line.
+    machine's fp32 matmul peak (`bench/perf/model.py`), timed in the same rounds.
+Training times are the fastest of `--repeats` rounds in which every program runs once
+(after a warm-up each), so load drift hits all alike; decoding times the fastest of
+`--repeats // 2` after a warm-up. Prints a table and one JSON line.
 """
 
 import argparse
@@ -25,7 +31,6 @@ import os
 import tempfile
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
@@ -33,14 +38,36 @@ from bench.perf.learner import _best_time as _best  # fastest of repeats after a
 from bench.perf.learner import hf_fwd_bwd
 from bench.perf.learner import host
 from bench.perf.learner import host_line
-from bench.perf.model import matmul_peak_gflops
+from bench.perf.learner import interleaved
+from bench.perf.learner import learner_fwd_bwd
+from bench.perf.learner import load_hf
+from bench.perf.learner import rl_batch
+from bench.perf.learner import shape_learner
+from bench.perf.learner import torch_learner_step
+from bench.perf.model import matmul_peak_program
 from mipu_jax import models
+
+# Table rows of the training programs, in order: (key, what).
+TRAIN_ROWS = (
+    ("step/mipu_moe", "mipu_jax MoE `Learner.step`"),
+    ("step/transformers_moe", "transformers MoE, the same PPO step in torch"),
+    ("step/mipu_dense", "mipu_jax dense twin `Learner.step`"),
+    ("step/transformers_dense", "transformers dense twin, PPO step"),
+    ("fwd_bwd/mipu_moe_auto", "mipu_jax MoE fwd+bwd (`moe_impl` auto)"),
+    ("fwd_bwd/mipu_moe_blocked", "mipu_jax MoE fwd+bwd, `blocked`"),
+    ("fwd_bwd/mipu_moe_ragged_dot", "mipu_jax MoE fwd+bwd, `ragged_dot`"),
+    ("fwd_bwd/transformers_moe", "transformers MoE fwd+bwd"),
+    ("fwd_bwd/mipu_dense", "mipu_jax dense twin fwd+bwd"),
+    ("fwd_bwd/transformers_dense", "transformers dense twin fwd+bwd"),
+)
 
 
 def main():
   p = argparse.ArgumentParser()
   p.add_argument("--batch", type=int, default=16)
   p.add_argument("--seq", type=int, default=128)
+  p.add_argument("--prompt", type=int, default=32,
+                 help="prompt tokens per row of the learner step (no loss on them)")
   p.add_argument("--new", type=int, default=64)
   p.add_argument("--repeats", type=int, default=5)
   p.add_argument("--hidden", type=int, default=128, help="model width D (head dim 32)")
@@ -49,14 +76,13 @@ def main():
   p.add_argument("--top_k", type=int, default=2)
   p.add_argument("--layers", type=int, default=3)
   a = p.parse_args()
-  import torch  # pylint: disable=g-import-not-at-top
-  import transformers  # pylint: disable=g-import-not-at-top
   threads = len(os.sched_getaffinity(0))  # the CPUs this process may use (taskset)
-  torch.set_num_threads(threads)
 
   if a.hidden % 64:
     p.error(f"--hidden {a.hidden} must be a multiple of 64 (heads of 32, twice as many "
             "query heads as key-value heads)")
+  if a.batch % 4 or not 0 < a.prompt < a.seq:
+    p.error("--batch must be a multiple of 4 (groups of 4) and 0 < --prompt < --seq")
   heads = a.hidden // 32
   cfg = models.Qwen3Config(vocab_size=256, hidden_size=a.hidden, num_layers=a.layers,
                            num_heads=heads, num_kv_heads=heads // 2, head_dim=32,
@@ -66,46 +92,49 @@ def main():
                            norm_topk_prob=True)
   dense_cfg = cfg.replace(num_experts=0, num_experts_per_tok=0, moe_intermediate_size=0,
                           intermediate_size=cfg.num_experts_per_tok * cfg.moe_intermediate_size)
-  rng = np.random.default_rng(0)
-  tokens = rng.integers(3, cfg.vocab_size, (a.batch, a.seq)).astype(np.int32)
+  data = rl_batch(cfg.vocab_size, a.batch, a.seq, a.prompt)  # tokens, masks, lp_old, adv
+  tokens = data[0]
   n_tok = a.batch * a.seq
 
-  def fwd_bwd(model):
-    graphdef, params = nnx.split(model, nnx.Param)
-    x = jnp.asarray(tokens)
+  def ours(mcfg):
+    """`(model, Learner.step as a call, fwd+bwd as a call)`: one device, seed-0 weights."""
+    model, learner, state, rl = shape_learner(mcfg, a.batch, a.seq, a.prompt)
 
-    def loss(params):
-      m = nnx.merge(graphdef, params)
-      lp = jax.nn.log_softmax(m(x).logits[:, :-1])
-      return -jnp.mean(jnp.take_along_axis(lp, x[:, 1:, None], -1))
+    def step():  # the same state each time: every call does the same work
+      jax.block_until_ready(learner.step(state, rl))
 
-    step = jax.jit(jax.grad(loss))
-    return lambda: jax.block_until_ready(step(params))
+    return model, step, learner_fwd_bwd(model, learner, tokens)
 
-  model = models.Qwen3(cfg, rngs=nnx.Rngs(0))
-  results = {}
-  for impl in ("auto", "blocked", "ragged_dot"):
-    m = models.Qwen3(cfg.replace(moe_impl=impl), rngs=nnx.Rngs(0))
-    results[f"mipu_moe_{impl}"] = _best(fwd_bwd(m), a.repeats)
-  results["mipu_dense_same_active"] = _best(fwd_bwd(models.Qwen3(dense_cfg, rngs=nnx.Rngs(0))),
-                                            a.repeats)
-  def load_hf(m):
+  def theirs(model):
     with tempfile.TemporaryDirectory() as d:
-      models.save_pretrained(m, d)
-      return transformers.AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32)
+      models.save_pretrained(model, d)
+      return load_hf(d, threads)
 
-  hf = load_hf(model)
-  hf_dense = load_hf(models.Qwen3(dense_cfg, rngs=nnx.Rngs(0)))
+  fns = {}
+  model, fns["step/mipu_moe"], fns["fwd_bwd/mipu_moe_auto"] = ours(cfg)
+  for impl in ("blocked", "ragged_dot"):
+    fns[f"fwd_bwd/mipu_moe_{impl}"] = ours(cfg.replace(moe_impl=impl))[2]
+  dense, fns["step/mipu_dense"], fns["fwd_bwd/mipu_dense"] = ours(dense_cfg)
+  hf = theirs(model)
+  hf_dense = theirs(dense)
+  assert type(hf).__name__ == "Qwen3MoeForCausalLM", type(hf).__name__
   assert type(hf_dense).__name__ == "Qwen3ForCausalLM", type(hf_dense).__name__
-  results["transformers_moe"] = _best(hf_fwd_bwd(hf, tokens), a.repeats)
-  results["transformers_dense_same_active"] = _best(hf_fwd_bwd(hf_dense, tokens), a.repeats)
+  fns["step/transformers_moe"] = torch_learner_step(hf, *data)
+  fns["step/transformers_dense"] = torch_learner_step(hf_dense, *data)
+  fns["fwd_bwd/transformers_moe"] = hf_fwd_bwd(hf, tokens)
+  fns["fwd_bwd/transformers_dense"] = hf_fwd_bwd(hf_dense, tokens)
+  peak_call, peak_flops = matmul_peak_program()
+  fns["peak/matmul"] = peak_call  # in the same rounds: this host's speed drifts
+  results = {k: wall for k, (wall, _) in interleaved(fns, a.repeats).items()}
 
   # Greedy decoding, same weights.
+  import torch  # pylint: disable=g-import-not-at-top
   from mipu_jax.sampler import Sampler  # pylint: disable=g-import-not-at-top
   prompts = [list(map(int, t[:16])) for t in tokens]
   sampler = Sampler(model, max_concurrent_decodes=a.batch)
   gen = lambda: sampler.generate(prompts, max_new_tokens=a.new, temperature=0.0)
-  results["mipu_moe_decode"] = _best(gen, max(2, a.repeats // 2))
+  results["decode/mipu_moe"] = _best(gen, max(2, a.repeats // 2))
+  hf = theirs(model)  # the PPO steps above moved the first copy's weights
   hf.eval()
   px = torch.tensor(np.asarray(prompts, np.int64))
 
@@ -114,31 +143,32 @@ def main():
       hf.generate(px, max_new_tokens=a.new, min_new_tokens=a.new, do_sample=False,
                   pad_token_id=0)
 
-  results["transformers_moe_decode"] = _best(hf_gen, max(2, a.repeats // 2))
+  results["decode/transformers_moe"] = _best(hf_gen, max(2, a.repeats // 2))
 
-  peak = matmul_peak_gflops()
+  peak = peak_flops / results["peak/matmul"] / 1e9
   active = cfg.num_active_params()
   mfu = lambda t: 6 * active * n_tok / t / 1e9 / peak
   gen_tok = a.batch * a.new
   print(f"{host_line()}; {threads} threads each side; fp32 peak {peak:.0f} GFLOP/s")
   print(f"MoE: {cfg.num_params():,} parameters, {active:,} active; dense twin "
-        f"{dense_cfg.num_params():,}; forward+backward of {a.batch} x {a.seq} tokens")
-  print("| what | seconds | tokens/s | vs transformers | MFU (active) |")
+        f"{dense_cfg.num_params():,}; {a.batch} x {a.seq} tokens ({a.prompt} prompt), "
+        f"fastest of {a.repeats} interleaved rounds")
+  print("| what | seconds | tokens/s | vs transformers' MoE | MFU (active) |")
   print("| --- | --- | --- | --- | --- |")
-  for k in ("mipu_moe_auto", "mipu_moe_blocked", "mipu_moe_ragged_dot",
-            "mipu_dense_same_active", "transformers_moe", "transformers_dense_same_active"):
-    t = results[k]
-    print(f"| {k} fwd+bwd | {t:.4f} | {n_tok / t:,.0f} | "
-          f"{results['transformers_moe'] / t:.2f}x | {mfu(t):.1%} |")
-  for k in ("mipu_moe_decode", "transformers_moe_decode"):
-    t = results[k]
-    print(f"| {k} ({a.new} new x {a.batch}) | {t:.4f} | {gen_tok / t:,.0f} | "
-          f"{results['transformers_moe_decode'] / t:.2f}x | — |")
-  ours = results["mipu_moe_auto"] / results["mipu_dense_same_active"]
-  theirs = results["transformers_moe"] / results["transformers_dense_same_active"]
-  print(f"MoE step over its dense twin's: mipu_jax {ours:.2f}x, transformers {theirs:.2f}x; "
-        f"dense twin vs transformers' dense twin: "
-        f"{results['transformers_dense_same_active'] / results['mipu_dense_same_active']:.2f}x")
+  for key, what in TRAIN_ROWS:
+    t, ref = results[key], results[key.split("/")[0] + "/transformers_moe"]
+    print(f"| {what} | {t:.4f} | {n_tok / t:,.0f} | {ref / t:.2f}x | {mfu(t):.1%} |")
+  for key, what in (("decode/mipu_moe", "mipu_jax `Sampler`"),
+                    ("decode/transformers_moe", "transformers `generate`")):
+    t = results[key]
+    print(f"| {what}, greedy, {a.batch} x {a.new} new | {t:.4f} | {gen_tok / t:,.0f} | "
+          f"{results['decode/transformers_moe'] / t:.2f}x | — |")
+  for what in ("step", "fwd_bwd"):
+    r = lambda k: results[f"{what}/{k}"]
+    ours_ = r("mipu_moe" if what == "step" else "mipu_moe_auto") / r("mipu_dense")
+    print(f"{what}: MoE over its dense twin's: mipu_jax {ours_:.2f}x, transformers "
+          f"{r('transformers_moe') / r('transformers_dense'):.2f}x; dense twin vs "
+          f"transformers' dense twin: {r('transformers_dense') / r('mipu_dense'):.2f}x")
   print(json.dumps({"host": host(), "threads": threads, "peak_gflops": peak,
                     "args": vars(a), **results}))
 
