@@ -1,9 +1,11 @@
 r"""Where a CPU learner step's time goes: mipu_jax's XLA ops against transformers' torch ops.
 
     python -m bench.perf.learner_profile [--shape mid --batch 64 --seq 96 --side both]
+    python -m bench.perf.learner_profile --shape moe_twin --batch 16 --seq 128
 
-One learner step of the same Qwen3 (`bench/perf/sampler.py`'s shapes, fp32, tied
-embeddings), batch and loss on each side, profiled after two warm steps:
+One learner step of the same Qwen3 (`bench/perf/sampler.py`'s shapes, or `moe_twin`:
+the dense twin of `bench/perf/moe.py`'s tiny MoE; fp32, tied embeddings), batch and
+loss on each side, profiled after two warm steps:
 
   * mipu_jax: `Learner.step` (log-probs and entropy, PPO loss, AdamW with clipping,
     every metric), traced with `jax.profiler`; each XLA op (thunk) is placed by
@@ -324,14 +326,19 @@ def _cpu_line(name, usage):
 
 def main():
   p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-  p.add_argument("--shape", default="mid", choices=sorted(CONFIGS))
+  p.add_argument("--shape", default="mid", choices=sorted(CONFIGS) + ["moe_twin"],
+                 help="moe_twin: the dense twin of bench/perf/moe.py's tiny MoE")
   p.add_argument("--batch", type=int, default=64)
   p.add_argument("--seq", type=int, default=96)
   p.add_argument("--prompt", type=int, default=32)
   p.add_argument("--side", default="both", choices=("both", "jax", "torch"))
   p.add_argument("--top", type=int, default=15, help="costliest XLA ops to list")
   a = p.parse_args()
-  mcfg = learner_bench.shape_config(a.shape)
+  if a.shape == "moe_twin":
+    from bench.perf import moe  # pylint: disable=g-import-not-at-top
+    mcfg = moe.dense_twin(moe.moe_config())
+  else:
+    mcfg = learner_bench.shape_config(a.shape)
   data = learner_bench.rl_batch(mcfg.vocab_size, a.batch, a.seq, a.prompt)
   model, learner, state, batch = learner_bench.shape_learner(mcfg, a.batch, a.seq, a.prompt)
   threads = os.cpu_count() or 1

@@ -62,6 +62,24 @@ TRAIN_ROWS = (
 )
 
 
+def moe_config(hidden=128, expert_width=128, experts=8, top_k=2, layers=3):
+  """The bench's MoE (defaults: the small task's tiny MoE policy, vocabulary 256):
+  heads of 32, twice as many query heads as key-value heads, tied embeddings."""
+  heads = hidden // 32
+  return models.Qwen3Config(vocab_size=256, hidden_size=hidden, num_layers=layers,
+                            num_heads=heads, num_kv_heads=heads // 2, head_dim=32,
+                            intermediate_size=top_k * expert_width, tie_embeddings=True,
+                            rope_theta=10_000.0, num_experts=experts,
+                            num_experts_per_tok=top_k, moe_intermediate_size=expert_width,
+                            norm_topk_prob=True)
+
+
+def dense_twin(cfg: models.Qwen3Config) -> models.Qwen3Config:
+  """`cfg` with one dense SwiGLU of its active width (k x expert width) per layer."""
+  return cfg.replace(num_experts=0, num_experts_per_tok=0, moe_intermediate_size=0,
+                     intermediate_size=cfg.num_experts_per_tok * cfg.moe_intermediate_size)
+
+
 def main():
   p = argparse.ArgumentParser()
   p.add_argument("--batch", type=int, default=16)
@@ -83,15 +101,8 @@ def main():
             "query heads as key-value heads)")
   if a.batch % 4 or not 0 < a.prompt < a.seq:
     p.error("--batch must be a multiple of 4 (groups of 4) and 0 < --prompt < --seq")
-  heads = a.hidden // 32
-  cfg = models.Qwen3Config(vocab_size=256, hidden_size=a.hidden, num_layers=a.layers,
-                           num_heads=heads, num_kv_heads=heads // 2, head_dim=32,
-                           intermediate_size=a.top_k * a.expert_width, tie_embeddings=True,
-                           rope_theta=10_000.0, num_experts=a.experts,
-                           num_experts_per_tok=a.top_k, moe_intermediate_size=a.expert_width,
-                           norm_topk_prob=True)
-  dense_cfg = cfg.replace(num_experts=0, num_experts_per_tok=0, moe_intermediate_size=0,
-                          intermediate_size=cfg.num_experts_per_tok * cfg.moe_intermediate_size)
+  cfg = moe_config(a.hidden, a.expert_width, a.experts, a.top_k, a.layers)
+  dense_cfg = dense_twin(cfg)
   data = rl_batch(cfg.vocab_size, a.batch, a.seq, a.prompt)  # tokens, masks, lp_old, adv
   tokens = data[0]
   n_tok = a.batch * a.seq
