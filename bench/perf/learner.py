@@ -275,14 +275,18 @@ def hf_fwd_bwd(hf, tokens):
 
 
 def torch_learner_step(hf, tokens, input_mask, loss_mask, lp_old, adv):
-  """transformers: `()` -> one PPO update as `Learner.step`'s (docs/method.md §2:
-  clip 0.2, token mean over the response), the entropy as a metric without
-  gradient, gradient clipping at 1 and `torch.optim.AdamW`. Scopes
-  `cat:vocab`, `cat:loss`, `cat:optimizer` name its parts for a profiler."""
+  """transformers: `()` -> one PPO update as `Learner.step`'s with the library's
+  defaults (docs/method.md §2: clip [1 - eps_low, 1 + eps_high], token mean over the
+  response), the entropy as a metric without gradient, gradient clipping and
+  `torch.optim.AdamW` with the defaults' rate and weight decay. Scopes `cat:vocab`,
+  `cat:loss`, `cat:optimizer` name its parts for a profiler."""
   import torch  # pylint: disable=g-import-not-at-top
   from torch.profiler import record_function  # pylint: disable=g-import-not-at-top
   del input_mask  # every token is real
-  opt = torch.optim.AdamW(hf.parameters(), lr=1e-6, weight_decay=0.0)
+  optim, loss_cfg = config_lib.OptimConfig(), losses.LossConfig()
+  opt = torch.optim.AdamW(hf.parameters(), lr=optim.learning_rate,
+                          weight_decay=optim.weight_decay, eps=optim.eps,
+                          betas=(optim.b1, optim.b2))
   x = torch.tensor(np.asarray(tokens, np.int64))
   m = torch.tensor(loss_mask[:, 1:], dtype=torch.float32)
   old = torch.tensor(lp_old[:, 1:], dtype=torch.float32)
@@ -298,12 +302,13 @@ def torch_learner_step(hf, tokens, input_mask, loss_mask, lp_old, adv):
         entropy = -(logp.exp() * logp).sum(-1)
     with record_function("cat:loss"):
       ratio = torch.exp(lp - old)
-      pg = torch.maximum(-a * ratio, -a * ratio.clamp(0.8, 1.2))
+      pg = torch.maximum(-a * ratio, -a * ratio.clamp(1 - loss_cfg.eps_low,
+                                                       1 + loss_cfg.eps_high))
       loss = (pg * m).sum() / m.sum()
       metric = (entropy * m).sum() / m.sum()
     loss.backward()
     with record_function("cat:optimizer"):
-      torch.nn.utils.clip_grad_norm_(hf.parameters(), 1.0)
+      torch.nn.utils.clip_grad_norm_(hf.parameters(), optim.clip_norm)
       opt.step()
     return loss.detach(), metric
 

@@ -341,7 +341,7 @@ def main():
     mcfg = learner_bench.shape_config(a.shape)
   data = learner_bench.rl_batch(mcfg.vocab_size, a.batch, a.seq, a.prompt)
   model, learner, state, batch = learner_bench.shape_learner(mcfg, a.batch, a.seq, a.prompt)
-  threads = os.cpu_count() or 1
+  threads = len(os.sched_getaffinity(0))  # the CPUs this process may use (taskset)
   print(learner_bench.host_line())
   print(f"shape {a.shape}: {mcfg.num_params() / 1e6:.1f} M params, {a.batch} x {a.seq} "
         f"tokens, fp32; MLP input recomputed: {learner.spec.recompute_mlp}; load average "

@@ -6,9 +6,9 @@ against a dense model of the same active parameters (docs/method.md §7a).
 
 In one run, on this machine (fp32, one device, torch on as many threads as jax has):
   * the learner step, as each side trains: mipu_jax's `Learner.step` (log-probs and
-    entropy, the PPO loss, AdamW with clipping, every metric, the MoE's routing
-    metrics) and the same PPO update in torch on transformers' `Qwen3MoeForCausalLM`
-    loaded from our export (the same weights; `bench.perf.learner.torch_learner_step`);
+    entropy, the PPO loss, AdamW with clipping, every metric) and the same PPO update
+    in torch on transformers' `Qwen3MoeForCausalLM` loaded from our export (the same
+    starting weights; `bench.perf.learner.torch_learner_step`);
   * forward + backward of the mean token log-prob with the learner's arithmetic:
     mipu_jax's MoE (the grouped matmul `Qwen3Config.moe_impl` resolves to, and each
     implementation by name), transformers' MoE, and on both sides the dense twin whose
@@ -20,9 +20,11 @@ In one run, on this machine (fp32, one device, torch on as many threads as jax h
     experts' dispatch is compared apart from each engine's dense speed on this host;
   * MFU on active parameters: 6 x active parameters x tokens / time against the
     machine's fp32 matmul peak (`bench/perf/model.py`), timed in the same rounds.
-Training times are the fastest of `--repeats` rounds in which every program runs once
-(after a warm-up each), so load drift hits all alike; decoding times the fastest of
-`--repeats // 2` after a warm-up. Prints a table and one JSON line.
+Training times, and the peak's matmul, are the fastest of `--repeats` rounds in which
+every program runs once (after a warm-up each), so load drift hits all alike; decoding
+times the fastest of max(2, `--repeats // 2`) after a warm-up. Each transformers program
+has its own copy of the model (the PPO steps move theirs). Prints a table and one JSON
+line.
 """
 
 import argparse
@@ -32,7 +34,6 @@ import tempfile
 
 import jax
 import numpy as np
-from flax import nnx
 
 from bench.perf.learner import _best_time as _best  # fastest of repeats after a warm-up
 from bench.perf.learner import hf_fwd_bwd
@@ -63,8 +64,9 @@ TRAIN_ROWS = (
 
 
 def moe_config(hidden=128, expert_width=128, experts=8, top_k=2, layers=3):
-  """The bench's MoE (defaults: the small task's tiny MoE policy, vocabulary 256):
-  heads of 32, twice as many query heads as key-value heads, tied embeddings."""
+  """The bench's MoE (defaults: the dimensions of the small task's tiny MoE policy,
+  with a vocabulary of 256 where the policy's is 20): heads of 32, twice as many query
+  heads as key-value heads, tied embeddings."""
   heads = hidden // 32
   return models.Qwen3Config(vocab_size=256, hidden_size=hidden, num_layers=layers,
                             num_heads=heads, num_kv_heads=heads // 2, head_dim=32,
@@ -132,11 +134,13 @@ def main():
   assert type(hf_dense).__name__ == "Qwen3ForCausalLM", type(hf_dense).__name__
   fns["step/transformers_moe"] = torch_learner_step(hf, *data)
   fns["step/transformers_dense"] = torch_learner_step(hf_dense, *data)
-  fns["fwd_bwd/transformers_moe"] = hf_fwd_bwd(hf, tokens)
-  fns["fwd_bwd/transformers_dense"] = hf_fwd_bwd(hf_dense, tokens)
+  # Forward + backward on copies of their own: the PPO steps move their model's weights.
+  fns["fwd_bwd/transformers_moe"] = hf_fwd_bwd(theirs(model), tokens)
+  fns["fwd_bwd/transformers_dense"] = hf_fwd_bwd(theirs(dense), tokens)
   peak_call, peak_flops = matmul_peak_program()
   fns["peak/matmul"] = peak_call  # in the same rounds: this host's speed drifts
   results = {k: wall for k, (wall, _) in interleaved(fns, a.repeats).items()}
+  del fns, hf, hf_dense  # their buffers and optimizer states, before decoding
 
   # Greedy decoding, same weights.
   import torch  # pylint: disable=g-import-not-at-top
