@@ -221,12 +221,15 @@ def test_router_gets_a_gradient_under_replay(tiny):
   assert np.abs(np.asarray(g["layers"]["experts_gate"])).max() > 0
 
 
-def test_block_loop_gives_the_models_logits_and_gradients(tiny, monkeypatch):
-  # The whole model (dense and MoE layers, the layer scan) with the CPU's blocked
-  # matmul both ways: the batched dot (the tiny weights' default) and the loop
+def test_block_loop_gives_the_models_logits_and_gradients(monkeypatch):
+  # The whole model (a dense and an MoE layer, each kind's layer scan) with the CPU's
+  # blocked matmul both ways: the batched dot (the tiny weights' default) and the loop
   # over blocks that large weights take.
+  model = _random_moe(dict(CONFIGS["mixed_layers"], num_layers=2, decoder_sparse_step=1),
+                      seed=3)
+  assert model.config.moe_layers == (1,)
   tokens = jnp.asarray(np.random.default_rng(4).integers(0, 83, (2, 9)))
-  graphdef, params = nnx.split(tiny, nnx.Param)
+  graphdef, params = nnx.split(model, nnx.Param)
 
   def run():
     def loss(params):
@@ -485,3 +488,45 @@ def test_replay_through_packed_rows_and_remat_equals_unpacked():
   lp_remat = logprobs_lib.policy_logprobs(remat, tokens, jnp.asarray(mask), scoring,
                                           routing_BTLk=forced)
   np.testing.assert_array_equal(np.asarray(lp_remat), np.asarray(unpacked))
+
+
+def test_learner_compiles_batched_experts_with_eigen_dots():
+  """On a CPU the learner compiles an MoE whose experts run as batched dots of blocks
+  without XLA:CPU's YNNPACK dot fusions (`moe.learner_compiler_options`, bench/README.md);
+  a dense model, the block loop, `ragged_dot`, the true on-policy mode (which compiles as
+  the sampler does) and other platforms keep jax's defaults."""
+  from mipu_jax import config as config_lib  # pylint: disable=g-import-not-at-top
+  from mipu_jax.learner import Learner  # pylint: disable=g-import-not-at-top
+  cfg = models.Qwen3Config(**CONFIGS["all_moe_norm_tied"])
+  options = moe.learner_compiler_options
+  assert options(cfg, "cpu") == moe.EIGEN_DOTS
+  assert options(cfg, "gpu") == options(cfg, "tpu") == {}
+  assert options(cfg, "cpu", true_on_policy=True) == {}
+  assert options(cfg.replace(moe_impl="ragged_dot"), "cpu") == {}
+  assert options(cfg.replace(num_experts=0, num_experts_per_tok=0, moe_intermediate_size=0),
+                 "cpu") == {}
+  # One expert matrix of LOOP_WEIGHT_BYTES runs block by block: float32 256 x 256 does,
+  # the same in bf16 (half the bytes) does not.
+  wide = cfg.replace(hidden_size=256, moe_intermediate_size=256)
+  assert options(wide, "cpu") == {}
+  assert options(wide.replace(dtype="bfloat16"), "cpu") == moe.EIGEN_DOTS
+
+  model = _random_moe(dict(CONFIGS["all_moe_norm_tied"], num_layers=1), seed=1)
+  train = config_lib.TrainConfig(data=config_lib.DataConfig(prompts_per_step=1, group_size=2),
+                                 sampling=config_lib.SamplingConfig(max_new_tokens=4))
+  mesh = models.make_mesh(1, 1, 1, devices=jax.devices()[:1])
+  params = nnx.to_pure_dict(nnx.state(model, nnx.Param))
+  tokens, mask = jnp.ones((2, 6), jnp.int32), jnp.ones((2, 6), jnp.float32)
+  hlo, lps, used = {}, {}, {}
+  for name, given in (("resolved", None), ("jax defaults", {})):
+    learner = Learner.from_config(train, model, mesh, compiler_options=given)
+    used[name] = learner.compiler_options
+    with jax.set_mesh(mesh):
+      compiled = learner._logprobs.lower(params, tokens, mask).compile()
+      hlo[name], lps[name] = compiled.as_text(), np.asarray(compiled(params, tokens, mask))
+  assert used == {"resolved": moe.EIGEN_DOTS, "jax defaults": {}}
+  assert "__ynn_fusion" not in hlo["resolved"]
+  # If this fails, jax no longer fuses lone dots into YNNPACK by default: EIGEN_DOTS may
+  # be moot there, so re-measure (bench/README.md) before keeping it.
+  assert "__ynn_fusion" in hlo["jax defaults"]
+  np.testing.assert_allclose(lps["resolved"], lps["jax defaults"], atol=1e-5)

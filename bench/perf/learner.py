@@ -218,16 +218,19 @@ def rl_batch(vocab: int, batch: int, seq: int, prompt: int, seed: int = 0):
   return tokens, input_mask, loss_mask, lp_old, rng.normal(size=batch)
 
 
-def shape_learner(mcfg: models.Qwen3Config, batch: int, seq: int, prompt: int):
+def shape_learner(mcfg: models.Qwen3Config, batch: int, seq: int, prompt: int,
+                  compiler_options=None):
   """`(model, learner, state, sharded batch)`: a default one-update learner
-  (no correction, one device, state not donated) on `rl_batch`."""
+  (no correction, one device, state not donated) on `rl_batch`; `compiler_options`
+  as `Learner`'s (None: the learner's own choice)."""
   cfg = config_lib.TrainConfig(
       data=config_lib.DataConfig(prompts_per_step=batch // 4, group_size=4),
       sampling=config_lib.SamplingConfig(max_new_tokens=seq - prompt),
       loss=losses.LossConfig(correction=losses.CorrectionConfig.from_preset("none")),
       learner=config_lib.LearnerConfig(mesh=config_lib.MeshConfig(1, 1, 1)))
   model = models.Qwen3(mcfg, rngs=nnx.Rngs(0))
-  learner = Learner.from_config(cfg, model, mesh_from_config(cfg.learner.mesh), donate=False)
+  learner = Learner.from_config(cfg, model, mesh_from_config(cfg.learner.mesh), donate=False,
+                                compiler_options=compiler_options)
   state = learner.init_state(nnx.to_pure_dict(nnx.state(model, nnx.Param)), seed=0)
   tokens, input_mask, loss_mask, lp_old, adv = rl_batch(mcfg.vocab_size, batch, seq, prompt)
   rl = learner.shard_batch(host_batch(tokens, input_mask, loss_mask, lp_old, adv,
@@ -237,7 +240,8 @@ def shape_learner(mcfg: models.Qwen3Config, batch: int, seq: int, prompt: int):
 
 def learner_fwd_bwd(model, learner, tokens):
   """mipu_jax: `() -> grads` of the mean token log-prob with the learner's
-  arithmetic (`policy_logprobs`: its LM-head chunking, its MLP recompute)."""
+  arithmetic (`policy_logprobs`: its LM-head chunking, its MLP recompute) and
+  its XLA options."""
   graphdef, params = nnx.split(model)
   tokens = jnp.asarray(tokens, jnp.int32)
   mask = jnp.ones(tokens.shape, jnp.float32)
@@ -248,7 +252,7 @@ def learner_fwd_bwd(model, learner, tokens):
                          logits_chunk=spec.logits_chunk, recompute_mlp=spec.recompute_mlp)
     return -jnp.mean(lp[:, 1:])
 
-  grad = jax.jit(jax.grad(loss))
+  grad = jax.jit(jax.grad(loss), compiler_options=learner.compiler_options or None)
   return lambda: jax.block_until_ready(grad(params))
 
 

@@ -1,4 +1,4 @@
-r"""Two XLA:CPU behaviours behind the learner's CPU time, each as the smallest program.
+r"""Three XLA:CPU behaviours behind the learner's CPU time, each as the smallest program.
 
     python -m bench.probes.xla_cpu_learner
 
@@ -17,10 +17,17 @@ r"""Two XLA:CPU behaviours behind the learner's CPU time, each as the smallest p
    the default, and with glibc told to keep freed memory
    (`MALLOC_ARENA_MAX=1 MALLOC_MMAP_MAX_=0 MALLOC_TRIM_THRESHOLD_=<large>`),
    which takes the faults and their kernel time away.
+3. **YNNPACK's dots lose on batched dots of small matrices.** jax 0.10.2's XLA:CPU
+   compiles a lone dot into a YNNPACK fusion (`__ynn_fusion`); against the same
+   programs compiled with `moe.EIGEN_DOTS` (Eigen's dots), per dot shape: a batched
+   dot of 40 blocks of 128 rows (the MoE experts' blocked form), attention's scores
+   at head dim 32, and single dots of 128 and 2,048 rows. Each pair in alternation.
+   (mipu_jax takes the batched case: `moe.learner_compiler_options`.)
 
 Prints, per case, the HLO evidence, whether results are bitwise equal, and CPU
 times (fastest and median of repeats; user + kernel CPU of this process, which
-a shared machine disturbs less than wall time).
+a shared machine disturbs less than wall time); case 3, which is about threads,
+its wall time beside its CPU time.
 """
 
 import argparse
@@ -30,6 +37,7 @@ import re
 import resource
 import subprocess
 import sys
+import time
 
 import jax
 import jax.numpy as jnp
@@ -111,6 +119,46 @@ def temporary_page_faults(rows, vocab, d, repeats):
           f"({r['faults'] * 4 / 1024:.0f} MiB of 4 KiB pages)")
 
 
+def _wall_and_cpu(fn, n):
+  """`(wall s, CPU s)` per call over `n` calls in a row after a warm-up (a
+  sub-millisecond call is below the CPU clock's resolution; n of them are not)."""
+  fn()
+  u0, t0 = _usage(), time.perf_counter()
+  for _ in range(n):
+    fn()
+  t, u = time.perf_counter() - t0, _usage() - u0
+  return t / n, (u[0] + u[1]) / n
+
+
+def ynn_against_eigen(repeats):
+  from mipu_jax.models.moe import EIGEN_DOTS  # pylint: disable=g-import-not-at-top
+  print("\n3. the same dot compiled by default (YNNPACK fusion) and with "
+        f"{EIGEN_DOTS} (Eigen), fp32; wall ms a call over {repeats} calls in a row, the "
+        "fastest of 3 such runs each, alternated; CPU / wall: the threads it kept busy")
+  cases = (("batched dot, 40 blocks: [40,128,128] . [40,128,256]", "bsI,bIO->bsO",
+            (40, 128, 128), (40, 128, 256)),
+           ("attention scores: [64,128,32] . [64,128,32]^T", "bqd,bkd->bqk",
+            (64, 128, 32), (64, 128, 32)),
+           ("single dot: [128,512] . [512,512]", "sI,IO->sO", (128, 512), (512, 512)),
+           ("single dot: [2048,128] . [128,256]", "sI,IO->sO", (2048, 128), (128, 256)))
+  rng = np.random.default_rng(0)
+  for name, eq, sa, sb in cases:
+    x = jnp.asarray(rng.normal(size=sa), jnp.float32)
+    w = jnp.asarray(rng.normal(size=sb), jnp.float32)
+    dot = lambda x, w, eq=eq: jnp.einsum(eq, x, w)
+    fns = {"ynn": jax.jit(dot), "eigen": jax.jit(dot, compiler_options=EIGEN_DOTS)}
+    fused = {k: "__ynn_fusion" in f.lower(x, w).compile().as_text() for k, f in fns.items()}
+    runs = {k: [] for k in fns}
+    for _ in range(3):  # alternated, so drift hits both
+      for k, f in fns.items():
+        runs[k].append(_wall_and_cpu(lambda f=f: jax.block_until_ready(f(x, w)), repeats))
+    (yw, yc), (ew, ec) = min(runs["ynn"]), min(runs["eigen"])
+    same = np.array_equal(np.asarray(fns["ynn"](x, w)), np.asarray(fns["eigen"](x, w)))
+    print(f"   {name:52s} YNNPACK {yw * 1e3:6.3f} ms (CPU / wall {yc / yw:.1f}, fusion "
+          f"{fused['ynn']}), Eigen {ew * 1e3:6.3f} ms (CPU / wall {ec / ew:.1f}, fusion "
+          f"{fused['eigen']}): Eigen/YNNPACK {ew / yw:.2f}; bitwise equal: {same}")
+
+
 def main():
   p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   p.add_argument("--repeats", type=int, default=15)
@@ -122,6 +170,7 @@ def main():
   print(f"jax {jax.__version__}, {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}\n")
   transposed_weight_gradient(64, 96, 256, 768, a.repeats)
   temporary_page_faults(6144, 8192, 256, a.repeats)
+  ynn_against_eigen(a.repeats * 4)
 
 
 if __name__ == "__main__":

@@ -12,7 +12,7 @@ import collections
 import dataclasses
 import functools
 import math
-from typing import Any
+from typing import Any, Optional
 
 import jax
 import jax.numpy as jnp
@@ -27,6 +27,7 @@ from mipu_jax.learner import logprobs as logprobs_lib
 from mipu_jax.learner import packing
 from mipu_jax.learner import state as state_lib
 from mipu_jax.learner import step as step_lib
+from mipu_jax.models import moe
 from mipu_jax.models import qwen3
 from mipu_jax.models import sharding as sharding_lib
 
@@ -83,16 +84,24 @@ class Learner:
     optimizer: from `make_optimizer`.
     mesh: the (data, fsdp, tensor) mesh.
     donate: donate the state passed to `step` (off for MIPU Step 2).
+    compiler_options: XLA options of every jitted program; None: resolved here
+      for the model and the mesh's platform (`moe.learner_compiler_options`).
   """
 
   def __init__(self, graphdef: nnx.GraphDef, abstract_params: Any, *,
                spec: step_lib.StepSpec,
                optimizer: optax.GradientTransformationExtraArgs, mesh: Mesh,
-               donate: bool = True):
+               donate: bool = True, compiler_options: Optional[dict] = None):
     dp = sharding_lib.row_shards(mesh)
+    platform = mesh.devices.flat[0].platform
     if spec.recompute_mlp is None:  # where the platform is known: the mesh
-      spec = dataclasses.replace(spec, recompute_mlp=qwen3.recompute_mlp_for(
-          mesh.devices.flat[0].platform))
+      spec = dataclasses.replace(spec, recompute_mlp=qwen3.recompute_mlp_for(platform))
+    if compiler_options is None:
+      compiler_options = moe.learner_compiler_options(
+          getattr(nnx.merge(graphdef, abstract_params), "config", None), platform,
+          spec.scoring.true_on_policy)
+    self.compiler_options = dict(compiler_options)
+    jit = functools.partial(jax.jit, compiler_options=self.compiler_options or None)
     if spec.pack_length and spec.pack_rows == 0:
       spec = dataclasses.replace(spec, pack_rows=dp)
     self.graphdef, self.spec, self.optimizer, self.mesh = (
@@ -138,14 +147,13 @@ class Learner:
                                           spec.logits_chunk, routing_BTLk=routing_BTLk,
                                           with_routing=with_routing)
 
-    self._step = jax.jit(step, in_shardings=(self.state_shardings,
-                                             self.batch_shardings),
-                         out_shardings=(self.state_shardings, replicated),
-                         donate_argnums=(0,) if donate else ())
-    self._logprobs = jax.jit(
+    self._step = jit(step, in_shardings=(self.state_shardings, self.batch_shardings),
+                     out_shardings=(self.state_shardings, replicated),
+                     donate_argnums=(0,) if donate else ())
+    self._logprobs = jit(
         logprobs, in_shardings=(self.state_shardings.params, row_sh, row_sh),
         out_shardings=row_sh)
-    self._packed_logprobs = jax.jit(
+    self._packed_logprobs = jit(
         packed_logprobs, in_shardings=(self.state_shardings.params, row_sh,
                                        packing.PackPlan(row_sh, row_sh, row_sh)),
         out_shardings=row_sh)
@@ -153,14 +161,14 @@ class Learner:
     # (R2, the routing-mismatch metrics); `with_routing` static.
     row4 = sharding_lib.batch_sharding(mesh, 4)
     self._routed_logprobs = {
-        (forced, out): jax.jit(
+        (forced, out): jit(
             functools.partial(logprobs, with_routing=out),
             in_shardings=(self.state_shardings.params, row_sh, row_sh,
                           row4 if forced else None),
             out_shardings=(row_sh, row4) if out else row_sh)
         for forced in (False, True) for out in (False, True)}
     self._routed_packed_logprobs = {
-        (forced, out): jax.jit(
+        (forced, out): jit(
             functools.partial(packed_logprobs, with_routing=out),
             in_shardings=(self.state_shardings.params, row_sh,
                           packing.PackPlan(row_sh, row_sh, row_sh), row4 if forced else None),
@@ -169,7 +177,8 @@ class Learner:
 
   @classmethod
   def from_config(cls, cfg: TrainConfig, model: nnx.Module, mesh: Mesh, *,
-                  donate: bool = True) -> "Learner":
+                  donate: bool = True, compiler_options: Optional[dict] = None
+                  ) -> "Learner":
     """A learner for `model`'s architecture under the run config."""
     graphdef, state = nnx.split(model)
     abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype),
@@ -179,7 +188,7 @@ class Learner:
       spec = dataclasses.replace(spec, aux_loss_coef=model.config.router_aux_loss_coef)
     return cls(graphdef, abstract, spec=spec,
                optimizer=state_lib.make_optimizer(cfg.optim, cfg.num_steps),
-               mesh=mesh, donate=donate)
+               mesh=mesh, donate=donate, compiler_options=compiler_options)
 
   def init_state(self, params: Any, seed: int) -> state_lib.LearnerState:
     """A sharded step-0 state from a parameter pure dict."""

@@ -32,6 +32,11 @@ BLOCK_ROWS = 128  # rows per block of the "blocked" grouped matmul (at most)
 # than the loop (bench/README.md: at 256 x 256 float32 the loop is level for the
 # learner's step and ahead when decoding).
 LOOP_WEIGHT_BYTES = 256 * 1024
+# XLA:CPU's dots by Eigen, not by the YNNPACK fusions jax 0.10.2 compiles lone dots
+# into: those run a batched dot of 128-row blocks on one thread, at up to twice
+# Eigen's time, and single small dots faster (bench/README.md, "YNNPACK's dots and
+# Eigen's").
+EIGEN_DOTS = {"xla_cpu_experimental_ynn_fusion_type": ""}
 
 
 class Routing(NamedTuple):
@@ -163,10 +168,32 @@ def grouped_matmul(x_pI: jax.Array, w_EIO, layout: _Layout, impl: str) -> jax.Ar
   block_expert = jnp.clip(jnp.searchsorted(ends_E, jnp.arange(nb, dtype=jnp.int32) * s,
                                            side="right"), 0, e - 1)
   x_bsI = x_pI.reshape(nb, s, -1)
-  if (jax.default_backend() == "cpu"
-      and w_EIO.shape[1] * w_EIO.shape[2] * w_EIO.dtype.itemsize >= LOOP_WEIGHT_BYTES):
+  if jax.default_backend() == "cpu" and _loops(w_EIO.shape[1], w_EIO.shape[2], w_EIO.dtype):
     return _block_loop(x_bsI, w_EIO, block_expert).reshape(nb * s, -1)
   return _block_batched(x_bsI, w_EIO, block_expert).reshape(nb * s, -1)
+
+
+def _loops(i: int, o: int, dtype) -> bool:
+  """Whether XLA:CPU runs an `[I, O]` expert matrix block by block (`_block_loop`)."""
+  return i * o * jnp.dtype(dtype).itemsize >= LOOP_WEIGHT_BYTES
+
+
+def learner_compiler_options(cfg, platform: str, true_on_policy: bool = False) -> dict:
+  """XLA options for the learner's programs on `platform` (`Learner` resolves them).
+
+  `EIGEN_DOTS` on a CPU when `cfg`'s experts run as batched dots of blocks
+  (`_block_batched`: the blocked form below `LOOP_WEIGHT_BYTES`): the MoE learner step
+  then takes 11-22% less time, its updates within float rounding of the default's.
+  Else jax's defaults, which are level or faster for the block loop's single dots, the
+  dense models and decoding (so the sampler keeps them); in the true on-policy mode the
+  learner compiles as the sampler does (docs/method.md §7, §7a; bench/README.md,
+  "YNNPACK's dots and Eigen's").
+  """
+  if platform != "cpu" or true_on_policy or not getattr(cfg, "is_moe", False):
+    return {}
+  if cfg.moe_impl not in ("auto", "blocked"):
+    return {}
+  return {} if _loops(cfg.hidden_size, cfg.moe_intermediate_size, cfg.dtype) else dict(EIGEN_DOTS)
 
 
 def _block_batched(x_bsI: jax.Array, w_EIO: jax.Array, expert_b: jax.Array) -> jax.Array:
