@@ -490,6 +490,7 @@ def test_replay_through_packed_rows_and_remat_equals_unpacked():
   np.testing.assert_array_equal(np.asarray(lp_remat), np.asarray(unpacked))
 
 
+@pytest.mark.skipif(jax.default_backend() != "cpu", reason="XLA:CPU's options")
 def test_learner_compiles_batched_experts_with_eigen_dots():
   """On a CPU the learner compiles an MoE whose experts run as batched dots of blocks
   without XLA:CPU's YNNPACK dot fusions (`moe.learner_compiler_options`, bench/README.md);

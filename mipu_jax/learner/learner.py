@@ -98,8 +98,7 @@ class Learner:
       spec = dataclasses.replace(spec, recompute_mlp=qwen3.recompute_mlp_for(platform))
     if compiler_options is None:
       compiler_options = moe.learner_compiler_options(
-          getattr(nnx.merge(graphdef, abstract_params), "config", None), platform,
-          spec.scoring.true_on_policy)
+          nnx.merge(graphdef, abstract_params).config, platform, spec.scoring.true_on_policy)
     self.compiler_options = dict(compiler_options)
     jit = functools.partial(jax.jit, compiler_options=self.compiler_options or None)
     if spec.pack_length and spec.pack_rows == 0:
@@ -179,7 +178,8 @@ class Learner:
   def from_config(cls, cfg: TrainConfig, model: nnx.Module, mesh: Mesh, *,
                   donate: bool = True, compiler_options: Optional[dict] = None
                   ) -> "Learner":
-    """A learner for `model`'s architecture under the run config."""
+    """A learner for `model`'s architecture under the run config (`compiler_options`
+    as the constructor's)."""
     graphdef, state = nnx.split(model)
     abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype),
                             nnx.to_pure_dict(state))

@@ -33,9 +33,8 @@ BLOCK_ROWS = 128  # rows per block of the "blocked" grouped matmul (at most)
 # learner's step and ahead when decoding).
 LOOP_WEIGHT_BYTES = 256 * 1024
 # XLA:CPU's dots by Eigen, not by the YNNPACK fusions jax 0.10.2 compiles lone dots
-# into: those run a batched dot of 128-row blocks on one thread, at up to twice
-# Eigen's time, and single small dots faster (bench/README.md, "YNNPACK's dots and
-# Eigen's").
+# into: those run a batched dot of small blocks on one thread, and single small dots
+# faster than Eigen (bench/README.md, "YNNPACK's dots and Eigen's").
 EIGEN_DOTS = {"xla_cpu_experimental_ynn_fusion_type": ""}
 
 
@@ -182,16 +181,15 @@ def learner_compiler_options(cfg, platform: str, true_on_policy: bool = False) -
   """XLA options for the learner's programs on `platform` (`Learner` resolves them).
 
   `EIGEN_DOTS` on a CPU when `cfg`'s experts run as batched dots of blocks
-  (`_block_batched`: the blocked form below `LOOP_WEIGHT_BYTES`): the MoE learner step
-  then takes 11-22% less time, its updates within float rounding of the default's.
-  Else jax's defaults, which are level or faster for the block loop's single dots, the
-  dense models and decoding (so the sampler keeps them); in the true on-policy mode the
-  learner compiles as the sampler does (docs/method.md §7, §7a; bench/README.md,
-  "YNNPACK's dots and Eigen's").
+  (`_block_batched`: the blocked form below `LOOP_WEIGHT_BYTES`), which then take
+  less time; the updates move within float rounding. Else jax's defaults, which are
+  level or faster for the block loop's single dots, dense models and decoding (so the
+  sampler keeps them); in the true on-policy mode the learner compiles as the sampler
+  does (docs/method.md §7, §7a). A model with dense layers too takes the MoE's choice
+  for its whole program. Measured: bench/README.md, "YNNPACK's dots and Eigen's".
   """
-  if platform != "cpu" or true_on_policy or not getattr(cfg, "is_moe", False):
-    return {}
-  if cfg.moe_impl not in ("auto", "blocked"):
+  if (platform != "cpu" or jax.default_backend() != "cpu" or true_on_policy
+      or not cfg.is_moe or cfg.moe_impl not in ("auto", "blocked")):
     return {}
   return {} if _loops(cfg.hidden_size, cfg.moe_intermediate_size, cfg.dtype) else dict(EIGEN_DOTS)
 
