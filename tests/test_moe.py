@@ -2,7 +2,9 @@
 matmul against every-expert-on-every-token, routing replay's properties, and
 the config's errors (docs/method.md §7a)."""
 
+import functools
 import json
+import re
 
 import jax
 import jax.numpy as jnp
@@ -531,3 +533,64 @@ def test_learner_compiles_batched_experts_with_eigen_dots():
   # be moot there, so re-measure (bench/README.md) before keeping it.
   assert "__ynn_fusion" in hlo["jax defaults"]
   np.testing.assert_allclose(lps["resolved"], lps["jax defaults"], atol=1e-5)
+
+
+def test_learner_unrolls_a_small_moe_on_a_cpu():
+  """On a CPU the learner's step runs a small MoE's layer scans unrolled
+  (`moe.learner_unroll_layers`, bench/README.md): the same log-probs and gradients
+  under forced routing on a dense / MoE mix, with no while loop over the layers left;
+  dense models, deeper MoEs, the true on-policy mode and other platforms keep the scan;
+  a call with a cache refuses it."""
+  from mipu_jax import config as config_lib  # pylint: disable=g-import-not-at-top
+  from mipu_jax.learner import Learner  # pylint: disable=g-import-not-at-top
+  from mipu_jax.learner import logprobs as logprobs_lib  # pylint: disable=g-import-not-at-top
+  rule = moe.learner_unroll_layers
+  cfg = models.Qwen3Config(**CONFIGS["mixed_layers"])
+  assert rule(cfg, "cpu") and not rule(cfg, "gpu") and not rule(cfg, "tpu")
+  assert not rule(cfg, "cpu", true_on_policy=True)
+  assert not rule(cfg.replace(num_experts=0, num_experts_per_tok=0, moe_intermediate_size=0,
+                              mlp_only_layers=(), decoder_sparse_step=1), "cpu")
+  assert not rule(cfg.replace(num_layers=moe.UNROLL_MAX_LAYERS + 1), "cpu")
+
+  # Two dense layers, then two MoE layers: two scans of two layers each.
+  model = _random_moe(dict(CONFIGS["mixed_layers"], mlp_only_layers=(0, 1),
+                           decoder_sparse_step=1), seed=6)
+  rng = np.random.default_rng(7)
+  mask = jnp.asarray((np.arange(9)[None, :] < np.array([[9], [6]])).astype(np.float32))
+  tokens = jnp.asarray(rng.integers(1, 83, (2, 9))) * mask.astype(jnp.int32)
+  scoring = logprobs_lib.Scoring()
+  # Replayed routing through the unrolled layers: two distinct experts of 6 per token.
+  first = rng.integers(0, 6, (2, 9, 2))
+  forced = jnp.asarray(np.stack([first, (first + rng.integers(1, 6, first.shape)) % 6], -1),
+                       jnp.int32)
+  graphdef, params = nnx.split(model, nnx.Param)
+
+  def loss(params, unroll):
+    lp = logprobs_lib.policy_logprobs(nnx.merge(graphdef, params), tokens, mask, scoring,
+                                      routing_BTLk=forced, unroll_layers=unroll)
+    return jnp.sum(lp * mask), lp
+
+  out, whiles = {}, {}
+  for unroll in (False, True):
+    fn = jax.jit(jax.value_and_grad(functools.partial(loss, unroll=unroll), has_aux=True))
+    compiled = fn.lower(params).compile()
+    whiles[unroll] = sum(" while(" in line and "searchsorted" not in line
+                         for line in compiled.as_text().splitlines())
+    out[unroll] = compiled(params)
+  # The two layer scans' loops, forward and backward; the experts' dispatch keeps its
+  # own (`searchsorted`'s).
+  assert whiles == {False: 4, True: 0}, whiles
+  (_, lp), grads = out[True]
+  (_, lp_scan), grads_scan = out[False]
+  np.testing.assert_allclose(np.asarray(lp), np.asarray(lp_scan), rtol=0, atol=1e-6)
+  for g, g_scan in zip(jax.tree.leaves(grads), jax.tree.leaves(grads_scan)):
+    np.testing.assert_allclose(np.asarray(g), np.asarray(g_scan), rtol=1e-5, atol=1e-7)
+
+  train = config_lib.TrainConfig(data=config_lib.DataConfig(prompts_per_step=1, group_size=2),
+                                 sampling=config_lib.SamplingConfig(max_new_tokens=4))
+  mesh = models.make_mesh(1, 1, 1, devices=jax.devices()[:1])
+  assert Learner.from_config(train, model, mesh).spec.unroll_layers == (
+      jax.default_backend() == "cpu")
+  assert Learner.from_config(train, model, mesh, unroll_layers=False).spec.unroll_layers is False
+  with pytest.raises(ValueError, match="unroll_layers"):
+    model(tokens, cache=models.init_cache(model.config, 2, 16), unroll_layers=True)

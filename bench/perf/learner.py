@@ -219,10 +219,10 @@ def rl_batch(vocab: int, batch: int, seq: int, prompt: int, seed: int = 0):
 
 
 def shape_learner(mcfg: models.Qwen3Config, batch: int, seq: int, prompt: int,
-                  compiler_options=None):
+                  compiler_options=None, unroll_layers=None):
   """`(model, learner, state, sharded batch)`: a default one-update learner
   (no correction, one device, state not donated) on `rl_batch`; `compiler_options`
-  as `Learner`'s (None: the learner's own choice)."""
+  and `unroll_layers` as `Learner.from_config`'s (None: the learner's own choice)."""
   cfg = config_lib.TrainConfig(
       data=config_lib.DataConfig(prompts_per_step=batch // 4, group_size=4),
       sampling=config_lib.SamplingConfig(max_new_tokens=seq - prompt),
@@ -230,7 +230,7 @@ def shape_learner(mcfg: models.Qwen3Config, batch: int, seq: int, prompt: int,
       learner=config_lib.LearnerConfig(mesh=config_lib.MeshConfig(1, 1, 1)))
   model = models.Qwen3(mcfg, rngs=nnx.Rngs(0))
   learner = Learner.from_config(cfg, model, mesh_from_config(cfg.learner.mesh), donate=False,
-                                compiler_options=compiler_options)
+                                compiler_options=compiler_options, unroll_layers=unroll_layers)
   state = learner.init_state(nnx.to_pure_dict(nnx.state(model, nnx.Param)), seed=0)
   tokens, input_mask, loss_mask, lp_old, adv = rl_batch(mcfg.vocab_size, batch, seq, prompt)
   rl = learner.shard_batch(host_batch(tokens, input_mask, loss_mask, lp_old, adv,
@@ -240,8 +240,8 @@ def shape_learner(mcfg: models.Qwen3Config, batch: int, seq: int, prompt: int,
 
 def learner_fwd_bwd(model, learner, tokens):
   """mipu_jax: `() -> grads` of the mean token log-prob with the learner's
-  arithmetic (`policy_logprobs`: its LM-head chunking, its MLP recompute) and
-  its XLA options."""
+  arithmetic (`policy_logprobs`: its LM-head chunking, its MLP recompute, its
+  layer unrolling) and its XLA options."""
   graphdef, params = nnx.split(model)
   tokens = jnp.asarray(tokens, jnp.int32)
   mask = jnp.ones(tokens.shape, jnp.float32)
@@ -249,7 +249,8 @@ def learner_fwd_bwd(model, learner, tokens):
 
   def loss(params):
     lp = policy_logprobs(nnx.merge(graphdef, params), tokens, mask, Scoring(),
-                         logits_chunk=spec.logits_chunk, recompute_mlp=spec.recompute_mlp)
+                         logits_chunk=spec.logits_chunk, recompute_mlp=spec.recompute_mlp,
+                         unroll_layers=spec.unroll_layers)
     return -jnp.mean(lp[:, 1:])
 
   grad = jax.jit(jax.grad(loss), compiler_options=learner.compiler_options or None)

@@ -9,7 +9,8 @@ In one run, on this machine (fp32, one device, torch on as many threads as jax h
     entropy, the PPO loss, AdamW with clipping, every metric) and the same PPO update
     in torch on transformers' `Qwen3MoeForCausalLM` loaded from our export (the same
     starting weights; `bench.perf.learner.torch_learner_step`); where the learner picks
-    its own XLA options (`moe.learner_compiler_options`), its step at jax's defaults too;
+    its own XLA options (`moe.learner_compiler_options`) or unrolls its layers
+    (`moe.learner_unroll_layers`), its step without each in turn too;
   * forward + backward of the mean token log-prob with the learner's arithmetic:
     mipu_jax's MoE (the grouped matmul `Qwen3Config.moe_impl` resolves to, and each
     implementation by name), transformers' MoE, and on both sides the dense twin whose
@@ -52,7 +53,9 @@ from mipu_jax import models
 # Table rows of the training programs, in order: (key, what).
 TRAIN_ROWS = (
     ("step/mipu_moe", "mipu_jax MoE `Learner.step`"),
-    ("step/mipu_moe_jax_default", "mipu_jax MoE `Learner.step`, jax's default XLA options"),
+    ("step/mipu_moe_scan", "mipu_jax MoE `Learner.step`, its XLA options, the layer scan"),
+    ("step/mipu_moe_jax_default", "mipu_jax MoE `Learner.step`, jax's default XLA options, "
+     "the layer scan"),
     ("step/transformers_moe", "transformers MoE, the same PPO step in torch"),
     ("step/mipu_dense", "mipu_jax dense twin `Learner.step`"),
     ("step/transformers_dense", "transformers dense twin, PPO step"),
@@ -111,16 +114,17 @@ def main():
   tokens = data[0]
   n_tok = a.batch * a.seq
 
-  def ours(mcfg, compiler_options=None):
-    """`(model, Learner.step as a call, fwd+bwd as a call, the learner's XLA options)`:
-    one device, seed-0 weights."""
+  def ours(mcfg, compiler_options=None, unroll_layers=None):
+    """`(model, Learner.step as a call, fwd+bwd as a call, the learner's XLA options,
+    whether its step unrolls the layers)`: one device, seed-0 weights."""
     model, learner, state, rl = shape_learner(mcfg, a.batch, a.seq, a.prompt,
-                                              compiler_options)
+                                              compiler_options, unroll_layers)
 
     def step():  # the same state each time: every call does the same work
       jax.block_until_ready(learner.step(state, rl))
 
-    return model, step, learner_fwd_bwd(model, learner, tokens), learner.compiler_options
+    return (model, step, learner_fwd_bwd(model, learner, tokens), learner.compiler_options,
+            learner.spec.unroll_layers)
 
   def theirs(model):
     with tempfile.TemporaryDirectory() as d:
@@ -128,12 +132,16 @@ def main():
       return load_hf(d, threads)
 
   fns = {}
-  model, fns["step/mipu_moe"], fns["fwd_bwd/mipu_moe_auto"], options = ours(cfg)
-  if options:  # the learner's own XLA options (`moe.learner_compiler_options`) against jax's
-    fns["step/mipu_moe_jax_default"] = ours(cfg, compiler_options={})[1]
+  model, fns["step/mipu_moe"], fns["fwd_bwd/mipu_moe_auto"], options, unrolled = ours(cfg)
+  # The learner's own choices for a CPU (`moe.learner_compiler_options`,
+  # `moe.learner_unroll_layers`), each taken back in turn, in the same rounds.
+  if unrolled:
+    fns["step/mipu_moe_scan"] = ours(cfg, unroll_layers=False)[1]
+  if options:
+    fns["step/mipu_moe_jax_default"] = ours(cfg, compiler_options={}, unroll_layers=False)[1]
   for impl in ("blocked", "ragged_dot"):
     fns[f"fwd_bwd/mipu_moe_{impl}"] = ours(cfg.replace(moe_impl=impl))[2]
-  dense, fns["step/mipu_dense"], fns["fwd_bwd/mipu_dense"], _ = ours(dense_cfg)
+  dense, fns["step/mipu_dense"], fns["fwd_bwd/mipu_dense"], *_ = ours(dense_cfg)
   hf = theirs(model)
   hf_dense = theirs(dense)
   assert type(hf).__name__ == "Qwen3MoeForCausalLM", type(hf).__name__
@@ -174,7 +182,7 @@ def main():
   print(f"MoE: {cfg.num_params():,} parameters, {active:,} active; dense twin "
         f"{dense_cfg.num_params():,}; {a.batch} x {a.seq} tokens ({a.prompt} prompt), "
         f"fastest of {a.repeats} interleaved rounds; the MoE learner's XLA options "
-        f"{options or 'jax defaults'}")
+        f"{options or 'jax defaults'}, its layer scan {'unrolled' if unrolled else 'a scan'}")
   print("| what | seconds | tokens/s | vs transformers' MoE | MFU (active) |")
   print("| --- | --- | --- | --- | --- |")
   for key, what in TRAIN_ROWS:

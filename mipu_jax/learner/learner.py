@@ -79,8 +79,9 @@ class Learner:
   Args:
     graphdef: the policy's `nnx.GraphDef`.
     abstract_params: the parameter pure dict (arrays or `ShapeDtypeStruct`s).
-    spec: the static step description; its `recompute_mlp`, if None, is
-      resolved here for the mesh's platform (`qwen3.recompute_mlp_for`).
+    spec: the static step description; its `recompute_mlp` and `unroll_layers`,
+      if None, are resolved here for the model and the mesh's platform
+      (`qwen3.recompute_mlp_for`, `moe.learner_unroll_layers`).
     optimizer: from `make_optimizer`.
     mesh: the (data, fsdp, tensor) mesh.
     donate: donate the state passed to `step` (off for MIPU Step 2).
@@ -96,9 +97,14 @@ class Learner:
     platform = mesh.devices.flat[0].platform
     if spec.recompute_mlp is None:  # where the platform is known: the mesh
       spec = dataclasses.replace(spec, recompute_mlp=qwen3.recompute_mlp_for(platform))
-    if compiler_options is None:
-      compiler_options = moe.learner_compiler_options(
-          nnx.merge(graphdef, abstract_params).config, platform, spec.scoring.true_on_policy)
+    if compiler_options is None or spec.unroll_layers is None:
+      model_cfg = nnx.merge(graphdef, abstract_params).config
+      true_on_policy = spec.scoring.true_on_policy
+      if compiler_options is None:
+        compiler_options = moe.learner_compiler_options(model_cfg, platform, true_on_policy)
+      if spec.unroll_layers is None:
+        spec = dataclasses.replace(spec, unroll_layers=moe.learner_unroll_layers(
+            model_cfg, platform, true_on_policy))
     self.compiler_options = dict(compiler_options)
     jit = functools.partial(jax.jit, compiler_options=self.compiler_options or None)
     if spec.pack_length and spec.pack_rows == 0:
@@ -176,14 +182,14 @@ class Learner:
 
   @classmethod
   def from_config(cls, cfg: TrainConfig, model: nnx.Module, mesh: Mesh, *,
-                  donate: bool = True, compiler_options: Optional[dict] = None
-                  ) -> "Learner":
+                  donate: bool = True, compiler_options: Optional[dict] = None,
+                  unroll_layers: Optional[bool] = None) -> "Learner":
     """A learner for `model`'s architecture under the run config (`compiler_options`
-    as the constructor's)."""
+    as the constructor's; `unroll_layers` as `StepSpec`'s, None: resolved)."""
     graphdef, state = nnx.split(model)
     abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype),
                             nnx.to_pure_dict(state))
-    spec = step_spec(cfg)
+    spec = dataclasses.replace(step_spec(cfg), unroll_layers=unroll_layers)
     if cfg.moe.aux_loss and model.config.is_moe:
       spec = dataclasses.replace(spec, aux_loss_coef=model.config.router_aux_loss_coef)
     return cls(graphdef, abstract, spec=spec,

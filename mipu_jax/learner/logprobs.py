@@ -54,7 +54,7 @@ def policy_logprobs(model, tokens_BT: jax.Array, mask_BT: jax.Array,
                     segment_ids_BT: jax.Array | None = None,
                     positions_BT: jax.Array | None = None, recompute_mlp: bool | None = None,
                     routing_BTLk: jax.Array | None = None, with_routing: bool = False,
-                    with_aux: bool = False):
+                    with_aux: bool = False, unroll_layers: bool = False):
   """`lp[:, t] = log π(tokens[t] | tokens[:t])` (0 at t = 0), and the entropy.
 
   Args:
@@ -85,6 +85,8 @@ def policy_logprobs(model, tokens_BT: jax.Array, mask_BT: jax.Array,
     with_aux: also return the MoE load-balancing loss of the forward
       (`moe.load_balancing_loss`, differentiable; 0 when dense). Not in the
       true on-policy mode (its forward is not the differentiated one).
+    unroll_layers: the model's layer scans run unrolled (`Qwen3.__call__`; the
+      learner's step resolves it: `moe.learner_unroll_layers`).
 
   Returns:
     float32 `[B, T]` log-probs, or `(log-probs, entropy)`; with `with_routing`,
@@ -96,7 +98,7 @@ def policy_logprobs(model, tokens_BT: jax.Array, mask_BT: jax.Array,
     lp, ent, routing = invariant_logprobs(
         model, tokens_BT, mask_BT, scoring, entropy_grad=entropy_grad,
         logits_chunk=logits_chunk, segment_ids_BT=segment_ids_BT, positions_BT=positions_BT,
-        recompute_mlp=recompute_mlp, routing_BTLk=routing_BTLk)
+        recompute_mlp=recompute_mlp, routing_BTLk=routing_BTLk, unroll_layers=unroll_layers)
     out = (lp, ent) if with_entropy else lp
     return (out, routing) if with_routing else out
   # U: the T - 1 positions that have a next token (targets shifted by one).
@@ -105,6 +107,8 @@ def policy_logprobs(model, tokens_BT: jax.Array, mask_BT: jax.Array,
                 positions_BT=positions_BT, recompute_mlp=recompute_mlp)
   if routing_BTLk is not None:  # a dense model's call keeps its own signature
     kwargs["routing_BTLk"] = routing_BTLk
+  if unroll_layers:  # likewise: only where asked for
+    kwargs["unroll_layers"] = True
   if logits_chunk and not scoring.truncates:
     fwd = model(tokens_BT, logits=False, **kwargs)
     h_BUD = fwd.hidden[:, :-1]
@@ -139,7 +143,7 @@ def invariant_logprobs(model, tokens_BT: jax.Array, mask_BT: jax.Array, scoring:
                        *, entropy_grad: bool = False, logits_chunk: int = 0,
                        segment_ids_BT: jax.Array | None = None,
                        positions_BT: jax.Array | None = None, recompute_mlp: bool | None = None,
-                       routing_BTLk: jax.Array | None = None):
+                       routing_BTLk: jax.Array | None = None, unroll_layers: bool = False):
   """`(log-probs, entropy, routing)` as `policy_logprobs`, from the batch-invariant
   forward the sampler runs in the true on-policy mode (docs/method.md §7); the
   routing is None for a dense model.
@@ -184,7 +188,7 @@ def invariant_logprobs(model, tokens_BT: jax.Array, mask_BT: jax.Array, scoring:
                            with_entropy=True, entropy_grad=entropy_grad,
                            logits_chunk=logits_chunk, segment_ids_BT=segment_ids_BT,
                            positions_BT=positions_BT, recompute_mlp=recompute_mlp,
-                           routing_BTLk=routing_BTLk)
+                           routing_BTLk=routing_BTLk, unroll_layers=unroll_layers)
 
   @jax.custom_vjp
   def scored(state, tokens_BT, mask_BT, segment_ids_BT, positions_BT, routing_BTLk):

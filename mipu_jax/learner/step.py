@@ -51,6 +51,9 @@ class StepSpec:
     recompute_mlp: the backward pass recomputes each layer's MLP input
       (`models.qwen3.recompute_mlp_for`); None: `Learner` resolves it for its
       mesh's platform.
+    unroll_layers: the differentiated forward runs the layer scans unrolled
+      (`models.moe.learner_unroll_layers`); None: `Learner` resolves it for its
+      model and mesh's platform.
     routing_replay: MoE routing replay (docs/method.md §7a): "none" (live
       routing), "learner" (R2: the recompute's routing) or "rollout" (R3: the
       sampler's); with either, every batch carries `routing_BTLk`.
@@ -70,6 +73,7 @@ class StepSpec:
   pack_length: int = 0
   pack_rows: int = 1
   recompute_mlp: Optional[bool] = None
+  unroll_layers: Optional[bool] = None
   routing_replay: str = "none"
   aux_loss_coef: float = 0.0
 
@@ -147,6 +151,7 @@ def learner_step(state: LearnerState, batch: Batch, *, graphdef: nnx.GraphDef,
                           segment_ids_BT=mb.get("segment_ids"),
                           positions_BT=mb.get("positions"),
                           recompute_mlp=bool(spec.recompute_mlp),
+                          unroll_layers=bool(spec.unroll_layers),
                           routing_BTLk=mb.get("routing"), with_aux=aux)
     out, aux_loss = out if aux else (out, None)
     lp_BT, ent_BT = out if spec.with_entropy else (out, None)

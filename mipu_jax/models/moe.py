@@ -36,6 +36,11 @@ LOOP_WEIGHT_BYTES = 256 * 1024
 # into: those run a batched dot of small blocks on one thread, and single small dots
 # faster than Eigen (bench/README.md, "YNNPACK's dots and Eigen's").
 EIGEN_DOTS = {"xla_cpu_experimental_ynn_fusion_type": ""}
+# The most layers for which the learner's differentiated MoE forward runs its layer
+# scans unrolled on a CPU: up to here the step compiles at most about an eighth slower
+# than the scan; beyond, compile time grows with every layer copied (bench/README.md,
+# "The layer scan unrolled").
+UNROLL_MAX_LAYERS = 4
 
 
 class Routing(NamedTuple):
@@ -192,6 +197,23 @@ def learner_compiler_options(cfg, platform: str, true_on_policy: bool = False) -
       or not cfg.is_moe or cfg.moe_impl not in ("auto", "blocked")):
     return {}
   return {} if _loops(cfg.hidden_size, cfg.moe_intermediate_size, cfg.dtype) else dict(EIGEN_DOTS)
+
+
+def learner_unroll_layers(cfg, platform: str, true_on_policy: bool = False) -> bool:
+  """Whether the learner's step runs `cfg`'s layer scans unrolled on `platform`
+  (`Qwen3.__call__`'s `unroll_layers`; `Learner` resolves it).
+
+  On a CPU, for an MoE of at most `UNROLL_MAX_LAYERS` layers: XLA:CPU's layer scan
+  zero-fills and copies `[L, ...]` stacks of the residuals the backward pass reads,
+  which an unrolled forward does not have, and at so few layers the unrolled program
+  compiles nearly as fast. Only the step's differentiated forward: the forward-only
+  recompute is faster as a scan. Dense models keep the scan (their programs and bits
+  unchanged), as do the true on-policy mode (the learner compiles as the sampler does;
+  docs/method.md §7) and accelerators. Measured: bench/README.md, "The layer scan
+  unrolled".
+  """
+  return (platform == "cpu" and not true_on_policy and cfg.is_moe
+          and cfg.num_layers <= UNROLL_MAX_LAYERS)
 
 
 def _block_batched(x_bsI: jax.Array, w_EIO: jax.Array, expert_b: jax.Array) -> jax.Array:

@@ -389,7 +389,8 @@ class Qwen3(nnx.Module):
                segment_ids_BT: Optional[jax.Array] = None,
                cache: Optional[KVCache] = None, inference: Inference = Inference(),
                logits: bool = True, recompute_mlp: Optional[bool] = None,
-               routing_BTLk: Optional[jax.Array] = None) -> Output:
+               routing_BTLk: Optional[jax.Array] = None,
+               unroll_layers: bool = False) -> Output:
     """Runs the decoder.
 
     Args:
@@ -414,9 +415,16 @@ class Qwen3(nnx.Module):
       routing_BTLk: MoE models: int `[B, T, L_moe, k]` expert ids to route each
         token to (routing replay, docs/method.md §7a; a position with an id < 0
         keeps its own routing); None routes by the live router.
+      unroll_layers: the layer scans run unrolled, one copy of each layer in the
+        program: no while loop and no `[L, ...]` stacked residuals for the backward
+        pass; the same math. Not with a cache (`moe.learner_unroll_layers` says
+        where the learner takes it).
     """
     cfg = self.config
     b, t = tokens_BT.shape
+    if unroll_layers and cache is not None:
+      raise ValueError("unroll_layers is for calls without a KV cache (training, scoring).")
+    unroll = True if unroll_layers else 1
     if recompute_mlp is None:
       recompute_mlp = cache is None and recompute_mlp_for(jax.default_backend())
     if mask_BT is None:
@@ -451,7 +459,7 @@ class Qwen3(nnx.Module):
 
     if cfg.is_moe:
       return self._call_runs(tokens_BT, x_BTD, weights, run_layer, mask_BT, positions_BT,
-                             segment_ids_BT, cache, inference, logits, routing_LBTk)
+                             segment_ids_BT, cache, inference, logits, routing_LBTk, unroll)
 
     if cache is None:
       attn_mask = attention.row_mask(mask_BT, segment_ids_BT)
@@ -466,7 +474,7 @@ class Qwen3(nnx.Module):
       def body(x, w):
         return run_layer(x, w, attend)[0], None
 
-      x_BTD, _ = jax.lax.scan(remat(body, cfg.remat), x_BTD, weights)
+      x_BTD, _ = jax.lax.scan(remat(body, cfg.remat), x_BTD, weights, unroll=unroll)
       new_cache = None
     else:
       # The pools hold every layer's pages (kv_cache.py): a layer writes its T
@@ -515,7 +523,7 @@ class Qwen3(nnx.Module):
                   moe_stats=moe_stats)
 
   def _call_runs(self, tokens_BT, x_BTD, weights, run_layer, mask_BT, positions_BT,
-                 segment_ids_BT, cache, inference, logits, routing_LBTk) -> Output:
+                 segment_ids_BT, cache, inference, logits, routing_LBTk, unroll) -> Output:
     """`__call__` of a model with MoE layers: one scan per run of layers of a kind
     (`Qwen3Config.layer_runs`), each over its slice of the attention weights and
     its kind's stacked MLP weights; the MoE runs return their routing as the
@@ -572,7 +580,7 @@ class Qwen3(nnx.Module):
       if cache is None:
         body = remat(body, cfg.remat)
       (x_BTD, pools), out = jax.lax.scan(
-          body, (x_BTD, pools), (w_run, jnp.arange(start, stop), forced))
+          body, (x_BTD, pools), (w_run, jnp.arange(start, stop), forced), unroll=unroll)
       if is_moe:
         routed.append(out[0])
         stats.append(out[1])
