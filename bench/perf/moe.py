@@ -198,7 +198,8 @@ def main():
   for what in ("step", "fwd_bwd"):
     r = lambda k: results[f"{what}/{k}"]
     ours_ = r("mipu_moe" if what == "step" else "mipu_moe_auto") / r("mipu_dense")
-    print(f"{what}: MoE over its dense twin's: mipu_jax {ours_:.2f}x, transformers "
+    print(f"{what}: MoE over its dense twin's: mipu_jax {ours_:.2f}x"
+          f"{' (the MoE unrolled, the twin a scan)' if unrolled else ''}, transformers "
           f"{r('transformers_moe') / r('transformers_dense'):.2f}x; dense twin vs "
           f"transformers' dense twin: {r('transformers_dense') / r('mipu_dense'):.2f}x")
   print(json.dumps({"host": host(), "threads": threads, "peak_gflops": peak,

@@ -37,9 +37,8 @@ LOOP_WEIGHT_BYTES = 256 * 1024
 # faster than Eigen (bench/README.md, "YNNPACK's dots and Eigen's").
 EIGEN_DOTS = {"xla_cpu_experimental_ynn_fusion_type": ""}
 # The most layers for which the learner's differentiated MoE forward runs its layer
-# scans unrolled on a CPU: up to here the step compiles at most about an eighth slower
-# than the scan; beyond, compile time grows with every layer copied (bench/README.md,
-# "The layer scan unrolled").
+# scans unrolled on a CPU: beyond, compile time grows with every layer copied
+# (bench/README.md, "The layer scan unrolled").
 UNROLL_MAX_LAYERS = 4
 
 
