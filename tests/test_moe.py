@@ -491,14 +491,23 @@ def test_replay_through_packed_rows_and_remat_equals_unpacked():
   np.testing.assert_array_equal(np.asarray(lp_remat), np.asarray(unpacked))
 
 
+def _one_device_learner(model, **kwargs):
+  """`Learner.from_config` for `model` on one device, a small run config; `kwargs` as
+  its own (the XLA options, the layer unrolling)."""
+  from mipu_jax import config as config_lib  # pylint: disable=g-import-not-at-top
+  from mipu_jax.learner import Learner  # pylint: disable=g-import-not-at-top
+  train = config_lib.TrainConfig(data=config_lib.DataConfig(prompts_per_step=1, group_size=2),
+                                 sampling=config_lib.SamplingConfig(max_new_tokens=4))
+  return Learner.from_config(train, model, models.make_mesh(1, 1, 1, devices=jax.devices()[:1]),
+                             **kwargs)
+
+
 @pytest.mark.skipif(jax.default_backend() != "cpu", reason="XLA:CPU's options")
 def test_learner_compiles_batched_experts_with_eigen_dots():
   """On a CPU the learner compiles an MoE whose experts run as batched dots of blocks
   without XLA:CPU's YNNPACK dot fusions (`moe.learner_compiler_options`, bench/README.md);
   a dense model, the block loop, `ragged_dot`, the true on-policy mode (which compiles as
   the sampler does) and other platforms keep jax's defaults."""
-  from mipu_jax import config as config_lib  # pylint: disable=g-import-not-at-top
-  from mipu_jax.learner import Learner  # pylint: disable=g-import-not-at-top
   cfg = models.Qwen3Config(**CONFIGS["all_moe_norm_tied"])
   options = moe.learner_compiler_options
   assert options(cfg, "cpu") == moe.EIGEN_DOTS
@@ -514,16 +523,13 @@ def test_learner_compiles_batched_experts_with_eigen_dots():
   assert options(wide.replace(dtype="bfloat16"), "cpu") == moe.EIGEN_DOTS
 
   model = _random_moe(dict(CONFIGS["all_moe_norm_tied"], num_layers=1), seed=1)
-  train = config_lib.TrainConfig(data=config_lib.DataConfig(prompts_per_step=1, group_size=2),
-                                 sampling=config_lib.SamplingConfig(max_new_tokens=4))
-  mesh = models.make_mesh(1, 1, 1, devices=jax.devices()[:1])
   params = nnx.to_pure_dict(nnx.state(model, nnx.Param))
   tokens, mask = jnp.ones((2, 6), jnp.int32), jnp.ones((2, 6), jnp.float32)
   hlo, lps, used = {}, {}, {}
   for name, given in (("resolved", None), ("jax defaults", {})):
-    learner = Learner.from_config(train, model, mesh, compiler_options=given)
+    learner = _one_device_learner(model, compiler_options=given)
     used[name] = learner.compiler_options
-    with jax.set_mesh(mesh):
+    with jax.set_mesh(learner.mesh):
       compiled = learner._logprobs.lower(params, tokens, mask).compile()
       hlo[name], lps[name] = compiled.as_text(), np.asarray(compiled(params, tokens, mask))
   assert used == {"resolved": moe.EIGEN_DOTS, "jax defaults": {}}
@@ -540,8 +546,6 @@ def test_learner_unrolls_a_small_moe_on_a_cpu():
   under forced routing on a dense / MoE mix, with no while loop over the layers left;
   dense models, deeper MoEs, the true on-policy mode and other platforms keep the scan;
   a call with a cache refuses it."""
-  from mipu_jax import config as config_lib  # pylint: disable=g-import-not-at-top
-  from mipu_jax.learner import Learner  # pylint: disable=g-import-not-at-top
   from mipu_jax.learner import logprobs as logprobs_lib  # pylint: disable=g-import-not-at-top
   rule = moe.learner_unroll_layers
   cfg = models.Qwen3Config(**CONFIGS["mixed_layers"])
@@ -585,12 +589,9 @@ def test_learner_unrolls_a_small_moe_on_a_cpu():
   for g, g_scan in zip(jax.tree.leaves(grads), jax.tree.leaves(grads_scan)):
     np.testing.assert_allclose(np.asarray(g), np.asarray(g_scan), rtol=1e-5, atol=1e-7)
 
-  train = config_lib.TrainConfig(data=config_lib.DataConfig(prompts_per_step=1, group_size=2),
-                                 sampling=config_lib.SamplingConfig(max_new_tokens=4))
-  mesh = models.make_mesh(1, 1, 1, devices=jax.devices()[:1])
-  learner = Learner.from_config(train, model, mesh)
+  learner = _one_device_learner(model)
   assert learner.spec.unroll_layers == (jax.default_backend() == "cpu")
-  assert Learner.from_config(train, model, mesh, unroll_layers=False).spec.unroll_layers is False
+  assert _one_device_learner(model, unroll_layers=False).spec.unroll_layers is False
   if learner.spec.unroll_layers:  # and the step's program is the unrolled one
     assert layer_loops(learner.lower_step(2, 9).compile().as_text()) == 0
   with pytest.raises(ValueError, match="unroll_layers"):

@@ -39,6 +39,20 @@ SHAPES = {  # name: (config, batch, seq, prompt)
 }
 
 
+def stepped(cfg, batch, seq, prompt, **learner_kwargs):
+  """`(model, learner, batch, step call, parameter leaves after one step)` of
+  `shape_learner(cfg, ..., **learner_kwargs)`; the call repeats that step on the
+  same state."""
+  model, learner, state, rl = shape_learner(cfg, batch, seq, prompt, **learner_kwargs)
+  leaves = jax.tree.leaves(learner.step(state, rl)[0].params)
+  return model, learner, rl, lambda: jax.block_until_ready(learner.step(state, rl)), leaves
+
+
+def max_abs_diff(xs, ys) -> float:
+  """The largest absolute difference between two lists of arrays."""
+  return max(float(np.max(np.abs(np.asarray(x) - np.asarray(y)))) for x, y in zip(xs, ys))
+
+
 def main():
   p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   p.add_argument("--shapes", default="moe128,moe128w,moe256n,moe256,moe512,twin128,tiny")
@@ -53,12 +67,8 @@ def main():
     cfg = make()
     fns, params = {}, {}
     for tag, options in (("default", {}), ("eigen", moe.EIGEN_DOTS)):
-      _, learner, state, rl = shape_learner(cfg, batch, seq, prompt, options)
-      params[tag] = jax.tree.leaves(learner.step(state, rl)[0].params)
-      fns[tag] = lambda learner=learner, state=state, rl=rl: jax.block_until_ready(
-          learner.step(state, rl))
-    diff = max(float(np.max(np.abs(np.asarray(x) - np.asarray(y))))
-               for x, y in zip(params["default"], params["eigen"]))
+      *_, fns[tag], params[tag] = stepped(cfg, batch, seq, prompt, compiler_options=options)
+    diff = max_abs_diff(params["default"], params["eigen"])
     t = {k: wall for k, (wall, _) in interleaved(fns, a.rounds).items()}
     own = moe.learner_compiler_options(cfg, "cpu")
     print(f"| {name} | {t['default']:.4f} | {t['eigen']:.4f} | {t['eigen'] / t['default']:.2f} "

@@ -18,7 +18,6 @@ import os
 import time
 
 import jax
-import numpy as np
 from flax import nnx
 
 from bench.perf.learner import host_line
@@ -26,6 +25,8 @@ from bench.perf.learner import interleaved
 from bench.perf.learner import shape_learner
 from bench.perf.moe import moe_config
 from bench.probes.learner_dots import SHAPES
+from bench.probes.learner_dots import max_abs_diff
+from bench.probes.learner_dots import stepped
 from mipu_jax.models import moe
 
 
@@ -38,10 +39,8 @@ def step_rows(names, rounds):
     cfg = make()
     fns, params = {}, {}
     for unroll in (False, True):
-      model, learner, state, rl = shape_learner(cfg, batch, seq, prompt, unroll_layers=unroll)
-      params[unroll] = jax.tree.leaves(learner.step(state, rl)[0].params)
-      fns[f"step/{unroll}"] = lambda learner=learner, state=state, rl=rl: jax.block_until_ready(
-          learner.step(state, rl))
+      model, learner, rl, fns[f"step/{unroll}"], params[unroll] = stepped(
+          cfg, batch, seq, prompt, unroll_layers=unroll)
       graphdef, weights = nnx.split(model)
       fwd = jax.jit(lambda w, t, unroll=unroll, graphdef=graphdef: nnx.merge(graphdef, w)(
           t, logits=False, unroll_layers=unroll).hidden,
@@ -49,8 +48,7 @@ def step_rows(names, rounds):
       tokens = rl.tokens_BT
       fns[f"fwd/{unroll}"] = lambda fwd=fwd, weights=weights, tokens=tokens: (
           jax.block_until_ready(fwd(weights, tokens)))
-    diff = max(float(np.max(np.abs(np.asarray(x) - np.asarray(y))))
-               for x, y in zip(params[False], params[True]))
+    diff = max_abs_diff(params[False], params[True])
     t = {k: wall for k, (wall, _) in interleaved(fns, rounds).items()}
     own = moe.learner_unroll_layers(cfg, "cpu")
     print(f"| {name} | {t['step/False']:.4f} | {t['step/True']:.4f} | "

@@ -97,14 +97,13 @@ class Learner:
     platform = mesh.devices.flat[0].platform
     if spec.recompute_mlp is None:  # where the platform is known: the mesh
       spec = dataclasses.replace(spec, recompute_mlp=qwen3.recompute_mlp_for(platform))
-    if compiler_options is None or spec.unroll_layers is None:
-      model_cfg = nnx.merge(graphdef, abstract_params).config
-      true_on_policy = spec.scoring.true_on_policy
-      if compiler_options is None:
-        compiler_options = moe.learner_compiler_options(model_cfg, platform, true_on_policy)
-      if spec.unroll_layers is None:
-        spec = dataclasses.replace(spec, unroll_layers=moe.learner_unroll_layers(
-            model_cfg, platform, true_on_policy))
+    model_cfg = nnx.merge(graphdef, abstract_params).config
+    true_on_policy = spec.scoring.true_on_policy
+    if compiler_options is None:
+      compiler_options = moe.learner_compiler_options(model_cfg, platform, true_on_policy)
+    if spec.unroll_layers is None:
+      spec = dataclasses.replace(spec, unroll_layers=moe.learner_unroll_layers(
+          model_cfg, platform, true_on_policy))
     self.compiler_options = dict(compiler_options)
     jit = functools.partial(jax.jit, compiler_options=self.compiler_options or None)
     if spec.pack_length and spec.pack_rows == 0:

@@ -104,11 +104,10 @@ def policy_logprobs(model, tokens_BT: jax.Array, mask_BT: jax.Array,
   # U: the T - 1 positions that have a next token (targets shifted by one).
   targets_BU = tokens_BT[:, 1:]
   kwargs = dict(mask_BT=mask_BT, segment_ids_BT=segment_ids_BT,
-                positions_BT=positions_BT, recompute_mlp=recompute_mlp)
+                positions_BT=positions_BT, recompute_mlp=recompute_mlp,
+                unroll_layers=unroll_layers)
   if routing_BTLk is not None:  # a dense model's call keeps its own signature
     kwargs["routing_BTLk"] = routing_BTLk
-  if unroll_layers:  # likewise: only where asked for
-    kwargs["unroll_layers"] = True
   if logits_chunk and not scoring.truncates:
     fwd = model(tokens_BT, logits=False, **kwargs)
     h_BUD = fwd.hidden[:, :-1]
