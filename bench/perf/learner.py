@@ -42,6 +42,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -84,7 +85,18 @@ def host() -> dict:
   return {"cpu": info.get("Model name", platform.processor() or "unknown"),
           "family_model": f"{info.get('CPU family', '?')}/{info.get('Model', '?')}",
           "cpus": os.cpu_count(), "flags": [f for f in _FLAGS if f in flags],
-          "versions": versions, "load": round(os.getloadavg()[0], 2)}
+          "versions": versions, "load": round(os.getloadavg()[0], 2),
+          "allocator": allocator()}
+
+
+def allocator() -> str:
+  """This process's memory allocator as its environment sets it: a preloaded library
+  and glibc's malloc settings (they move XLA:CPU's page faults: bench/README.md)."""
+  parts = [f"LD_PRELOAD={os.path.basename(p)}" for p in
+           os.environ.get("LD_PRELOAD", "").replace(":", " ").split() if "alloc" in p]
+  parts += [f"{k}={v}" for k, v in sorted(os.environ.items())
+            if k.startswith("MALLOC_") or k == "GLIBC_TUNABLES"]
+  return " ".join(parts) or "glibc malloc, its defaults"
 
 
 def host_line() -> str:
@@ -92,7 +104,7 @@ def host_line() -> str:
   versions = ", ".join(f"{k} {v}" for k, v in h["versions"].items())
   return (f"host: {h['cpu']} (family/model {h['family_model']}), {h['cpus']} CPUs, flags "
           f"{' '.join(h['flags']) or 'none of ' + '/'.join(_FLAGS)}; {versions}; "
-          f"load average {h['load']}")
+          f"load average {h['load']}; allocator: {h['allocator']}")
 
 
 def _best_time(fn, repeats):
@@ -325,20 +337,41 @@ def cpu_seconds() -> float:
   return r.ru_utime + r.ru_stime
 
 
+def _usage() -> np.ndarray:
+  """`[wall, CPU (user + kernel), kernel, minor page faults]` of this process so far."""
+  r = resource.getrusage(resource.RUSAGE_SELF)
+  return np.array([time.perf_counter(), r.ru_utime + r.ru_stime, r.ru_stime, r.ru_minflt])
+
+
+class Timed(NamedTuple):
+  """One program's `interleaved` record: its fastest wall seconds, and per call the
+  median CPU seconds (all threads, user + kernel), kernel seconds, minor page
+  faults (a fresh page touched: the kernel maps and zero-fills it) and wall seconds."""
+  wall: float
+  cpu: float
+  kernel: float
+  faults: float
+  wall_median: float
+
+
 def interleaved(fns: dict, repeats: int) -> dict:
-  """`{name: (fastest wall s, CPU s of that call)}` over `repeats` rounds in
-  which every fn runs once (after one warm-up each): load drift hits all alike."""
+  """`{name: Timed}` over `repeats` rounds in which every fn runs once (after one
+  warm-up each): load drift hits all alike."""
   for fn in fns.values():
     fn()
-  best = {}
+  calls = {name: [] for name in fns}
   for _ in range(repeats):
     for name, fn in fns.items():
-      c0, t0 = cpu_seconds(), time.perf_counter()
+      u0 = _usage()
       fn()
-      wall, cpu = time.perf_counter() - t0, cpu_seconds() - c0
-      if name not in best or wall < best[name][0]:
-        best[name] = (wall, cpu)
-  return best
+      calls[name].append(_usage() - u0)
+  out = {}
+  for name, rows in calls.items():
+    rows = np.array(rows)
+    med = np.median(rows, axis=0)
+    out[name] = Timed(float(rows[:, 0].min()), float(med[1]), float(med[2]), float(med[3]),
+                      float(med[0]))
+  return out
 
 
 def vs_transformers(a) -> list:
@@ -371,11 +404,14 @@ def vs_transformers(a) -> list:
     n_tok = a.tx_batch * a.tx_seq
     rec = {"shape": name, "params": mcfg.num_params(), "tokens": n_tok, **host()}
     for what in ("fwd+bwd", "learner step"):
-      (t_hf, c_hf), (t_us, c_us) = best[f"{what}/transformers"], best[f"{what}/mipu_jax"]
-      print(f"| {name} | {what} | {t_hf * 1e3:,.0f} | {t_us * 1e3:,.0f} | "
-            f"{n_tok / t_hf:,.0f} | {n_tok / t_us:,.0f} | **{t_hf / t_us:.2f}x** |")
-      rec[what] = {"transformers_s": t_hf, "mipu_jax_s": t_us, "ratio": t_hf / t_us,
-                   "transformers_cpu_s": c_hf, "mipu_jax_cpu_s": c_us}
+      hf_, us = best[f"{what}/transformers"], best[f"{what}/mipu_jax"]
+      print(f"| {name} | {what} | {hf_.wall * 1e3:,.0f} | {us.wall * 1e3:,.0f} | "
+            f"{n_tok / hf_.wall:,.0f} | {n_tok / us.wall:,.0f} | "
+            f"**{hf_.wall / us.wall:.2f}x** |")
+      rec[what] = {"transformers_s": hf_.wall, "mipu_jax_s": us.wall,
+                   "ratio": hf_.wall / us.wall, "transformers_cpu_s": hf_.cpu,
+                   "mipu_jax_cpu_s": us.cpu, "transformers_kernel_s": hf_.kernel,
+                   "mipu_jax_kernel_s": us.kernel}
     records.append(rec)
     del hf, learner, state, rl
   print(f"\nload average at end {os.getloadavg()[0]:.1f}")

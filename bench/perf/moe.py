@@ -21,7 +21,10 @@ In one run, on this machine (fp32, one device, torch on as many threads as jax h
     (transformers' `Qwen3ForCausalLM` loaded from our export of the dense twin), so the
     experts' dispatch is compared apart from each engine's dense speed on this host;
   * MFU on active parameters: 6 x active parameters x tokens / time against the
-    machine's fp32 matmul peak (`bench/perf/model.py`), timed in the same rounds.
+    machine's fp32 matmul peak (`bench/perf/model.py`), timed in the same rounds;
+  * each step's CPU use, user and kernel (mostly page faults: the kernel zero-fills
+    every fresh page a call touches), and the size of the one buffer XLA allocates
+    for the step's temporaries on every call.
 Training times, and the peak's matmul, are the fastest of `--repeats` rounds in which
 every program runs once (after a warm-up each), so load drift hits all alike; decoding
 times the fastest of max(2, `--repeats // 2`) after a warm-up. Each transformers program
@@ -68,12 +71,12 @@ TRAIN_ROWS = (
 )
 
 
-def moe_config(hidden=128, expert_width=128, experts=8, top_k=2, layers=3):
+def moe_config(hidden=128, expert_width=128, experts=8, top_k=2, layers=3, vocab=256):
   """The bench's MoE (defaults: the dimensions of the small task's tiny MoE policy,
   with a vocabulary of 256 where the policy's is 20): heads of 32, twice as many query
   heads as key-value heads, tied embeddings."""
   heads = hidden // 32
-  return models.Qwen3Config(vocab_size=256, hidden_size=hidden, num_layers=layers,
+  return models.Qwen3Config(vocab_size=vocab, hidden_size=hidden, num_layers=layers,
                             num_heads=heads, num_kv_heads=heads // 2, head_dim=32,
                             intermediate_size=top_k * expert_width, tie_embeddings=True,
                             rope_theta=10_000.0, num_experts=experts,
@@ -100,6 +103,8 @@ def main():
   p.add_argument("--experts", type=int, default=8)
   p.add_argument("--top_k", type=int, default=2)
   p.add_argument("--layers", type=int, default=3)
+  p.add_argument("--vocab", type=int, default=256,
+                 help="vocabulary (tied embeddings); 8192 is the dense learner's `tiny` shape")
   a = p.parse_args()
   threads = len(os.sched_getaffinity(0))  # the CPUs this process may use (taskset)
 
@@ -108,7 +113,7 @@ def main():
             "query heads as key-value heads)")
   if a.batch % 4 or not 0 < a.prompt < a.seq:
     p.error("--batch must be a multiple of 4 (groups of 4) and 0 < --prompt < --seq")
-  cfg = moe_config(a.hidden, a.expert_width, a.experts, a.top_k, a.layers)
+  cfg = moe_config(a.hidden, a.expert_width, a.experts, a.top_k, a.layers, a.vocab)
   dense_cfg = dense_twin(cfg)
   data = rl_batch(cfg.vocab_size, a.batch, a.seq, a.prompt)  # tokens, masks, lp_old, adv
   tokens = data[0]
@@ -119,6 +124,9 @@ def main():
     whether its step unrolls the layers)`: one device, seed-0 weights."""
     model, learner, state, rl = shape_learner(mcfg, a.batch, a.seq, a.prompt,
                                               compiler_options, unroll_layers)
+    if mcfg.is_moe not in temps:  # the first, the learner's own: its step's temporaries
+      compiled = learner.lower_step_on(state, rl).compile()
+      temps[mcfg.is_moe] = compiled.memory_analysis().temp_size_in_bytes
 
     def step():  # the same state each time: every call does the same work
       jax.block_until_ready(learner.step(state, rl))
@@ -131,7 +139,7 @@ def main():
       models.save_pretrained(model, d)
       return load_hf(d, threads)
 
-  fns = {}
+  fns, temps = {}, {}
   model, fns["step/mipu_moe"], fns["fwd_bwd/mipu_moe_auto"], options, unrolled = ours(cfg)
   # The learner's own choices for a CPU (`moe.learner_compiler_options`,
   # `moe.learner_unroll_layers`), each taken back in turn, in the same rounds.
@@ -153,7 +161,8 @@ def main():
   fns["fwd_bwd/transformers_dense"] = hf_fwd_bwd(theirs(dense), tokens)
   peak_call, peak_flops = matmul_peak_program()
   fns["peak/matmul"] = peak_call  # in the same rounds: this host's speed drifts
-  results = {k: wall for k, (wall, _) in interleaved(fns, a.repeats).items()}
+  timed = interleaved(fns, a.repeats)
+  results = {k: t.wall for k, t in timed.items()}
   del fns, hf, hf_dense  # their buffers and optimizer states, before decoding
 
   # Greedy decoding, same weights.
@@ -202,8 +211,23 @@ def main():
           f"{' (the MoE unrolled, the twin a scan)' if unrolled else ''}, transformers "
           f"{r('transformers_moe') / r('transformers_dense'):.2f}x; dense twin vs "
           f"transformers' dense twin: {r('transformers_dense') / r('mipu_dense'):.2f}x")
+  print("CPU use per step (medians of the rounds; all threads): mipu_jax's XLA step "
+        f"allocates its temporaries as one buffer per call, {temps[True] / 2**20:.0f} MiB "
+        f"(the MoE) and {temps[False] / 2**20:.0f} MiB (the twin); glibc maps a block this "
+        "large afresh on every call unless its settings say otherwise (bench/README.md, "
+        "\"Kernel time and idle cores\")")
+  print("| what | CPU ms | user ms | kernel ms | minor page faults | cores busy |")
+  print("| --- | --- | --- | --- | --- | --- |")
+  for key, what in TRAIN_ROWS:
+    if key.startswith("step/") and key in timed:
+      t = timed[key]
+      print(f"| {what} | {t.cpu * 1e3:.0f} | {(t.cpu - t.kernel) * 1e3:.0f} | "
+            f"{t.kernel * 1e3:.0f} | {t.faults:,.0f} | {t.cpu / t.wall_median:.2f} |")
+  usage = {k: {"cpu_s": t.cpu, "kernel_s": t.kernel, "minor_faults": t.faults,
+               "wall_median_s": t.wall_median} for k, t in timed.items()}
   print(json.dumps({"host": host(), "threads": threads, "peak_gflops": peak,
-                    "args": vars(a), **results}))
+                    "args": vars(a), **results, "usage": usage,
+                    "xla_temp_bytes": {"moe": temps[True], "dense": temps[False]}}))
 
 
 if __name__ == "__main__":

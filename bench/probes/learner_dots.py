@@ -69,7 +69,7 @@ def main():
     for tag, options in (("default", {}), ("eigen", moe.EIGEN_DOTS)):
       *_, fns[tag], params[tag] = stepped(cfg, batch, seq, prompt, compiler_options=options)
     diff = max_abs_diff(params["default"], params["eigen"])
-    t = {k: wall for k, (wall, _) in interleaved(fns, a.rounds).items()}
+    t = {k: r.wall for k, r in interleaved(fns, a.rounds).items()}
     own = moe.learner_compiler_options(cfg, "cpu")
     print(f"| {name} | {t['default']:.4f} | {t['eigen']:.4f} | {t['eigen'] / t['default']:.2f} "
           f"| {diff:.1e} | {'EIGEN_DOTS' if own else 'jax defaults'} |", flush=True)

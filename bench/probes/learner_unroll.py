@@ -49,7 +49,7 @@ def step_rows(names, rounds):
       fns[f"fwd/{unroll}"] = lambda fwd=fwd, weights=weights, tokens=tokens: (
           jax.block_until_ready(fwd(weights, tokens)))
     diff = max_abs_diff(params[False], params[True])
-    t = {k: wall for k, (wall, _) in interleaved(fns, rounds).items()}
+    t = {k: r.wall for k, r in interleaved(fns, rounds).items()}
     own = moe.learner_unroll_layers(cfg, "cpu")
     print(f"| {name} | {t['step/False']:.4f} | {t['step/True']:.4f} | "
           f"{t['step/True'] / t['step/False']:.2f} | {diff:.1e} | {t['fwd/False']:.4f} | "
