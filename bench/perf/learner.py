@@ -332,11 +332,6 @@ def torch_learner_step(hf, tokens, input_mask, loss_mask, lp_old, adv):
   return step
 
 
-def cpu_seconds() -> float:
-  r = resource.getrusage(resource.RUSAGE_SELF)
-  return r.ru_utime + r.ru_stime
-
-
 def _usage() -> np.ndarray:
   """`[wall, CPU (user + kernel), kernel, minor page faults]` of this process so far."""
   r = resource.getrusage(resource.RUSAGE_SELF)
@@ -346,7 +341,8 @@ def _usage() -> np.ndarray:
 class Timed(NamedTuple):
   """One program's `interleaved` record: its fastest wall seconds, and per call the
   median CPU seconds (all threads, user + kernel), kernel seconds, minor page
-  faults (a fresh page touched: the kernel maps and zero-fills it) and wall seconds."""
+  faults (a fresh page touched: the kernel maps and zero-fills it) and wall seconds,
+  each field's median over the rounds taken on its own."""
   wall: float
   cpu: float
   kernel: float

@@ -53,6 +53,10 @@ from bench.perf.learner import torch_learner_step
 from bench.perf.model import matmul_peak_program
 from mipu_jax import models
 
+# glibc's ceiling for keeping a freed block in its heap (DEFAULT_MMAP_THRESHOLD_MAX on
+# 64-bit): a larger one is unmapped on free and mapped, page-faulted, afresh next time.
+GLIBC_MMAP_MAX = 32 << 20
+
 # Table rows of the training programs, in order: (key, what).
 TRAIN_ROWS = (
     ("step/mipu_moe", "mipu_jax MoE `Learner.step`"),
@@ -125,8 +129,8 @@ def main():
     model, learner, state, rl = shape_learner(mcfg, a.batch, a.seq, a.prompt,
                                               compiler_options, unroll_layers)
     if mcfg.is_moe not in temps:  # the first, the learner's own: its step's temporaries
-      compiled = learner.lower_step_on(state, rl).compile()
-      temps[mcfg.is_moe] = compiled.memory_analysis().temp_size_in_bytes
+      stats = learner.lower_step_on(state, rl).compile().memory_analysis()
+      temps[mcfg.is_moe] = stats.temp_size_in_bytes if stats is not None else 0
 
     def step():  # the same state each time: every call does the same work
       jax.block_until_ready(learner.step(state, rl))
@@ -211,11 +215,12 @@ def main():
           f"{' (the MoE unrolled, the twin a scan)' if unrolled else ''}, transformers "
           f"{r('transformers_moe') / r('transformers_dense'):.2f}x; dense twin vs "
           f"transformers' dense twin: {r('transformers_dense') / r('mipu_dense'):.2f}x")
+  big = max(temps.values()) > GLIBC_MMAP_MAX
   print("CPU use per step (medians of the rounds; all threads): mipu_jax's XLA step "
         f"allocates its temporaries as one buffer per call, {temps[True] / 2**20:.0f} MiB "
-        f"(the MoE) and {temps[False] / 2**20:.0f} MiB (the twin); glibc maps a block this "
-        "large afresh on every call unless its settings say otherwise (bench/README.md, "
-        "\"Kernel time and idle cores\")")
+        f"(the MoE) and {temps[False] / 2**20:.0f} MiB (the twin)" + (
+            "; glibc's malloc maps a block above 32 MiB afresh on every call (bench/README.md, "
+            "\"Kernel time and idle cores\")" if big else ""))
   print("| what | CPU ms | user ms | kernel ms | minor page faults | cores busy |")
   print("| --- | --- | --- | --- | --- | --- |")
   for key, what in TRAIN_ROWS:
