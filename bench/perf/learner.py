@@ -332,10 +332,10 @@ def torch_learner_step(hf, tokens, input_mask, loss_mask, lp_old, adv):
   return step
 
 
-def _usage() -> np.ndarray:
-  """`[wall, CPU (user + kernel), kernel, minor page faults]` of this process so far."""
+def usage() -> np.ndarray:
+  """`[wall, user CPU, kernel CPU, minor page faults]` of this process so far (seconds)."""
   r = resource.getrusage(resource.RUSAGE_SELF)
-  return np.array([time.perf_counter(), r.ru_utime + r.ru_stime, r.ru_stime, r.ru_minflt])
+  return np.array([time.perf_counter(), r.ru_utime, r.ru_stime, r.ru_minflt])
 
 
 class Timed(NamedTuple):
@@ -358,15 +358,15 @@ def interleaved(fns: dict, repeats: int) -> dict:
   calls = {name: [] for name in fns}
   for _ in range(repeats):
     for name, fn in fns.items():
-      u0 = _usage()
+      u0 = usage()
       fn()
-      calls[name].append(_usage() - u0)
+      calls[name].append(usage() - u0)
   out = {}
   for name, rows in calls.items():
-    rows = np.array(rows)
-    med = np.median(rows, axis=0)
-    out[name] = Timed(float(rows[:, 0].min()), float(med[1]), float(med[2]), float(med[3]),
-                      float(med[0]))
+    wall, user, kernel, faults = np.array(rows).T
+    out[name] = Timed(float(wall.min()), float(np.median(user + kernel)),
+                      float(np.median(kernel)), float(np.median(faults)),
+                      float(np.median(wall)))
   return out
 
 

@@ -35,9 +35,7 @@ import json
 import linecache
 import os
 import re
-import resource
 import tempfile
-import time
 
 import jax
 import numpy as np
@@ -193,11 +191,6 @@ def trace_events(call) -> list:
   return events["traceEvents"] if isinstance(events, dict) else events
 
 
-def _usage():
-  r = resource.getrusage(resource.RUSAGE_SELF)
-  return np.array([time.perf_counter(), r.ru_utime, r.ru_stime, r.ru_minflt])
-
-
 def profile_xla(learner, state, batch, warm=2):
   """Per-category op seconds of one traced step, the step's usage, the top ops."""
   with jax.set_mesh(learner.mesh):
@@ -205,9 +198,9 @@ def profile_xla(learner, state, batch, warm=2):
   instructions, comp_ops = _hlo_index(text)
   for _ in range(warm):
     jax.block_until_ready(learner.step(state, batch))
-  u0 = _usage()
+  u0 = learner_bench.usage()
   jax.block_until_ready(learner.step(state, batch))
-  usage = _usage() - u0
+  usage = learner_bench.usage() - u0
   events = trace_events(lambda: learner.step(state, batch))
   per_op, calls = collections.Counter(), collections.Counter()
   for e in events:
@@ -276,9 +269,9 @@ def profile_torch(path, data, threads, warm=2):
   step = learner_bench.torch_learner_step(hf, *data)
   for _ in range(warm):
     step()
-  u0 = _usage()
+  u0 = learner_bench.usage()
   step()
-  usage = _usage() - u0
+  usage = learner_bench.usage() - u0
   with profile(activities=[ProfilerActivity.CPU]) as prof:
     step()
   events = list(prof.events())
