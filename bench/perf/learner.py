@@ -89,6 +89,9 @@ def host() -> dict:
           "allocator": allocator()}
 
 
+GLIBC_DEFAULTS = "glibc malloc, its defaults"  # `allocator()` when nothing changes it
+
+
 def allocator() -> str:
   """This process's memory allocator as its environment sets it: a preloaded library
   and glibc's malloc settings (they move XLA:CPU's page faults: bench/README.md)."""
@@ -96,7 +99,7 @@ def allocator() -> str:
            os.environ.get("LD_PRELOAD", "").replace(":", " ").split() if "alloc" in p]
   parts += [f"{k}={v}" for k, v in sorted(os.environ.items())
             if k.startswith("MALLOC_") or k == "GLIBC_TUNABLES"]
-  return " ".join(parts) or "glibc malloc, its defaults"
+  return " ".join(parts) or GLIBC_DEFAULTS
 
 
 def host_line() -> str:

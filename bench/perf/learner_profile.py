@@ -1,18 +1,20 @@
 r"""Where a CPU learner step's time goes: mipu_jax's XLA ops against transformers' torch ops.
 
     python -m bench.perf.learner_profile [--shape mid --batch 64 --seq 96 --side both]
-    python -m bench.perf.learner_profile --shape moe_twin --batch 16 --seq 128
+    python -m bench.perf.learner_profile --shape moe --batch 16 --seq 128   # or moe_twin
 
-One learner step of the same Qwen3 (`bench/perf/sampler.py`'s shapes, or `moe_twin`:
-the dense twin of `bench/perf/moe.py`'s tiny MoE; fp32, tied embeddings), batch and
-loss on each side, profiled after two warm steps:
+One learner step of the same Qwen3 (`bench/perf/sampler.py`'s shapes, or `moe`:
+`bench/perf/moe.py`'s tiny Qwen3-MoE, `moe_twin` its dense twin; fp32, tied
+embeddings), batch and loss on each side, profiled after two warm steps:
 
   * mipu_jax: `Learner.step` (log-probs and entropy, PPO loss, AdamW with clipping,
     every metric), traced with `jax.profiler`; each XLA op (thunk) is placed by
     the Python call stack XLA keeps in the compiled HLO's metadata. The plain
     `dot`s XLA:CPU runs asynchronously through Eigen (absent from the trace)
-    are estimated from their FLOPs at the traced matmuls' rate.
-  * transformers: `Qwen3ForCausalLM` on our exported weights, log-softmax and
+    are estimated from their FLOPs at the traced matmuls' rate, or, where every
+    dot is Eigen's (the MoE learner on a CPU: `moe.learner_compiler_options`),
+    at the fp32 matmul peak measured in the same run (a lower bound on their time).
+  * transformers: `Qwen3ForCausalLM` (`Qwen3MoeForCausalLM`) on our exported weights, log-softmax and
     gather, entropy without gradient, the PPO loss, `backward`, gradient
     clipping and `torch.optim.AdamW`, under `torch.profiler`; each aten op is
     placed by the module (or patched function) it ran in, a backward op by
@@ -41,6 +43,7 @@ import jax
 import numpy as np
 
 from bench.perf import learner as learner_bench
+from bench.perf.model import matmul_peak_gflops
 from bench.perf.sampler import CONFIGS
 from mipu_jax import models
 
@@ -48,8 +51,10 @@ from mipu_jax import models
 CATEGORIES = (
     ("mm_layers", "matmuls: layer projections (q k v o, gate up down)"),
     ("mm_head", "matmuls: LM head (tied embedding)"),
+    ("mm_experts", "matmuls: MoE experts (gate up down, their gradients)"),
     ("mm_eigen", "matmuls outside the trace: Eigen's async dots (estimated)"),
     ("attention", "attention core (scores, mask, softmax, PV)"),
+    ("moe_route", "MoE: router, top-k, dispatch, combine, the experts' SwiGLU"),
     ("vocab", "log-softmax, gather, entropy over the vocabulary"),
     ("norm", "RMSNorms (layers, q/k, final)"),
     ("rope", "RoPE"),
@@ -126,14 +131,15 @@ def _hlo_index(text: str):
     frame = re.search(r"stack_frame_id=(\d+)", line)
     calls = re.search(r"calls=%([\w.\-]+)", line)
     instructions[m[1]] = dict(
-        op=op, calls=calls[1] if calls else None,
+        op=op, calls=calls[1] if calls else None, computation=comp,
         shape=line[m.end():].split(" ")[0], stack=stack(int(frame[1])) if frame else [])
     if op == "dot":  # FLOPs: 2 x output elements x contracted elements
       lhs = re.search(r"dot\(%?([\w.\-]+)", rest)[1]
       dims = [int(d) for d in re.search(r"lhs_contracting_dims=\{([\d,]*)\}", rest)[1].split(",") if d]
       lhs_shape = _dims(instructions[lhs]["shape"])
       flops = 2 * np.prod(_dims(instructions[m[1]]["shape"])) * np.prod([lhs_shape[d] for d in dims])
-      instructions[m[1]]["flops"] = comp_flops[comp] = comp_flops[comp] + float(flops)
+      instructions[m[1]]["flops"] = float(flops)
+      comp_flops[comp] += float(flops)  # a fusion's: the dots of the computation it calls
   for ins in instructions.values():
     ins.setdefault("flops", comp_flops.get(ins["calls"], 0.0) if ins["op"] == "fusion" else 0.0)
   return instructions, comp_ops
@@ -154,6 +160,8 @@ def _xla_category(ins, comp_ops) -> str:
       return "optimizer"
     if "/mipu_jax/models/attention.py" in path:
       return "attention"
+    if "/mipu_jax/models/moe.py" in path:
+      return "mm_experts" if is_dot and name != "route" else "moe_route"
     if name == "logits" and "/models/qwen3.py" in path:
       return "mm_head"
     if (is_dot and "/models/qwen3.py" in path) or name in ("_proj", "_proj_rows"):
@@ -192,7 +200,8 @@ def trace_events(call) -> list:
 
 
 def profile_xla(learner, state, batch, warm=2):
-  """Per-category op seconds of one traced step, the step's usage, the top ops."""
+  """Per-category op seconds of one traced step, the step's usage, the top ops, and
+  the rate (FLOP/s) the Eigen dots' estimate took with where it came from."""
   with jax.set_mesh(learner.mesh):
     text = learner._step.lower(state, batch).compile().as_text()  # pylint: disable=protected-access
   instructions, comp_ops = _hlo_index(text)
@@ -210,31 +219,39 @@ def profile_xla(learner, state, batch, warm=2):
   per_cat = collections.Counter()
   for name, sec in per_op.items():
     per_cat[_xla_category(instructions[name], comp_ops)] += sec
-  # XLA:CPU runs a plain `dot` (Eigen; the ones library fusions do not take)
-  # asynchronously: the trace shows its dispatch, not its work. Estimate that
-  # work from its FLOPs at the rate of the traced library matmuls.
+  # XLA:CPU may run a plain `dot` (Eigen; the ones library fusions do not take)
+  # asynchronously: the trace then shows its dispatch, not its work. Estimate that
+  # work from its FLOPs at the rate of the traced library matmuls, less the time
+  # the trace did show for it (so a dot traced in full adds nothing).
   fused = [n for n in per_op if instructions[n]["op"] == "fusion" and instructions[n]["flops"]]
-  rate = sum(instructions[n]["flops"] * calls[n] for n in fused) / sum(per_op[n] for n in fused)
-  per_cat["mm_eigen"] = sum(instructions[n]["flops"] * calls[n] for n in per_op
-                            if instructions[n]["op"] == "dot") / rate
+  if fused:
+    rate = sum(instructions[n]["flops"] * calls[n] for n in fused) / sum(per_op[n] for n in fused)
+    source = "the traced library matmuls' rate"
+  else:  # every dot is Eigen's: no traced matmul to take a rate from
+    rate = matmul_peak_gflops() * 1e9
+    source = "the fp32 matmul peak of this run (no library matmul in the trace)"
+  per_cat["mm_eigen"] = sum(max(0.0, instructions[n]["flops"] * calls[n] / rate - per_op[n])
+                            for n in per_op if instructions[n]["op"] == "dot")
   top = []
   for name, sec in per_op.most_common():
     ins = instructions[name]
     where = next((f"{os.path.basename(p)}:{fn.split('.')[-1]}:{ln}" for p, fn, ln in ins["stack"]
                   if "/mipu_jax/" in p), "")
     top.append((name, sec, calls[name], ins["shape"], _xla_category(ins, comp_ops), where))
-  return per_cat, usage, top
+  return per_cat, usage, top, (rate, source)
 
 
 # --- torch side -------------------------------------------------------------
 
 
 def _scoped_hf(path, threads):
-  """transformers' Qwen3 with `cat:*` profiler scopes on its norms, MLPs,
-  attention core, RoPE, LM head and embedding."""
+  """transformers' Qwen3 (or Qwen3-MoE) with `cat:*` profiler scopes on its norms,
+  MLPs, experts, router, attention core, RoPE, LM head and embedding."""
+  import importlib  # pylint: disable=g-import-not-at-top
   from torch.profiler import record_function  # pylint: disable=g-import-not-at-top
-  from transformers.models.qwen3 import modeling_qwen3  # pylint: disable=g-import-not-at-top
   hf = learner_bench.load_hf(path, threads)
+  kind = hf.config.model_type  # qwen3 or qwen3_moe
+  modeling_qwen3 = importlib.import_module(f"transformers.models.{kind}.modeling_{kind}")
 
   def scoped(fn, label):
     def wrapped(*args, **kwargs):
@@ -250,8 +267,10 @@ def _scoped_hf(path, threads):
   modeling_qwen3.eager_attention_forward = scoped(modeling_qwen3.eager_attention_forward,
                                                   "cat:attention")
   for mod in hf.modules():
-    label = {"Qwen3RMSNorm": "cat:norm", "Qwen3MLP": "cat:mlp",
-             "Embedding": "cat:residual"}.get(type(mod).__name__)
+    label = {"Qwen3RMSNorm": "cat:norm", "Qwen3MLP": "cat:mlp", "Embedding": "cat:residual",
+             "Qwen3MoeRMSNorm": "cat:norm", "Qwen3MoeMLP": "cat:mlp",
+             "Qwen3MoeExperts": "cat:experts", "Qwen3MoeTopKRouter": "cat:moe_route",
+             "Qwen3MoeSparseMoeBlock": "cat:moe_route"}.get(type(mod).__name__)
     if mod is hf.lm_head:
       label = "cat:mm_head"
     if label:
@@ -259,7 +278,8 @@ def _scoped_hf(path, threads):
   return hf
 
 
-_MATMULS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::matmul", "aten::linear")
+_MATMULS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::matmul", "aten::linear",
+            "aten::_grouped_mm")
 
 
 def profile_torch(path, data, threads, warm=2):
@@ -302,6 +322,8 @@ def profile_torch(path, data, threads, warm=2):
     is_mm = e.name in _MATMULS
     if cat == "mlp":
       cat = "mm_layers" if is_mm else "swiglu"
+    elif cat == "experts":
+      cat = "mm_experts" if is_mm else "moe_route"
     elif cat is None:
       cat = "mm_layers" if is_mm else "other"
     per_cat[cat] += sec
@@ -319,17 +341,17 @@ def _cpu_line(name, usage):
 
 def main():
   p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-  p.add_argument("--shape", default="mid", choices=sorted(CONFIGS) + ["moe_twin"],
-                 help="moe_twin: the dense twin of bench/perf/moe.py's tiny MoE")
+  p.add_argument("--shape", default="mid", choices=sorted(CONFIGS) + ["moe", "moe_twin"],
+                 help="moe: bench/perf/moe.py's tiny MoE; moe_twin: its dense twin")
   p.add_argument("--batch", type=int, default=64)
   p.add_argument("--seq", type=int, default=96)
   p.add_argument("--prompt", type=int, default=32)
   p.add_argument("--side", default="both", choices=("both", "jax", "torch"))
   p.add_argument("--top", type=int, default=15, help="costliest XLA ops to list")
   a = p.parse_args()
-  if a.shape == "moe_twin":
+  if a.shape in ("moe", "moe_twin"):
     from bench.perf import moe  # pylint: disable=g-import-not-at-top
-    mcfg = moe.dense_twin(moe.moe_config())
+    mcfg = moe.moe_config() if a.shape == "moe" else moe.dense_twin(moe.moe_config())
   else:
     mcfg = learner_bench.shape_config(a.shape)
   data = learner_bench.rl_batch(mcfg.vocab_size, a.batch, a.seq, a.prompt)
@@ -362,6 +384,9 @@ def main():
   for n in names:
     print(_cpu_line(n, sides[n][1]))
   print(f"load average at end {os.getloadavg()[0]:.1f}")
+  if "mipu_jax" in sides:
+    rate, source = sides["mipu_jax"][3]
+    print(f"Eigen's async dots estimated at {rate / 1e9:.0f} GFLOP/s: {source}")
   if "mipu_jax" in sides and a.top:
     print(f"\nthe {a.top} costliest XLA ops of the traced step (time summed over calls):")
     for name, sec, count, shape, cat, where in sides["mipu_jax"][2][:a.top]:

@@ -41,6 +41,8 @@ import jax
 import numpy as np
 
 from bench.perf.learner import _best_time as _best  # fastest of repeats after a warm-up
+from bench.perf.learner import GLIBC_DEFAULTS
+from bench.perf.learner import allocator
 from bench.perf.learner import hf_fwd_bwd
 from bench.perf.learner import host
 from bench.perf.learner import host_line
@@ -215,7 +217,8 @@ def main():
           f"{' (the MoE unrolled, the twin a scan)' if unrolled else ''}, transformers "
           f"{r('transformers_moe') / r('transformers_dense'):.2f}x; dense twin vs "
           f"transformers' dense twin: {r('transformers_dense') / r('mipu_dense'):.2f}x")
-  big = max(temps.values()) > GLIBC_MMAP_MAX
+  # The note holds only under glibc's own malloc, whose settings stay at their defaults.
+  big = max(temps.values()) > GLIBC_MMAP_MAX and allocator() == GLIBC_DEFAULTS
   print("CPU use per step (medians of the rounds; all threads): mipu_jax's XLA step "
         f"allocates its temporaries as one buffer per call, {temps[True] / 2**20:.0f} MiB "
         f"(the MoE) and {temps[False] / 2**20:.0f} MiB (the twin)" + (

@@ -1,4 +1,4 @@
-r"""The learner step with XLA:CPU's default dots (YNNPACK fusions) and with Eigen's, per shape.
+r"""The learner step with XLA:CPU's default dots (YNNPACK fusions), Eigen's and oneDNN's, per shape.
 
     python -m bench.probes.learner_dots [--shapes moe128,moe128w,moe256n,moe256,moe512,twin128,tiny]
 
@@ -6,9 +6,9 @@ r"""The learner step with XLA:CPU's default dots (YNNPACK fusions) and with Eige
 batched dots of blocks on a CPU, and jax's defaults elsewhere. This probe is the
 measurement behind that rule: for each shape, `Learner.step` (the `bench.perf.moe` /
 `bench.perf.learner` learner: one update, no correction, one device) compiled with jax's
-defaults and with `EIGEN_DOTS`, in alternating rounds (fastest of `--rounds` each), the
-largest parameter difference after one step between the two, and what the learner resolves
-by itself. Shapes: `moeD[w|n]` the MoE bench's model at width D (expert width D, `w` twice
+defaults, with `EIGEN_DOTS` and with `ONEDNN_DOTS` (lone dots by oneDNN), in
+alternating rounds (fastest of `--rounds` each), the largest parameter difference after
+one step from the defaults', and what the learner resolves by itself. Shapes: `moeD[w|n]` the MoE bench's model at width D (expert width D, `w` twice
 it, `n` half), `twin128` its dense twin at D = 128, `tiny` / `mid` the dense learner
 bench's shapes at 64 x 96 tokens.
 """
@@ -25,6 +25,7 @@ from bench.perf.learner import shape_config
 from bench.perf.learner import shape_learner
 from bench.perf.moe import dense_twin
 from bench.perf.moe import moe_config
+from bench.probes.dot_libraries import ONEDNN_DOTS
 from mipu_jax.models import moe
 
 SHAPES = {  # name: (config, batch, seq, prompt)
@@ -59,20 +60,22 @@ def main():
   p.add_argument("--rounds", type=int, default=5)
   a = p.parse_args()
   print(f"{host_line()}; {len(os.sched_getaffinity(0))} threads")
-  print("| shape | jax defaults (s) | EIGEN_DOTS (s) | Eigen / default | max param diff | "
-        "the learner's own choice |")
-  print("| --- | ---: | ---: | ---: | ---: | --- |")
+  print("| shape | jax defaults (s) | EIGEN_DOTS (s) | ONEDNN_DOTS (s) | Eigen / default | "
+        "oneDNN / default | max param diff: Eigen, oneDNN | the learner's own choice |")
+  print("| --- | ---: | ---: | ---: | ---: | ---: | --- | --- |")
   for name in a.shapes.split(","):
     make, batch, seq, prompt = SHAPES[name]
     cfg = make()
     fns, params = {}, {}
-    for tag, options in (("default", {}), ("eigen", moe.EIGEN_DOTS)):
+    for tag, options in (("default", {}), ("eigen", moe.EIGEN_DOTS), ("onednn", ONEDNN_DOTS)):
       *_, fns[tag], params[tag] = stepped(cfg, batch, seq, prompt, compiler_options=options)
-    diff = max_abs_diff(params["default"], params["eigen"])
+    diffs = [max_abs_diff(params["default"], params[k]) for k in ("eigen", "onednn")]
     t = {k: r.wall for k, r in interleaved(fns, a.rounds).items()}
     own = moe.learner_compiler_options(cfg, "cpu")
-    print(f"| {name} | {t['default']:.4f} | {t['eigen']:.4f} | {t['eigen'] / t['default']:.2f} "
-          f"| {diff:.1e} | {'EIGEN_DOTS' if own else 'jax defaults'} |", flush=True)
+    print(f"| {name} | {t['default']:.4f} | {t['eigen']:.4f} | {t['onednn']:.4f} | "
+          f"{t['eigen'] / t['default']:.2f} | {t['onednn'] / t['default']:.2f} | "
+          f"{diffs[0]:.1e}, {diffs[1]:.1e} | {'EIGEN_DOTS' if own else 'jax defaults'} |",
+          flush=True)
 
 
 if __name__ == "__main__":

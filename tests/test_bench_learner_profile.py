@@ -1,0 +1,28 @@
+"""bench/perf/learner_profile.py: the FLOPs it reads off the compiled HLO, which its
+estimate of Eigen's asynchronous dots divides by a rate (bench/README.md, "Where the
+learner's time goes on a CPU")."""
+
+import jax
+import jax.numpy as jnp
+
+from bench.perf import learner_profile
+from mipu_jax.models import moe
+
+
+def test_each_plain_dot_counts_its_own_flops_not_those_before_it_in_its_computation():
+  x, w1, w2 = jnp.ones((64, 32)), jnp.ones((32, 48)), jnp.ones((48, 16))
+  fn = jax.jit(lambda x, w1, w2: jnp.tanh(x @ w1) @ w2)
+  text = fn.lower(x, w1, w2).compile(compiler_options=moe.EIGEN_DOTS).as_text()
+  instructions, _ = learner_profile._hlo_index(text)  # pylint: disable=protected-access
+  dots = sorted(ins["flops"] for ins in instructions.values() if ins["op"] == "dot")
+  assert dots == [2 * 64 * 48 * 16, 2 * 64 * 32 * 48]  # two plain dots in one computation
+
+
+def test_a_dot_is_counted_once_whichever_library_runs_it():
+  x, w = jnp.ones((64, 32)), jnp.ones((32, 48))
+  for options in ({}, moe.EIGEN_DOTS):  # a library fusion calling the dot (x86), a plain dot
+    text = jax.jit(lambda x, w: x @ w).lower(x, w).compile(compiler_options=options).as_text()
+    instructions, _ = learner_profile._hlo_index(text)  # pylint: disable=protected-access
+    counted = [ins["flops"] for ins in instructions.values()  # the ops the program runs
+               if ins["computation"].startswith("main") and ins["flops"]]
+    assert counted == [2 * 64 * 32 * 48], options
