@@ -26,3 +26,8 @@ def test_a_dot_is_counted_once_whichever_library_runs_it():
     counted = [ins["flops"] for ins in instructions.values()  # the ops the program runs
                if ins["computation"].startswith("main") and ins["flops"]]
     assert counted == [2 * 64 * 32 * 48], options
+
+
+def test_categories_take_the_median_over_steps_a_missing_one_counting_zero():
+  steps = [{"attention": 3.0, "scan": 1.0}, {"attention": 1.0}, {"attention": 2.0, "scan": 5.0}]
+  assert learner_profile._median_counters(steps) == {"attention": 2.0, "scan": 1.0}  # pylint: disable=protected-access

@@ -5,7 +5,8 @@ r"""Where a CPU learner step's time goes: mipu_jax's XLA ops against transformer
 
 One learner step of the same Qwen3 (`bench/perf/sampler.py`'s shapes, or `moe`:
 `bench/perf/moe.py`'s tiny Qwen3-MoE, `moe_twin` its dense twin; fp32, tied
-embeddings), batch and loss on each side, profiled after two warm steps:
+embeddings), batch and loss on each side, profiled after two warm steps, `--steps`
+times (each category's median; one traced step's op times can move by 1.8x):
 
   * mipu_jax: `Learner.step` (log-probs and entropy, PPO loss, AdamW with clipping,
     every metric), traced with `jax.profiler`; each XLA op (thunk) is placed by
@@ -199,30 +200,46 @@ def trace_events(call) -> list:
   return events["traceEvents"] if isinstance(events, dict) else events
 
 
-def profile_xla(learner, state, batch, warm=2):
-  """Per-category op seconds of one traced step, the step's usage, the top ops, and
-  the rate (FLOP/s) the Eigen dots' estimate took with where it came from."""
+def _median_counters(counters) -> collections.Counter:
+  """Each key's median over `counters` (a missing key counts 0)."""
+  keys = set().union(*counters)
+  return collections.Counter({k: float(np.median([c.get(k, 0.0) for c in counters]))
+                              for k in keys})
+
+
+def _median_usage(call, steps):
+  """The median `[wall, user, kernel, faults]` of `steps` untraced calls."""
+  rows = []
+  for _ in range(steps):
+    u0 = learner_bench.usage()
+    call()
+    rows.append(learner_bench.usage() - u0)
+  return np.median(np.stack(rows), axis=0)
+
+
+def profile_xla(learner, state, batch, warm=2, steps=3):
+  """Per-category op seconds of a traced step (each category's and op's median over
+  `steps` traced steps), the step's usage (median of `steps`), the top ops, and the
+  rate (FLOP/s) the Eigen dots' estimate took with where it came from."""
   with jax.set_mesh(learner.mesh):
     text = learner._step.lower(state, batch).compile().as_text()  # pylint: disable=protected-access
   instructions, comp_ops = _hlo_index(text)
   for _ in range(warm):
     jax.block_until_ready(learner.step(state, batch))
-  u0 = learner_bench.usage()
-  jax.block_until_ready(learner.step(state, batch))
-  usage = learner_bench.usage() - u0
-  events = trace_events(lambda: learner.step(state, batch))
-  per_op, calls = collections.Counter(), collections.Counter()
-  for e in events:
-    if e.get("ph") == "X" and e["name"] in instructions:
-      per_op[e["name"]] += e.get("dur", 0) * 1e-6
-      calls[e["name"]] += 1
-  per_cat = collections.Counter()
-  for name, sec in per_op.items():
-    per_cat[_xla_category(instructions[name], comp_ops)] += sec
+  usage = _median_usage(lambda: jax.block_until_ready(learner.step(state, batch)), steps)
+  traced = []
+  for _ in range(steps):
+    per_op, calls = collections.Counter(), collections.Counter()
+    for e in trace_events(lambda: learner.step(state, batch)):
+      if e.get("ph") == "X" and e["name"] in instructions:
+        per_op[e["name"]] += e.get("dur", 0) * 1e-6
+        calls[e["name"]] += 1
+    traced.append((per_op, calls))
   # XLA:CPU may run a plain `dot` (Eigen; the ones library fusions do not take)
   # asynchronously: the trace then shows its dispatch, not its work. Estimate that
   # work from its FLOPs at the rate of the traced library matmuls, less the time
   # the trace did show for it (so a dot traced in full adds nothing).
+  per_op, calls = _median_counters([t[0] for t in traced]), traced[0][1]
   fused = [n for n in per_op if instructions[n]["op"] == "fusion" and instructions[n]["flops"]]
   if fused:
     rate = sum(instructions[n]["flops"] * calls[n] for n in fused) / sum(per_op[n] for n in fused)
@@ -230,15 +247,21 @@ def profile_xla(learner, state, batch, warm=2):
   else:  # every dot is Eigen's: no traced matmul to take a rate from
     rate = matmul_peak_gflops() * 1e9
     source = "the fp32 matmul peak of this run (no library matmul in the trace)"
-  per_cat["mm_eigen"] = sum(max(0.0, instructions[n]["flops"] * calls[n] / rate - per_op[n])
-                            for n in per_op if instructions[n]["op"] == "dot")
+  per_step = []
+  for step_ops, step_calls in traced:
+    cats = collections.Counter()
+    for name, sec in step_ops.items():
+      cats[_xla_category(instructions[name], comp_ops)] += sec
+    cats["mm_eigen"] = sum(max(0.0, instructions[n]["flops"] * step_calls[n] / rate - sec)
+                           for n, sec in step_ops.items() if instructions[n]["op"] == "dot")
+    per_step.append(cats)
   top = []
   for name, sec in per_op.most_common():
     ins = instructions[name]
     where = next((f"{os.path.basename(p)}:{fn.split('.')[-1]}:{ln}" for p, fn, ln in ins["stack"]
                   if "/mipu_jax/" in p), "")
     top.append((name, sec, calls[name], ins["shape"], _xla_category(ins, comp_ops), where))
-  return per_cat, usage, top, (rate, source)
+  return _median_counters(per_step), usage, top, (rate, source)
 
 
 # --- torch side -------------------------------------------------------------
@@ -282,16 +305,20 @@ _MATMULS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::matmul", "aten::linea
             "aten::_grouped_mm")
 
 
-def profile_torch(path, data, threads, warm=2):
-  """Per-category op seconds of one profiled torch step and the step's usage."""
-  from torch.profiler import profile, ProfilerActivity  # pylint: disable=g-import-not-at-top
+def profile_torch(path, data, threads, warm=2, steps=3):
+  """Per-category op seconds of a profiled torch step (each category's median over
+  `steps` profiled steps) and the step's usage (median of `steps`)."""
   hf = _scoped_hf(path, threads)
   step = learner_bench.torch_learner_step(hf, *data)
   for _ in range(warm):
     step()
-  u0 = learner_bench.usage()
-  step()
-  usage = learner_bench.usage() - u0
+  usage = _median_usage(step, steps)
+  return _median_counters([_torch_categories(step) for _ in range(steps)]), usage
+
+
+def _torch_categories(step) -> collections.Counter:
+  """Per-category op seconds of one `step()` under `torch.profiler`."""
+  from torch.profiler import profile, ProfilerActivity  # pylint: disable=g-import-not-at-top
   with profile(activities=[ProfilerActivity.CPU]) as prof:
     step()
   events = list(prof.events())
@@ -327,7 +354,7 @@ def profile_torch(path, data, threads, warm=2):
     elif cat is None:
       cat = "mm_layers" if is_mm else "other"
     per_cat[cat] += sec
-  return per_cat, usage
+  return per_cat
 
 
 # --- the table --------------------------------------------------------------
@@ -348,6 +375,8 @@ def main():
   p.add_argument("--prompt", type=int, default=32)
   p.add_argument("--side", default="both", choices=("both", "jax", "torch"))
   p.add_argument("--top", type=int, default=15, help="costliest XLA ops to list")
+  p.add_argument("--steps", type=int, default=3,
+                 help="profiled steps per side; each category's median is printed")
   a = p.parse_args()
   if a.shape in ("moe", "moe_twin"):
     from bench.perf import moe  # pylint: disable=g-import-not-at-top
@@ -363,12 +392,12 @@ def main():
         f"at start {os.getloadavg()[0]:.1f}\n")
   sides = {}
   if a.side in ("both", "jax"):
-    sides["mipu_jax"] = profile_xla(learner, state, batch)
+    sides["mipu_jax"] = profile_xla(learner, state, batch, steps=a.steps)
   del learner, state, batch  # their buffers, before torch's
   if a.side in ("both", "torch"):
     with tempfile.TemporaryDirectory() as d:
       models.save_pretrained(model, d)
-      sides["transformers"] = profile_torch(d, data, threads)
+      sides["transformers"] = profile_torch(d, data, threads, steps=a.steps)
   names = list(sides)
   print("| category | " + " | ".join(f"{n} ms | share" for n in names) + " |")
   print("|---|" + "---|---|" * len(names))
@@ -388,7 +417,7 @@ def main():
     rate, source = sides["mipu_jax"][3]
     print(f"Eigen's async dots estimated at {rate / 1e9:.0f} GFLOP/s: {source}")
   if "mipu_jax" in sides and a.top:
-    print(f"\nthe {a.top} costliest XLA ops of the traced step (time summed over calls):")
+    print(f"\nthe {a.top} costliest XLA ops of a traced step (medians; time summed over calls):")
     for name, sec, count, shape, cat, where in sides["mipu_jax"][2][:a.top]:
       print(f"  {sec * 1e3:7.1f} ms x{count:<3d} {cat:9s} {name:34s} {shape:28s} {where}")
 
