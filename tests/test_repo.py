@@ -204,3 +204,35 @@ def test_cited_sections_exist():
         if not any(s.lower().startswith(section.lower()) for s in sections[target]):
           bad.append(f"{name}:{number}: {doc}, \"{section}\"")
   assert not bad, bad
+
+
+def _brace_expansions(path: str) -> list[str]:
+  """`a_{x,y}_{1,2}.out` as the shell expands it: every combination of the alternatives."""
+  import itertools  # pylint: disable=g-import-not-at-top
+  parts = re.split(r"\{([^{}]*)\}", path)
+  literals, choices = parts[0::2], [p.split(",") for p in parts[1::2]]
+  return ["".join(l + c for l, c in zip(literals, list(combo) + [""]))
+          for combo in itertools.product(*choices)]
+
+
+def test_brace_expansions_take_every_combination():
+  assert _brace_expansions("results/m_{a,b}_{1,2}.out") == [
+      "results/m_a_1.out", "results/m_a_2.out", "results/m_b_1.out", "results/m_b_2.out"]
+  assert _brace_expansions("results/m.out") == ["results/m.out"]
+
+
+def test_cited_result_files_exist():
+  """A raw output the docs cite (`results/...`, from the repository root or the citing
+  file's folder, braces expanded as the shell would) is in the tree: a figure keeps the
+  run that made it."""
+  docs = _tracked("*.md")
+  if docs is None:
+    pytest.skip("needs the git checkout")
+  cite = re.compile(r"(?<![\w/])results/[\w{},.\-/]+\.(?:out|json|jsonl|csv|txt|md|png)")
+  bad = []
+  for doc in (d for d in docs if not d.startswith(("bench/results/", "results/"))):
+    folder = (ROOT / doc).parent
+    for ref in set(cite.findall((ROOT / doc).read_text())):
+      bad += [f"{doc}: {p}" for p in _brace_expansions(ref)
+              if not ((ROOT / p).exists() or (folder / p).exists())]
+  assert not bad, bad
