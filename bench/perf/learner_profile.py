@@ -6,7 +6,7 @@ r"""Where a CPU learner step's time goes: mipu_jax's XLA ops against transformer
 One learner step of the same Qwen3 (`bench/perf/sampler.py`'s shapes, or `moe`:
 `bench/perf/moe.py`'s tiny Qwen3-MoE, `moe_twin` its dense twin; fp32, tied
 embeddings), batch and loss on each side, profiled after two warm steps, `--steps`
-times (each category's median; one traced step's op times can move by 1.8x):
+times (each category's median: one traced step's op times vary from run to run):
 
   * mipu_jax: `Learner.step` (log-probs and entropy, PPO loss, AdamW with clipping,
     every metric), traced with `jax.profiler`; each XLA op (thunk) is placed by
