@@ -40,6 +40,8 @@ import numpy as np
 
 from bench.perf.learner import host_line
 from bench.perf.learner import shape_config
+from bench.perf.moe import dense_twin
+from bench.perf.moe import moe_config
 from mipu_jax.config.training import LearnerConfig
 from mipu_jax.models import moe
 
@@ -77,7 +79,6 @@ def dot_cases(shapes: str):
   cases = []
   for name in shapes.split(","):
     if name == "moe":
-      from bench.perf.moe import dense_twin, moe_config  # pylint: disable=g-import-not-at-top
       cfg, (b, t) = dense_twin(moe_config()), MOE_BATCH
     else:
       cfg, (b, t) = shape_config(name), BATCH
