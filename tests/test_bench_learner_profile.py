@@ -4,6 +4,7 @@ learner's time goes on a CPU")."""
 
 import jax
 import jax.numpy as jnp
+import pytest
 
 from bench.perf import learner_profile
 from mipu_jax.models import moe
@@ -31,3 +32,16 @@ def test_a_dot_is_counted_once_whichever_library_runs_it():
 def test_categories_take_the_median_over_steps_a_missing_one_counting_zero():
   steps = [{"attention": 3.0, "scan": 1.0}, {"attention": 1.0}, {"attention": 2.0, "scan": 5.0}]
   assert learner_profile._median_counters(steps) == {"attention": 2.0, "scan": 1.0}  # pylint: disable=protected-access
+
+
+def test_a_loop_counts_its_body_ops_not_its_own_span_over_them():
+  x = jnp.ones((16, 16))
+  fn = jax.jit(lambda x: jax.lax.fori_loop(0, 3, lambda i, y: jnp.sin(y) @ y, x))
+  instructions, _ = learner_profile._hlo_index(fn.lower(x).compile().as_text())  # pylint: disable=protected-access
+  loop = next(n for n, ins in instructions.items() if ins["op"] == "while")
+  body = next(n for n, ins in instructions.items() if ins["op"] in ("dot", "fusion"))
+  events = [{"ph": "X", "name": loop, "dur": 900.0}]  # microseconds, spanning the body's
+  events += [{"ph": "X", "name": body, "dur": 250.0}] * 3
+  seconds, calls = learner_profile.op_times(events, instructions)
+  assert calls == {body: 3} and list(seconds) == [body]
+  assert seconds[body] == pytest.approx(750e-6)

@@ -1,5 +1,6 @@
 """The repository's promises about itself: CI runs the README's test commands."""
 
+import itertools
 import pathlib
 import re
 
@@ -208,7 +209,6 @@ def test_cited_sections_exist():
 
 def _brace_expansions(path: str) -> list[str]:
   """`a_{x,y}_{1,2}.out` as the shell expands it: every combination of the alternatives."""
-  import itertools  # pylint: disable=g-import-not-at-top
   parts = re.split(r"\{([^{}]*)\}", path)
   literals, choices = parts[0::2], [p.split(",") for p in parts[1::2]]
   return ["".join(l + c for l, c in zip(literals, list(combo) + [""]))
@@ -228,7 +228,8 @@ def test_cited_result_files_exist():
   docs = _tracked("*.md")
   if docs is None:
     pytest.skip("needs the git checkout")
-  cite = re.compile(r"(?<![\w/])results/[\w{},.\-/]+\.(?:out|json|jsonl|csv|txt|md|png)")
+  cite = re.compile(
+      r"(?<![\w/])(?:bench/)?results/[\w{},.\-/]+\.(?:out|json|jsonl|csv|txt|md|png)")
   bad = []
   for doc in (d for d in docs if not d.startswith(("bench/results/", "results/"))):
     folder = (ROOT / doc).parent

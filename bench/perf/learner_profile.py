@@ -10,11 +10,13 @@ times (each category's median: one traced step's op times vary from run to run):
 
   * mipu_jax: `Learner.step` (log-probs and entropy, PPO loss, AdamW with clipping,
     every metric), traced with `jax.profiler`; each XLA op (thunk) is placed by
-    the Python call stack XLA keeps in the compiled HLO's metadata. The plain
-    `dot`s XLA:CPU runs asynchronously through Eigen (absent from the trace)
-    are estimated from their FLOPs at the traced matmuls' rate, or, where every
-    dot is Eigen's (the MoE learner on a CPU: `moe.learner_compiler_options`),
-    at the fp32 matmul peak measured in the same run (a lower bound on their time).
+    the Python call stack XLA keeps in the compiled HLO's metadata; a `while` or
+    `conditional` op is left out, its body's ops being traced themselves. XLA:CPU
+    runs a plain `dot` (Eigen's) asynchronously, so the trace may show part of its
+    work only: each one's time is taken as at least its FLOPs at the traced
+    library matmuls' rate, or, where every dot is Eigen's (`EIGEN_DOTS`, as the
+    blocked MoE's learner on a CPU compiles), at the fp32 matmul peak measured in
+    the same run (a lower bound); the estimated part is printed on its own line.
   * transformers: `Qwen3ForCausalLM` (`Qwen3MoeForCausalLM`) on our exported weights, log-softmax and
     gather, entropy without gradient, the PPO loss, `backward`, gradient
     clipping and `torch.optim.AdamW`, under `torch.profiler`; each aten op is
@@ -34,6 +36,7 @@ import argparse
 import collections
 import glob
 import gzip
+import importlib
 import json
 import linecache
 import os
@@ -53,7 +56,6 @@ CATEGORIES = (
     ("mm_layers", "matmuls: layer projections (q k v o, gate up down)"),
     ("mm_head", "matmuls: LM head (tied embedding)"),
     ("mm_experts", "matmuls: MoE experts (gate up down, their gradients)"),
-    ("mm_eigen", "matmuls outside the trace: Eigen's async dots (estimated)"),
     ("attention", "attention core (scores, mask, softmax, PV)"),
     ("moe_route", "MoE: router, top-k, dispatch, combine, the experts' SwiGLU"),
     ("vocab", "log-softmax, gather, entropy over the vocabulary"),
@@ -217,51 +219,65 @@ def _median_usage(call, steps):
   return np.median(np.stack(rows), axis=0)
 
 
+# Ops whose trace event spans their body's ops, which are traced too.
+_CONTAINERS = ("while", "conditional", "call")
+
+
+def op_times(events, instructions):
+  """`(seconds, calls)` per HLO instruction of one trace's complete events; a container
+  op (`while`, `conditional`) counts nothing itself, its body's ops count."""
+  seconds, calls = collections.Counter(), collections.Counter()
+  for e in events:
+    if (e.get("ph") == "X" and e["name"] in instructions
+        and instructions[e["name"]]["op"] not in _CONTAINERS):
+      seconds[e["name"]] += e.get("dur", 0) * 1e-6
+      calls[e["name"]] += 1
+  return seconds, calls
+
+
 def profile_xla(learner, state, batch, warm=2, steps=3):
   """Per-category op seconds of a traced step (each category's and op's median over
-  `steps` traced steps), the step's usage (median of `steps`), the top ops, and the
-  rate (FLOP/s) the Eigen dots' estimate took with where it came from."""
+  `steps` traced steps), the step's usage (median of `steps`), the top ops, and
+  `(rate, where the rate came from, seconds estimated)` of the Eigen dots' estimate."""
   with jax.set_mesh(learner.mesh):
     text = learner._step.lower(state, batch).compile().as_text()  # pylint: disable=protected-access
   instructions, comp_ops = _hlo_index(text)
   for _ in range(warm):
     jax.block_until_ready(learner.step(state, batch))
   usage = _median_usage(lambda: jax.block_until_ready(learner.step(state, batch)), steps)
-  traced = []
-  for _ in range(steps):
-    per_op, calls = collections.Counter(), collections.Counter()
-    for e in trace_events(lambda: learner.step(state, batch)):
-      if e.get("ph") == "X" and e["name"] in instructions:
-        per_op[e["name"]] += e.get("dur", 0) * 1e-6
-        calls[e["name"]] += 1
-    traced.append((per_op, calls))
-  # XLA:CPU may run a plain `dot` (Eigen; the ones library fusions do not take)
-  # asynchronously: the trace then shows its dispatch, not its work. Estimate that
-  # work from its FLOPs at the rate of the traced library matmuls, less the time
-  # the trace did show for it (so a dot traced in full adds nothing).
-  per_op, calls = _median_counters([t[0] for t in traced]), traced[0][1]
+  traced = [op_times(trace_events(lambda: learner.step(state, batch)), instructions)
+            for _ in range(steps)]
+  # XLA:CPU runs a plain `dot` (Eigen; the ones library fusions do not take)
+  # asynchronously: the trace may show its dispatch, not all its work. Each one
+  # takes at least its FLOPs at the rate of the traced library matmuls: the
+  # estimate adds what the trace did not show (a dot traced in full adds nothing).
+  per_op = _median_counters([t[0] for t in traced])
+  calls = _median_counters([t[1] for t in traced])
   fused = [n for n in per_op if instructions[n]["op"] == "fusion" and instructions[n]["flops"]]
   if fused:
     rate = sum(instructions[n]["flops"] * calls[n] for n in fused) / sum(per_op[n] for n in fused)
     source = "the traced library matmuls' rate"
   else:  # every dot is Eigen's: no traced matmul to take a rate from
     rate = matmul_peak_gflops() * 1e9
-    source = "the fp32 matmul peak of this run (no library matmul in the trace)"
-  per_step = []
+    source = "the fp32 matmul peak of this run: no library matmul in the trace"
+  per_step, estimated = [], []
   for step_ops, step_calls in traced:
-    cats = collections.Counter()
+    cats, extra = collections.Counter(), 0.0
     for name, sec in step_ops.items():
-      cats[_xla_category(instructions[name], comp_ops)] += sec
-    cats["mm_eigen"] = sum(max(0.0, instructions[n]["flops"] * step_calls[n] / rate - sec)
-                           for n, sec in step_ops.items() if instructions[n]["op"] == "dot")
+      ins = instructions[name]
+      if ins["op"] == "dot":
+        more = max(0.0, ins["flops"] * step_calls[name] / rate - sec)
+        sec, extra = sec + more, extra + more
+      cats[_xla_category(ins, comp_ops)] += sec
     per_step.append(cats)
+    estimated.append(extra)
   top = []
   for name, sec in per_op.most_common():
     ins = instructions[name]
     where = next((f"{os.path.basename(p)}:{fn.split('.')[-1]}:{ln}" for p, fn, ln in ins["stack"]
                   if "/mipu_jax/" in p), "")
     top.append((name, sec, calls[name], ins["shape"], _xla_category(ins, comp_ops), where))
-  return _median_counters(per_step), usage, top, (rate, source)
+  return _median_counters(per_step), usage, top, (rate, source, float(np.median(estimated)))
 
 
 # --- torch side -------------------------------------------------------------
@@ -270,11 +286,10 @@ def profile_xla(learner, state, batch, warm=2, steps=3):
 def _scoped_hf(path, threads):
   """transformers' Qwen3 (or Qwen3-MoE) with `cat:*` profiler scopes on its norms,
   MLPs, experts, router, attention core, RoPE, LM head and embedding."""
-  import importlib  # pylint: disable=g-import-not-at-top
   from torch.profiler import record_function  # pylint: disable=g-import-not-at-top
   hf = learner_bench.load_hf(path, threads)
   kind = hf.config.model_type  # qwen3 or qwen3_moe
-  modeling_qwen3 = importlib.import_module(f"transformers.models.{kind}.modeling_{kind}")
+  modeling = importlib.import_module(f"transformers.models.{kind}.modeling_{kind}")
 
   def scoped(fn, label):
     def wrapped(*args, **kwargs):
@@ -282,12 +297,12 @@ def _scoped_hf(path, threads):
         return fn(*args, **kwargs)
     return wrapped
 
-  modeling_qwen3.apply_rotary_pos_emb = scoped(modeling_qwen3.apply_rotary_pos_emb, "cat:rope")
+  modeling.apply_rotary_pos_emb = scoped(modeling.apply_rotary_pos_emb, "cat:rope")
   impl = hf.config._attn_implementation  # pylint: disable=protected-access
-  core = modeling_qwen3.ALL_ATTENTION_FUNCTIONS.get_interface(
-      impl, modeling_qwen3.eager_attention_forward)
-  modeling_qwen3.ALL_ATTENTION_FUNCTIONS[impl] = scoped(core, "cat:attention")
-  modeling_qwen3.eager_attention_forward = scoped(modeling_qwen3.eager_attention_forward,
+  core = modeling.ALL_ATTENTION_FUNCTIONS.get_interface(
+      impl, modeling.eager_attention_forward)
+  modeling.ALL_ATTENTION_FUNCTIONS[impl] = scoped(core, "cat:attention")
+  modeling.eager_attention_forward = scoped(modeling.eager_attention_forward,
                                                   "cat:attention")
   for mod in hf.modules():
     label = {"Qwen3RMSNorm": "cat:norm", "Qwen3MLP": "cat:mlp", "Embedding": "cat:residual",
@@ -378,6 +393,8 @@ def main():
   p.add_argument("--steps", type=int, default=3,
                  help="profiled steps per side; each category's median is printed")
   a = p.parse_args()
+  if a.steps < 1:
+    p.error("--steps must be at least 1")
   if a.shape in ("moe", "moe_twin"):
     from bench.perf import moe  # pylint: disable=g-import-not-at-top
     mcfg = moe.moe_config() if a.shape == "moe" else moe.dense_twin(moe.moe_config())
@@ -414,8 +431,10 @@ def main():
     print(_cpu_line(n, sides[n][1]))
   print(f"load average at end {os.getloadavg()[0]:.1f}")
   if "mipu_jax" in sides:
-    rate, source = sides["mipu_jax"][3]
-    print(f"Eigen's async dots estimated at {rate / 1e9:.0f} GFLOP/s: {source}")
+    rate, source, estimated = sides["mipu_jax"][3]
+    print(f"of mipu_jax's matmul rows, {estimated * 1e3:,.0f} ms is estimated: Eigen's "
+          f"asynchronous dots' work the trace did not show, at {rate / 1e9:.0f} GFLOP/s "
+          f"({source})")
   if "mipu_jax" in sides and a.top:
     print(f"\nthe {a.top} costliest XLA ops of a traced step (medians; time summed over calls):")
     for name, sec, count, shape, cat, where in sides["mipu_jax"][2][:a.top]:

@@ -123,7 +123,8 @@ def time_dot(eq, sa, sb, rounds):
   ref = np.asarray(progs["ynnpack (jax default)"](a, b))
   out = {lib: (best[lib], _fusion_kind(p), float(np.abs(np.asarray(p(a, b)) - ref).max()))
          for lib, p in progs.items()}
-  out["torch"] = (best["torch"], "mkl", float(np.abs(torch_fn().numpy() - ref).max()))
+  blas = "mkl" if torch.backends.mkl.is_available() else "torch"
+  out["torch"] = (best["torch"], blas, float(np.abs(torch_fn().numpy() - ref).max()))
   return out, flop
 
 
@@ -161,12 +162,20 @@ def main():
     print(f"| {label} | {eq} {sa} {sb} | " + " | ".join(cells)
           + f" | {out['torch'][0] / best_xla:.2f}x |", flush=True)
   if not a.no_fused:
-    r = subprocess.run([sys.executable, "-c", FUSED_CHILD], capture_output=True, text=True,
-                       env=dict(os.environ, PYTHONPATH=os.getcwd()), check=False)
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    path = os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH", "")) if p)
+    try:
+      r = subprocess.run([sys.executable, "-c", FUSED_CHILD], capture_output=True, text=True,
+                         env=dict(os.environ, PYTHONPATH=path), check=False, timeout=600)
+    except subprocess.TimeoutExpired:
+      print(f"\nthe sum of two dots compiled with {ONEDNN_FUSED}: no result in 600 s")
+      return
     lines = [l for l in (r.stdout + r.stderr).splitlines() if "fusion" in l or "failed" in l]
+    last = (r.stdout + r.stderr).strip().splitlines()[-1:]  # a traceback's last line
     how = f"killed by signal {-r.returncode}" if r.returncode < 0 else f"exit {r.returncode}"
     print(f"\nthe sum of two dots compiled with {ONEDNN_FUSED}: {how}; "
-          f"{' / '.join(lines)[:300] or 'no output'}")
+          f"{' / '.join(lines or last)[:300] or 'no output'}")
+
 
 if __name__ == "__main__":
   main()

@@ -6,11 +6,12 @@ r"""The learner step with XLA:CPU's default dots (YNNPACK fusions), Eigen's and 
 batched dots of blocks on a CPU, and jax's defaults elsewhere. This probe is the
 measurement behind that rule: for each shape, `Learner.step` (the `bench.perf.moe` /
 `bench.perf.learner` learner: one update, no correction, one device) compiled with jax's
-defaults, with `EIGEN_DOTS` and with `ONEDNN_DOTS` (lone dots by oneDNN), in
-alternating rounds (fastest of `--rounds` each), the largest parameter difference after
-one step from the defaults', and what the learner resolves by itself. Shapes: `moeD[w|n]` the MoE bench's model at width D (expert width D, `w` twice
-it, `n` half), `twin128` its dense twin at D = 128, `tiny` / `mid` the dense learner
-bench's shapes at 64 x 96 tokens.
+defaults, with `EIGEN_DOTS` and with `ONEDNN_DOTS` (lone dots by oneDNN,
+`bench.probes.dot_libraries`), in alternating rounds (fastest of `--rounds` each), the
+largest parameter difference after one step from the defaults', and what the learner
+resolves by itself. Shapes: `moeD[w|n]` the MoE bench's model at width D (expert width D,
+`w` twice it, `n` half), `twin128` its dense twin at D = 128, `tiny` / `mid` the dense
+learner bench's shapes at 64 x 96 tokens.
 """
 
 import argparse
