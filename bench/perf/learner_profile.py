@@ -209,16 +209,6 @@ def _median_counters(counters) -> collections.Counter:
                               for k in keys})
 
 
-def _median_usage(call, steps):
-  """The median `[wall, user, kernel, faults]` of `steps` untraced calls."""
-  rows = []
-  for _ in range(steps):
-    u0 = learner_bench.usage()
-    call()
-    rows.append(learner_bench.usage() - u0)
-  return np.median(np.stack(rows), axis=0)
-
-
 # Ops whose trace event spans their body's ops, which are traced too.
 _CONTAINERS = ("while", "conditional", "call")
 
@@ -237,14 +227,16 @@ def op_times(events, instructions):
 
 def profile_xla(learner, state, batch, warm=2, steps=3):
   """Per-category op seconds of a traced step (each category's and op's median over
-  `steps` traced steps), the step's usage (median of `steps`), the top ops, and
-  `(rate, where the rate came from, seconds estimated)` of the Eigen dots' estimate."""
+  `steps` traced steps), the step's usage (`learner_bench.interleaved` over `steps`
+  untraced steps), the top ops, and `(rate, where the rate came from, seconds
+  estimated)` of the Eigen dots' estimate."""
   with jax.set_mesh(learner.mesh):
     text = learner._step.lower(state, batch).compile().as_text()  # pylint: disable=protected-access
   instructions, comp_ops = _hlo_index(text)
-  for _ in range(warm):
+  for _ in range(warm - 1):  # `interleaved` warms once more
     jax.block_until_ready(learner.step(state, batch))
-  usage = _median_usage(lambda: jax.block_until_ready(learner.step(state, batch)), steps)
+  usage = learner_bench.interleaved(
+      {"step": lambda: jax.block_until_ready(learner.step(state, batch))}, steps)["step"]
   traced = [op_times(trace_events(lambda: learner.step(state, batch)), instructions)
             for _ in range(steps)]
   # XLA:CPU runs a plain `dot` (Eigen; the ones library fusions do not take)
@@ -322,12 +314,12 @@ _MATMULS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::matmul", "aten::linea
 
 def profile_torch(path, data, threads, warm=2, steps=3):
   """Per-category op seconds of a profiled torch step (each category's median over
-  `steps` profiled steps) and the step's usage (median of `steps`)."""
+  `steps` profiled steps) and the step's usage (as `profile_xla`'s)."""
   hf = _scoped_hf(path, threads)
   step = learner_bench.torch_learner_step(hf, *data)
-  for _ in range(warm):
+  for _ in range(warm - 1):  # `interleaved` warms once more
     step()
-  usage = _median_usage(step, steps)
+  usage = learner_bench.interleaved({"step": step}, steps)["step"]
   return _median_counters([_torch_categories(step) for _ in range(steps)]), usage
 
 
@@ -376,9 +368,9 @@ def _torch_categories(step) -> collections.Counter:
 
 
 def _cpu_line(name, usage):
-  wall, user, sys_, faults = usage
-  return (f"{name}: step {wall:.2f} s wall, {user + sys_:.2f} s CPU ({sys_:.2f} s of it "
-          f"kernel), {faults / 1e3:.0f}k page faults")
+  """`usage`: the step's `learner_bench.Timed` (medians of its untraced rounds)."""
+  return (f"{name}: step {usage.wall_median:.2f} s wall, {usage.cpu:.2f} s CPU "
+          f"({usage.kernel:.2f} s of it kernel), {usage.faults / 1e3:.0f}k page faults")
 
 
 def main():

@@ -23,13 +23,13 @@ difference of each output and gradient from `dense`'s under jax's defaults is pr
 
 import argparse
 import os
-import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from bench.perf.learner import host_line
+from bench.perf.learner import interleaved
 from mipu_jax.models import attention
 from mipu_jax.models import moe
 
@@ -115,14 +115,7 @@ def main():
             for nm, pr in progs.items()}
     tstep = torch_step(q, k, v, w)
     runs["torch sdpa"] = lambda: [tstep() for _ in range(a.calls)]
-    best = {nm: float("inf") for nm in runs}
-    for fn in runs.values():
-      fn()
-    for _ in range(a.rounds):
-      for nm, fn in runs.items():
-        t0 = time.perf_counter()
-        fn()
-        best[nm] = min(best[nm], (time.perf_counter() - t0) / a.calls)
+    best = {nm: r.wall / a.calls for nm, r in interleaved(runs, a.rounds).items()}
     ref = jax.tree.leaves(progs["dense"](q, k, v))
     diffs = {nm: max(float(np.abs(np.asarray(x) - np.asarray(y)).max())
                      for x, y in zip(ref, jax.tree.leaves(pr(q, k, v))))

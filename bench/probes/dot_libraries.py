@@ -33,12 +33,12 @@ import argparse
 import os
 import subprocess
 import sys
-import time
 
 import jax
 import numpy as np
 
 from bench.perf.learner import host_line
+from bench.perf.learner import interleaved
 from bench.perf.learner import shape_config
 from bench.perf.moe import dense_twin
 from bench.perf.moe import moe_config
@@ -112,14 +112,7 @@ def time_dot(eq, sa, sb, rounds):
   runs = {lib: (lambda p=p: jax.block_until_ready([p(a, b) for _ in range(calls)][-1]))
           for lib, p in progs.items()}
   runs["torch"] = lambda: [torch_fn() for _ in range(calls)][-1]
-  best = {k: float("inf") for k in runs}
-  for fn_ in runs.values():
-    fn_()
-  for _ in range(rounds):
-    for k, fn_ in runs.items():
-      t0 = time.perf_counter()
-      fn_()
-      best[k] = min(best[k], (time.perf_counter() - t0) / calls)
+  best = {k: r.wall / calls for k, r in interleaved(runs, rounds).items()}
   ref = np.asarray(progs["ynnpack (jax default)"](a, b))
   out = {lib: (best[lib], _fusion_kind(p), float(np.abs(np.asarray(p(a, b)) - ref).max()))
          for lib, p in progs.items()}
