@@ -268,7 +268,8 @@ def profile_xla(learner, state, batch, warm=2, steps=3):
     ins = instructions[name]
     where = next((f"{os.path.basename(p)}:{fn.split('.')[-1]}:{ln}" for p, fn, ln in ins["stack"]
                   if "/mipu_jax/" in p), "")
-    top.append((name, sec, calls[name], ins["shape"], _xla_category(ins, comp_ops), where))
+    top.append((name, sec, round(calls[name]), ins["shape"], _xla_category(ins, comp_ops),
+                where))
   return _median_counters(per_step), usage, top, (rate, source, float(np.median(estimated)))
 
 
