@@ -45,3 +45,8 @@ def test_a_loop_counts_its_body_ops_not_its_own_span_over_them():
   seconds, calls = learner_profile.op_times(events, instructions)
   assert calls == {body: 3} and list(seconds) == [body]
   assert seconds[body] == pytest.approx(750e-6)
+
+
+def test_a_top_op_line_takes_a_median_call_count():
+  line = learner_profile.top_line("dot.1", 0.0021, 3.0, "f32[4,4]", "attention", "a.py:f:1")
+  assert line.split()[:3] == ["2.1", "ms", "x3"]

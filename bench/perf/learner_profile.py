@@ -268,8 +268,7 @@ def profile_xla(learner, state, batch, warm=2, steps=3):
     ins = instructions[name]
     where = next((f"{os.path.basename(p)}:{fn.split('.')[-1]}:{ln}" for p, fn, ln in ins["stack"]
                   if "/mipu_jax/" in p), "")
-    top.append((name, sec, round(calls[name]), ins["shape"], _xla_category(ins, comp_ops),
-                where))
+    top.append((name, sec, calls[name], ins["shape"], _xla_category(ins, comp_ops), where))
   return _median_counters(per_step), usage, top, (rate, source, float(np.median(estimated)))
 
 
@@ -368,6 +367,11 @@ def _torch_categories(step) -> collections.Counter:
 # --- the table --------------------------------------------------------------
 
 
+def top_line(name, sec, count, shape, cat, where) -> str:
+  """One of the costliest ops: its seconds and calls (medians over the traced steps)."""
+  return f"  {sec * 1e3:7.1f} ms x{round(count):<3d} {cat:9s} {name:34s} {shape:28s} {where}"
+
+
 def _cpu_line(name, usage):
   """`usage`: the step's `learner_bench.Timed` (medians of its untraced rounds)."""
   return (f"{name}: step {usage.wall_median:.2f} s wall, {usage.cpu:.2f} s CPU "
@@ -430,8 +434,8 @@ def main():
           f"({source})")
   if "mipu_jax" in sides and a.top:
     print(f"\nthe {a.top} costliest XLA ops of a traced step (medians; time summed over calls):")
-    for name, sec, count, shape, cat, where in sides["mipu_jax"][2][:a.top]:
-      print(f"  {sec * 1e3:7.1f} ms x{count:<3d} {cat:9s} {name:34s} {shape:28s} {where}")
+    for row in sides["mipu_jax"][2][:a.top]:
+      print(top_line(*row))
 
 
 if __name__ == "__main__":
