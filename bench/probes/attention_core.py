@@ -11,6 +11,8 @@ interleaved rounds (fastest of `--rounds`, each round `--calls` calls in a row):
 
   * `dense`, jax's default XLA options and `moe.EIGEN_DOTS` (the MoE learner's);
   * `blockwise` (`attend`'s tiled form, 64 x 64 tiles), jax's defaults;
+  * `cpu_fused` (`attend`'s XLA:CPU kernel through jax's FFI, `models/cpu_attention.py`),
+    left out with the reason printed where it cannot be built;
   * `head_major`, a layout the library does not use (q, k, v transposed to heads first
     once, the same einsums): what that layout alone would buy, and whether its
     results equal `dense`'s bit for bit (they need not: the dots sum in another order);
@@ -31,6 +33,7 @@ import numpy as np
 from bench.perf.learner import host_line
 from bench.perf.learner import interleaved
 from mipu_jax.models import attention
+from mipu_jax.models import cpu_attention
 from mipu_jax.models import moe
 
 SHAPES = {"moe": (16, 128, 4, 2, 32), "tiny": (64, 96, 8, 4, 32)}  # B, T, N, K, H
@@ -65,6 +68,8 @@ def jax_programs(q, k, v, w):
 
   cases = {"dense": ("dense", {}), "dense, EIGEN_DOTS": ("dense", moe.EIGEN_DOTS),
            "blockwise": ("blockwise", {}), "head_major": ("head_major", {})}
+  if not cpu_attention.error():
+    cases["cpu_fused"] = ("cpu_fused", {})
   out = {}
   for name, (impl, options) in cases.items():
     f = attend(impl)
@@ -102,9 +107,14 @@ def main():
   print(f"{host_line()}; {threads} threads each side")
   print("forward + backward of sum(attention(q, k, v) * w), causal; ms per call, fastest "
         "of the rounds\n")
-  print("| shape | " + " | ".join(("dense", "dense, EIGEN_DOTS", "blockwise", "head_major",
-                                   "torch sdpa")) + " | dense / torch | head_major: max diff |")
-  print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+  names = ["dense", "dense, EIGEN_DOTS", "blockwise", "head_major"]
+  if cpu_attention.error():
+    print(f"cpu_fused left out: {cpu_attention.error()}\n")
+  else:
+    names.append("cpu_fused")
+  print("| shape | " + " | ".join(names + ["torch sdpa"]) + " | dense / torch | "
+        + ("cpu_fused / torch | " if "cpu_fused" in names else "") + "head_major: max diff |")
+  print("| --- |" + " ---: |" * (len(names) + 3 + ("cpu_fused" in names)))
   for name in a.shapes.split(","):
     b, t, n, kh, h = SHAPES[name]
     rng = np.random.default_rng(0)
@@ -123,6 +133,7 @@ def main():
     cells = [f"{best[nm] * 1e3:.2f}" for nm in runs]
     print(f"| {name} ({b} x {t}, {n} / {kh} heads of {h}) | " + " | ".join(cells)
           + f" | {best['dense'] / best['torch sdpa']:.2f}x | "
+          + (f"{best['cpu_fused'] / best['torch sdpa']:.2f}x | " if "cpu_fused" in best else "")
           + ("bitwise" if diffs["head_major"] == 0 else f"{diffs['head_major']:.1e}") + " |",
           flush=True)
     print("  largest difference from `dense` (outputs, gradients): "

@@ -35,8 +35,9 @@ class ModelConfig:
       (recompute the layer: least memory) or "dots" (keep the matmul outputs);
       True / False mean "layer" / "none".
     attention: "dense" (the reference), "blockwise" (flash-style, pure JAX,
-      memory linear in the row length), "cudnn" (GPU) or "splash" (TPU)
-      (`mipu_jax.models.attention`).
+      memory linear in the row length), "cudnn" (GPU), "splash" (TPU) or
+      "cpu_fused" (one XLA:CPU kernel, float32, built with the host's C++
+      compiler on first use) (`mipu_jax.models.attention`).
     attention_block: the blockwise / splash tile.
     init_seed: seed of the random init.
     init_perturb_ulps: every float parameter of the base policy moved this

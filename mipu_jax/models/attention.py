@@ -21,6 +21,9 @@ every implementation; callers ignore its output.
 - `cudnn`: `jax.nn.dot_product_attention(implementation="cudnn")` on GPU, for
   right-padded rows; packed rows use `blockwise`.
 - `splash`: TPU splash attention with segment ids, per example (`splash_tpu`).
+- `cpu_fused`: `dense`'s function as one XLA:CPU kernel, forward and backward,
+  through jax's FFI, float32 (`cpu_attention`); within float32 rounding of
+  `dense`, not bitwise.
 
 Over a cache, `decode` runs the `DecodeImpl` the engine resolved: `paged`
 (pure XLA), jax's TPU kernel (`paged_tpu`), our GPU kernel (`paged_pallas`) or
@@ -40,13 +43,14 @@ from typing import NamedTuple, Optional
 import jax
 import jax.numpy as jnp
 
+from mipu_jax.models import cpu_attention
 from mipu_jax.models import invariant
 from mipu_jax.models import kv_cache
 from mipu_jax.models import paged_pallas
 from mipu_jax.models import paged_tpu
 from mipu_jax.models import splash_tpu
 
-IMPLEMENTATIONS = ("dense", "blockwise", "cudnn", "splash")
+IMPLEMENTATIONS = ("dense", "blockwise", "cudnn", "splash", "cpu_fused")
 NEG_INF = float(jnp.finfo(jnp.float32).min)
 
 
@@ -116,6 +120,8 @@ def attend(q_BTNH: jax.Array, k_BSKH: jax.Array, v_BSKH: jax.Array,
   if implementation == "dense" or t == 1:
     # One query row (decode) holds [B, K, Q, 1, S] scores: nothing to tile.
     out = _dense(q_BTKQH, k_BSKH, v_BSKH, mask.dense_BTS())
+  elif implementation == "cpu_fused":
+    return cpu_attention.attend(q_BTNH, k_BSKH, v_BSKH, mask.dense_BTS())
   elif implementation == "cudnn" and prefix_rows:
     return _cudnn(q_BTNH, k_BSKH, v_BSKH, mask)
   elif implementation == "splash" and mask.q_slot_BT.shape == mask.k_slot_BS.shape:

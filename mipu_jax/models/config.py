@@ -31,7 +31,7 @@ def as_dtype(dtype: Any) -> jnp.dtype:
 
 
 REMAT_POLICIES = ("none", "layer", "dots")
-ATTENTIONS = ("dense", "blockwise", "cudnn", "splash")
+ATTENTIONS = ("dense", "blockwise", "cudnn", "splash", "cpu_fused")
 MOE_IMPLS = ("auto", "ragged_dot", "blocked", "footprint")
 
 
@@ -56,7 +56,8 @@ class Qwen3Config:
       (recompute the whole layer: least memory) or "dots" (keep the matmul
       outputs); `qwen3.remat`. True / False mean "layer" / "none".
     attention: "dense" (the reference), "blockwise" (flash-style, pure JAX),
-      "cudnn" (GPU) or "splash" (TPU); `mipu_jax.models.attention`.
+      "cudnn" (GPU), "splash" (TPU) or "cpu_fused" (one XLA:CPU kernel, float32,
+      built on first use); `mipu_jax.models.attention`.
     attention_block: query and key tile of the blockwise and splash kernels.
     num_experts: E, experts per MoE layer; 0 is a dense model (Hugging Face
       `Qwen3MoeConfig`'s fields from here on, docs/method.md §7a).
