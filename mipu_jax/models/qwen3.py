@@ -18,6 +18,7 @@ a dense model, or an all-MoE one, is a single scan.
 """
 
 import dataclasses
+import math
 from typing import Any, Callable, NamedTuple, Optional
 
 import jax
@@ -149,24 +150,36 @@ def _aq(x, act_quant: ActQuant):
   return x if act_quant is None else act_quant(x)
 
 
-def _proj(eq: str, x, xq, w, n_in: int):
-  """One projection: `einsum(eq, xq, w)` for a float weight (`xq` is `x` after the
-  emulated activation quantizer), or the native low-precision dot of a
-  `quantized.QuantizedWeight`, which quantizes `x` itself (docs/method.md §7)."""
+def _proj(eq: str, x, xq, w, n_in: int, rows: bool = False):
+  """One projection of `x`'s last `n_in` axes by `w`'s first `n_in`:
+  `einsum(eq, xq, w)` for a float weight (`xq` is `x` after the emulated
+  activation quantizer), or the native low-precision dot of a
+  `quantized.QuantizedWeight`, which quantizes `x` itself (docs/method.md §7).
+  `rows`: the same product as one `[rows, I] x [I, O]` matmul, for XLA:CPU,
+  which computes the weight gradient of a contraction over two row axes from a
+  transposed copy of the output's gradient (bench/README.md, "Where the
+  learner's time goes")."""
   if isinstance(w, quantized.QuantizedWeight):
     return quantized.project(x, w, n_in)
-  return jnp.einsum(eq, xq, w)
+  if not rows:
+    return jnp.einsum(eq, xq, w)
+  i = math.prod(w.shape[:n_in])
+  out = jnp.einsum("MI,IO->MO", xq.reshape(-1, i), w.reshape(i, -1))
+  return out.reshape(*xq.shape[:xq.ndim - n_in], *w.shape[n_in:])
 
 
 def _proj_rows(x_BTI, xq_BTI, w_IO):
-  """`_proj` of a 2-D weight as one `[B·T, I] x [I, O]` matmul: the same math,
-  but XLA:CPU computes the weight gradient of a contraction over two row axes
-  from a transposed copy of the `[B, T, O]` gradient (bench/README.md, "Where
-  the learner's time goes")."""
-  if isinstance(w_IO, quantized.QuantizedWeight):
-    return quantized.project(x_BTI, w_IO, 1)
-  b, t, i = xq_BTI.shape
-  return jnp.einsum("MI,IO->MO", xq_BTI.reshape(b * t, i), w_IO).reshape(b, t, -1)
+  """`_proj` of a 2-D weight (the MLP's) as one `[B·T, I] x [I, O]` matmul."""
+  return _proj("", x_BTI, xq_BTI, w_IO, 1, rows=True)
+
+
+def _rows_for_attention(cfg: Qwen3Config) -> bool:
+  """Whether the attention projections take `_proj`'s rows form: for an MoE
+  model, whose CPU learner runs Eigen's dots (`moe.learner_compiler_options`),
+  which read the rows form's transposed operand in place (4% off its step);
+  YNNPACK, the dense learner's library, does not take that operand, and the
+  einsum is 2% faster there (bench/README.md, "The fused attention kernel")."""
+  return cfg.is_moe
 
 
 def _layer(cfg: Qwen3Config, x_BTD, w, positions_BT, act_quant, attend,
@@ -205,9 +218,10 @@ def _attention_in(cfg: Qwen3Config, w, x_BTD, positions_BT, act_quant):
   """The layer up to its attention: normed, projected, q/k-normed, rotated q, k, v."""
   h_BTD = rms_norm(x_BTD, w["attn_norm"], cfg.rms_eps)
   hq_BTD = _aq(h_BTD, act_quant)
-  q_BTNH = _proj("BTD,DNH->BTNH", h_BTD, hq_BTD, w["q"], 1)
-  k_BTKH = _proj("BTD,DKH->BTKH", h_BTD, hq_BTD, w["k"], 1)
-  v_BTKH = _proj("BTD,DKH->BTKH", h_BTD, hq_BTD, w["v"], 1)
+  rows = _rows_for_attention(cfg)
+  q_BTNH = _proj("BTD,DNH->BTNH", h_BTD, hq_BTD, w["q"], 1, rows)
+  k_BTKH = _proj("BTD,DKH->BTKH", h_BTD, hq_BTD, w["k"], 1, rows)
+  v_BTKH = _proj("BTD,DKH->BTKH", h_BTD, hq_BTD, w["v"], 1, rows)
   q_BTNH = rope(rms_norm(q_BTNH, w["q_norm"], cfg.rms_eps), positions_BT, cfg.rope_theta)
   k_BTKH = rope(rms_norm(k_BTKH, w["k_norm"], cfg.rms_eps), positions_BT, cfg.rope_theta)
   return q_BTNH, k_BTKH, v_BTKH
@@ -216,7 +230,8 @@ def _attention_in(cfg: Qwen3Config, w, x_BTD, positions_BT, act_quant):
 def _attention_out(cfg: Qwen3Config, w, x_BTD, attn_BTNH, act_quant, mlp):
   """The layer after its attention: output projection, residual, the MLP
   (`mlp(h, h quantized) -> out`), residual."""
-  o_BTD = _proj("BTNH,NHD->BTD", attn_BTNH, _aq(attn_BTNH, act_quant), w["o"], 2)
+  o_BTD = _proj("BTNH,NHD->BTD", attn_BTNH, _aq(attn_BTNH, act_quant), w["o"], 2,
+                _rows_for_attention(cfg))
   x_BTD = x_BTD + o_BTD.astype(x_BTD.dtype)
 
   h_BTD = rms_norm(x_BTD, w["mlp_norm"], cfg.rms_eps)
