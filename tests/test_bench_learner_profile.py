@@ -50,3 +50,28 @@ def test_a_loop_counts_its_body_ops_not_its_own_span_over_them():
 def test_a_top_op_line_takes_a_median_call_count():
   line = learner_profile.top_line("dot.1", 0.0021, 3.0, "f32[4,4]", "attention", "a.py:f:1")
   assert line.split()[:3] == ["2.1", "ms", "x3"]
+
+
+def test_the_fused_kernel_and_ropes_gradient_fall_in_their_categories():
+  """The FFI kernel's call and RoPE's custom gradient are attributed by their frames."""
+  from mipu_jax.models import attention, cpu_attention, qwen3  # pylint: disable=g-import-not-at-top
+  if cpu_attention._compiler() is None:  # pylint: disable=protected-access
+    pytest.skip("no C++ compiler to build the kernel with")
+  q = jnp.ones((1, 4, 2, 16))
+  mask = attention.row_mask(jnp.ones((1, 4), bool))
+  pos = jnp.broadcast_to(jnp.arange(4), (1, 4))
+
+  def loss(q):
+    q = qwen3.rope(q, pos, 1e4)
+    return jnp.sum(attention.attend(q, q[:, :, :1], q[:, :, :1], mask, implementation="cpu_fused"))
+
+  text = jax.jit(jax.grad(loss)).lower(q).compile().as_text()
+  instructions, comp_ops = learner_profile._hlo_index(text)  # pylint: disable=protected-access
+  cats = {}
+  for ins in instructions.values():
+    if ins["computation"].startswith("main"):
+      cats.setdefault(ins["op"], set()).add(learner_profile._xla_category(ins, comp_ops))  # pylint: disable=protected-access
+  assert cats["custom-call"] == {"attention"}
+  fused = {learner_profile._xla_category(ins, comp_ops) for ins in instructions.values()  # pylint: disable=protected-access
+           if ins["op"] == "fusion" and "concatenate" in comp_ops.get(ins["calls"], ())}
+  assert "rope" in fused

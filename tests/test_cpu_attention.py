@@ -16,8 +16,9 @@ from mipu_jax import models
 from mipu_jax.models import attention
 from mipu_jax.models import cpu_attention
 
-pytestmark = pytest.mark.skipif(bool(cpu_attention.error()),
-                                reason=f"the kernel cannot be built here: {cpu_attention.error()}")
+# Only a host without a C++ compiler skips: a kernel that fails to build fails the tests.
+pytestmark = pytest.mark.skipif(cpu_attention._compiler() is None,  # pylint: disable=protected-access
+                                reason="no C++ compiler to build the kernel with")
 
 
 def _case(b, t, s, n, k, h, seed, density=0.6):

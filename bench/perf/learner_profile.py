@@ -50,6 +50,7 @@ from bench.perf import learner as learner_bench
 from bench.perf.model import matmul_peak_gflops
 from bench.perf.sampler import CONFIGS
 from mipu_jax import models
+from mipu_jax.models import config as model_config
 
 # Rows of the table, in order.
 CATEGORIES = (
@@ -161,7 +162,7 @@ def _xla_category(ins, comp_ops) -> str:
     src = linecache.getline(path, line)
     if "/optax/" in path or "/mipu_jax/schedules/" in path or "optax.tree.norm" in src:
       return "optimizer"
-    if "/mipu_jax/models/attention.py" in path:
+    if "/mipu_jax/models/attention.py" in path or "/mipu_jax/models/cpu_attention.py" in path:
       return "attention"
     if "/mipu_jax/models/moe.py" in path:
       return "mm_experts" if is_dot and name != "route" else "moe_route"
@@ -171,7 +172,7 @@ def _xla_category(ins, comp_ops) -> str:
       return "mm_layers"  # with the layout copies of a projection's operands
     if name == "rms_norm":
       return "norm"
-    if name == "rope":
+    if name in ("rope", "_rotate_halves"):
       return "rope"
     if name == "_gated_mlp_in":
       return "swiglu"
@@ -387,6 +388,8 @@ def main():
   p.add_argument("--prompt", type=int, default=32)
   p.add_argument("--side", default="both", choices=("both", "jax", "torch"))
   p.add_argument("--top", type=int, default=15, help="costliest XLA ops to list")
+  p.add_argument("--attention", default="dense", choices=model_config.ATTENTIONS,
+                 help="the model's attention (cpu_fused: the fused XLA:CPU kernel)")
   p.add_argument("--steps", type=int, default=3,
                  help="profiled steps per side; each category's median is printed")
   a = p.parse_args()
@@ -397,11 +400,13 @@ def main():
     mcfg = moe.moe_config() if a.shape == "moe" else moe.dense_twin(moe.moe_config())
   else:
     mcfg = learner_bench.shape_config(a.shape)
+  mcfg = mcfg.replace(attention=a.attention)
   data = learner_bench.rl_batch(mcfg.vocab_size, a.batch, a.seq, a.prompt)
   model, learner, state, batch = learner_bench.shape_learner(mcfg, a.batch, a.seq, a.prompt)
   threads = len(os.sched_getaffinity(0))  # the CPUs this process may use (taskset)
   print(learner_bench.host_line())
-  print(f"shape {a.shape}: {mcfg.num_params() / 1e6:.1f} M params, {a.batch} x {a.seq} "
+  print(f"shape {a.shape}, attention {a.attention!r}: {mcfg.num_params() / 1e6:.1f} M params, "
+        f"{a.batch} x {a.seq} "
         f"tokens, fp32; MLP input recomputed: {learner.spec.recompute_mlp}; load average "
         f"at start {os.getloadavg()[0]:.1f}\n")
   sides = {}
