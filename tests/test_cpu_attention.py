@@ -79,8 +79,9 @@ def test_a_rows_result_does_not_depend_on_the_other_rows():
   """Each batch row is computed on its own: row 1 alone gives the bits it gets
   in the batch (what makes 8 devices equal 1 under `shard_map`)."""
   q, k, v, w, mask = _case(3, 21, 21, 4, 2, 32, seed=4)
-  _, full = _out_and_grads(cpu_attention.attend, q, k, v, w, mask)
-  _, alone = _out_and_grads(cpu_attention.attend, q[1:2], k[1:2], v[1:2], w[1:2], mask[1:2])
+  out, full = _out_and_grads(cpu_attention.attend, q, k, v, w, mask)
+  out1, alone = _out_and_grads(cpu_attention.attend, q[1:2], k[1:2], v[1:2], w[1:2], mask[1:2])
+  np.testing.assert_array_equal(out[1:2], out1)
   for g, a in zip(full, alone):
     np.testing.assert_array_equal(g[1:2], a)
 
@@ -122,10 +123,35 @@ def test_model_logits_and_gradients_equal_dense(preset):
     np.testing.assert_allclose(a, b, atol=2e-5, rtol=1e-4)
 
 
+def test_a_nan_score_gives_nan_as_dense_and_far_scores_stay_finite():
+  q, k, v, _, mask = _case(1, 5, 5, 2, 1, 16, seed=7, density=1.0)
+  mask = mask.at[0, 0].set(True)
+  q_nan = q.at[0, 2, 0, 3].set(jnp.nan)  # one query row's scores all NaN
+  got, want = cpu_attention.attend(q_nan, k, v, mask), _dense(q_nan, k, v, mask)
+  np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+  assert np.isnan(got[0, 2, 0]).all()
+  q_far = q * 60.0  # scores ~60 apart, some over 87: exponents below the kernel's clamp
+  got = cpu_attention.attend(q_far, k, v, mask)
+  assert np.isfinite(got).all()  # the scores' own rounding is ~1e-5 at this size
+  np.testing.assert_allclose(got, _dense(q_far, k, v, mask), atol=1e-4, rtol=0)
+
+
+def test_vmap_runs_each_slice():
+  q, k, v, _, mask = _case(3, 6, 6, 2, 1, 16, seed=8)
+  got = jax.vmap(cpu_attention.attend)(q[:, None], k[:, None], v[:, None], mask[:, None])
+  np.testing.assert_allclose(got[:, 0], _dense(q, k, v, mask), atol=2e-6, rtol=0)
+
+
 def test_clear_errors():
   q, k, v, _, mask = _case(1, 4, 4, 2, 2, 16, seed=6)
   with pytest.raises(ValueError, match="float32"):
     cpu_attention.attend(q.astype(jnp.bfloat16), k, v, mask)
+  with pytest.raises(ValueError, match="mask \\[B, T, S\\]"):
+    cpu_attention.attend(q, k, v, mask[:, :, :3])
+  with pytest.raises(ValueError, match="K dividing N"):
+    cpu_attention.attend(q[:, :, :1], k, v, mask)  # 1 query head over 2 kv heads
+  with pytest.raises(ValueError, match="got q"):
+    cpu_attention.attend(q, k, v[..., :8], mask)
 
 
 def test_no_compiler_is_a_clear_error(monkeypatch):

@@ -27,6 +27,7 @@ import threading
 
 import jax
 import jax.numpy as jnp
+import jaxlib
 import numpy as np
 
 from mipu_jax.models import sharding
@@ -54,22 +55,24 @@ def _cpu_flags() -> str:
     return ""
 
 
+_FLAGS = ("-O3", "-march=native", "-std=c++17", "-shared", "-fPIC", "-w")
+
+
 def _library(cxx: str) -> pathlib.Path:
-  """The built kernel: compiled once per (source, compiler, jax, CPU flags); the
-  build writes a temporary file and renames it, so concurrent processes (pytest
-  workers) never load a half-written library."""
+  """The built kernel: compiled once per (source, compiler, flags, jaxlib, CPU
+  flags); the build writes a temporary file and renames it, so concurrent
+  processes (pytest workers) never load a half-written library."""
   include = jax.ffi.include_dir()
   version = subprocess.run([cxx, "--version"], capture_output=True, text=True).stdout
-  key = hashlib.sha256("\0".join([SOURCE.read_text(), cxx, version, jax.__version__,
-                                  include, _cpu_flags()]).encode()).hexdigest()[:16]
-  path = cache_dir() / f"cpu_attention_{key}.so"
+  key = hashlib.sha256("\0".join([SOURCE.read_text(), cxx, version, " ".join(_FLAGS),
+                                  jaxlib.__version__, include, _cpu_flags()]).encode())
+  path = cache_dir() / f"cpu_attention_{key.hexdigest()[:16]}.so"
   if path.exists():
     return path
   path.parent.mkdir(parents=True, exist_ok=True)
   fd, tmp = tempfile.mkstemp(suffix=".so", dir=path.parent)
   os.close(fd)
-  cmd = [cxx, "-O3", "-march=native", "-std=c++17", "-shared", "-fPIC", "-w",
-         f"-I{include}", str(SOURCE), "-o", tmp]
+  cmd = [cxx, *_FLAGS, f"-I{include}", str(SOURCE), "-o", tmp]
   done = subprocess.run(cmd, capture_output=True, text=True)
   if done.returncode:
     os.unlink(tmp)
@@ -98,13 +101,18 @@ def error() -> str:
     return _built["error"]
 
 
-def check(q_BTNH, k_BSKH, v_BSKH) -> None:
+def check(q_BTNH, k_BSKH, v_BSKH, mask_BTS) -> None:
   """A clear error before any compute when the kernel cannot take this call."""
   if jax.default_backend() != "cpu":
     raise ValueError(f"attention='cpu_fused' runs on a CPU; this is {jax.default_backend()!r}.")
   dtypes = sorted({str(x.dtype) for x in (q_BTNH, k_BSKH, v_BSKH)})
   if dtypes != ["float32"]:
     raise ValueError(f"attention='cpu_fused' takes float32 q, k, v; got {dtypes}.")
+  q, k, v, m = (tuple(x.shape) for x in (q_BTNH, k_BSKH, v_BSKH, mask_BTS))
+  if (len(q) != 4 or len(k) != 4 or k != v or k[0] != q[0] or k[3] != q[3] or not k[2]
+      or q[2] % k[2] or m != (q[0], q[1], k[1])):
+    raise ValueError(f"attention='cpu_fused' takes q [B, T, N, H], k and v [B, S, K, H] with "
+                     f"K dividing N, and a mask [B, T, S]; got q {q}, k {k}, v {v}, mask {m}.")
   why = error()
   if why:
     raise RuntimeError(f"attention='cpu_fused' cannot run: {why}. Use attention='dense'.")
@@ -117,7 +125,8 @@ def _scale(h: int) -> np.float32:
 def _forward(q, k, v, mask):
   b, t, n, h = q.shape
   call = jax.ffi.ffi_call(_FWD, (jax.ShapeDtypeStruct(q.shape, jnp.float32),
-                                 jax.ShapeDtypeStruct((b, n, t), jnp.float32)))
+                                 jax.ShapeDtypeStruct((b, n, t), jnp.float32)),
+                          vmap_method="sequential")
   return call(q, k, v, mask, scale=_scale(h))
 
 
@@ -135,7 +144,8 @@ def _attend_bwd(res, dout):
   q, k, v, mask, out, lse = res
   call = jax.ffi.ffi_call(_BWD, (jax.ShapeDtypeStruct(q.shape, jnp.float32),
                                  jax.ShapeDtypeStruct(k.shape, jnp.float32),
-                                 jax.ShapeDtypeStruct(v.shape, jnp.float32)))
+                                 jax.ShapeDtypeStruct(v.shape, jnp.float32)),
+                          vmap_method="sequential")
   dq, dk, dv = call(q, k, v, mask, out, lse, dout, scale=_scale(q.shape[-1]))
   return dq, dk, dv, None
 
@@ -148,7 +158,7 @@ def attend(q_BTNH: jax.Array, k_BSKH: jax.Array, v_BSKH: jax.Array,
   """Softmax attention `[B, T, N, H]` of float32 `q` over `k`, `v` under the
   dense boolean mask `[B, T, S]`: `attention._dense`'s function. Under a mesh
   whose row axes divide B, each device runs the kernel on its own rows."""
-  check(q_BTNH, k_BSKH, v_BSKH)
+  check(q_BTNH, k_BSKH, v_BSKH, mask_BTS)
   mask_BTS = mask_BTS.astype(jnp.bool_)
   mesh = jax.sharding.get_abstract_mesh()
   rows = () if mesh.empty or mesh.manual_axes else sharding.row_axes(mesh)

@@ -175,11 +175,12 @@ def _proj_rows(x_BTI, xq_BTI, w_IO):
 
 def _rows_for_attention(cfg: Qwen3Config) -> bool:
   """Whether the attention projections take `_proj`'s rows form: for an MoE
-  model, whose CPU learner runs Eigen's dots (`moe.learner_compiler_options`),
+  model on a CPU, whose learner runs Eigen's dots (`moe.learner_compiler_options`),
   which read the rows form's transposed operand in place (4% off its step);
   YNNPACK, the dense learner's library, does not take that operand, and the
-  einsum is 2% faster there (bench/README.md, "The fused attention kernel")."""
-  return cfg.is_moe
+  einsum is 2% faster there (bench/README.md, "The fused attention kernel").
+  Measured on a CPU only, so other backends keep the einsum."""
+  return cfg.is_moe and jax.default_backend() == "cpu"
 
 
 def _layer(cfg: Qwen3Config, x_BTD, w, positions_BT, act_quant, attend,

@@ -12,7 +12,8 @@
 // them. Masked keys outside a row's first..last valid key are skipped (their
 // probability is exactly 0 in `_dense` too). The backward recomputes the
 // probabilities from the forward's log-sum-exp (flash attention's scheme).
-// float32 only; the Python side checks shapes and dtypes before the call.
+// float32 only; the Python side checks shapes and dtypes before the call, and
+// the handlers check the shapes again.
 
 #include <algorithm>
 #include <atomic>
@@ -47,7 +48,7 @@ inline V16 Splat(float x) { return V16{} + x; }
 // expf polynomial in plain vector arithmetic (libm's expf does not vectorize
 // without -ffast-math). Relative error ~2e-7; below -87, ~1e-38 instead of 0.
 inline V16 Exp(V16 x) {
-  x = x > Splat(-87.0f) ? x : Splat(-87.0f);
+  x = x < Splat(-87.0f) ? Splat(-87.0f) : x;  // a NaN lane stays NaN
   const V16 big = Splat(12582912.0f);  // 1.5 * 2^23: adding it rounds to an integer
   const V16 n = (x * 1.44269504088896341f + big) - big;
   V16 r = x - n * 0.693359375f;
@@ -65,6 +66,8 @@ inline V16 Exp(V16 x) {
   return p * scale;
 }
 
+// A NaN score need not survive the max: its exponential is NaN (`Exp` keeps it), so
+// the row's sum and output are NaN, as `_dense`'s softmax gives.
 inline float MaxOf(V16 v) {
   float m = v[0];
   for (int i = 1; i < kW; ++i) m = std::max(m, v[i]);
@@ -207,8 +210,12 @@ struct Block {
     j0 = any ? j0 / kW * kW : 0;
     j1 = any ? (j1 + kW - 1) / kW * kW : 0;
     for (int64_t r = 0; r < kR; ++r) {
-      const bool* m = mp + (bi * d.t + t0 + r) * d.s;
       float* o = on.data() + r * d.sp;
+      if (t0 + r >= d.t) {
+        std::fill(o + j0, o + j1, 0.0f);
+        continue;
+      }
+      const bool* m = mp + (bi * d.t + t0 + r) * d.s;
       for (int64_t j = j0; j < j1; ++j) o[j] = (j >= lo[r] && j < hi[r] && m[j]) ? 1.0f : 0.0f;
     }
   }
@@ -227,9 +234,25 @@ inline void GatherRows(const float* x, const Dims& d, int64_t bi, int64_t ni, in
   }
 }
 
-Dims GetDims(const ffi::Buffer<ffi::F32>& q, const ffi::Buffer<ffi::F32>& k) {
+ffi::Unexpected<ffi::Error> Invalid(const char* what) {
+  return ffi::Unexpected<ffi::Error>(ffi::Error::InvalidArgument(what));
+}
+
+// The call's dimensions, or an error when q [B, T, N, H], k and v [B, S, K, H]
+// and the mask [B, T, S] do not fit together.
+ffi::ErrorOr<Dims> GetDims(const ffi::Buffer<ffi::F32>& q, const ffi::Buffer<ffi::F32>& k,
+                           const ffi::Buffer<ffi::F32>& v, const ffi::Buffer<ffi::PRED>& mask) {
   auto qd = q.dimensions();
   auto kd = k.dimensions();
+  auto vd = v.dimensions();
+  auto md = mask.dimensions();
+  if (qd.size() != 4 || kd.size() != 4 || vd.size() != 4 || md.size() != 3)
+    return Invalid("cpu_attention: q, k, v must be 4-D and the mask 3-D");
+  for (int i = 0; i < 4; ++i)
+    if (kd[i] != vd[i]) return Invalid("cpu_attention: k and v differ");
+  if (kd[0] != qd[0] || kd[3] != qd[3] || kd[2] == 0 || qd[2] % kd[2] != 0 ||
+      md[0] != qd[0] || md[1] != qd[1] || md[2] != kd[1])
+    return Invalid("cpu_attention: q [B,T,N,H], k [B,S,K,H], mask [B,T,S]");
   Dims d{qd[0], qd[1], kd[1], qd[2], kd[2], qd[3], qd[2] / kd[2], 0, 0};
   d.sp = (d.s + kW - 1) / kW * kW;
   d.hp = (d.h + kW - 1) / kW * kW;
@@ -239,7 +262,9 @@ Dims GetDims(const ffi::Buffer<ffi::F32>& q, const ffi::Buffer<ffi::F32>& k) {
 ffi::Error Forward(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::Buffer<ffi::F32> k,
                    ffi::Buffer<ffi::F32> v, ffi::Buffer<ffi::PRED> mask, float scale,
                    ffi::ResultBuffer<ffi::F32> out, ffi::ResultBuffer<ffi::F32> lse) {
-  const Dims d = GetDims(q, k);
+  const auto dims = GetDims(q, k, v, mask);
+  if (dims.has_error()) return dims.error();
+  const Dims d = dims.value();
   const bool* mp = mask.typed_data();
   const float* qp = q.typed_data();
   float* op = out->typed_data();
@@ -303,7 +328,9 @@ ffi::Error Backward(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::Buffer<f
                     ffi::Buffer<ffi::F32> out, ffi::Buffer<ffi::F32> lse,
                     ffi::Buffer<ffi::F32> dout, float scale, ffi::ResultBuffer<ffi::F32> dq,
                     ffi::ResultBuffer<ffi::F32> dk, ffi::ResultBuffer<ffi::F32> dv) {
-  const Dims d = GetDims(q, k);
+  const auto dims = GetDims(q, k, v, mask);
+  if (dims.has_error()) return dims.error();
+  const Dims d = dims.value();
   const bool* mp = mask.typed_data();
   const float* qp = q.typed_data();
   const float* op = out.typed_data();
