@@ -59,6 +59,7 @@ from mipu_jax.learner import Learner
 from mipu_jax.learner import mesh_from_config
 from mipu_jax.learner import policy_logprobs
 from mipu_jax.learner import Scoring
+from mipu_jax.models.config import ATTENTIONS
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 # The CPU flags that decide fp32 GEMM speed (oneDNN / MKL in torch, XNNPACK in XLA:CPU).
@@ -379,12 +380,13 @@ def vs_transformers(a) -> list:
   records = []
   print(host_line())
   print(f"{a.tx_batch} x {a.tx_seq} tokens ({a.prompt} prompt), fp32, fastest of "
-        f"{a.repeats} interleaved rounds; torch on {threads} threads\n")
+        f"{a.repeats} interleaved rounds; torch on {threads} threads; mipu_jax's attention "
+        f"{a.attention!r}\n")
   print("| shape | measured | transformers ms | mipu_jax ms | transformers tok/s | "
         "mipu_jax tok/s | mipu / transformers |")
   print("|---|---|---|---|---|---|---|")
   for name in a.shapes.split(","):
-    mcfg = shape_config(name)
+    mcfg = shape_config(name).replace(attention=a.attention)
     model, learner, state, rl = shape_learner(mcfg, a.tx_batch, a.tx_seq, a.prompt)
     data = rl_batch(mcfg.vocab_size, a.tx_batch, a.tx_seq, a.prompt)
     with tempfile.TemporaryDirectory() as d:
@@ -401,7 +403,8 @@ def vs_transformers(a) -> list:
            "learner step/mipu_jax": ours_step}
     best = interleaved(fns, a.repeats)
     n_tok = a.tx_batch * a.tx_seq
-    rec = {"shape": name, "params": mcfg.num_params(), "tokens": n_tok, **host()}
+    rec = {"shape": name, "attention": a.attention, "params": mcfg.num_params(),
+           "tokens": n_tok, **host()}
     for what in ("fwd+bwd", "learner step"):
       hf_, us = best[f"{what}/transformers"], best[f"{what}/mipu_jax"]
       print(f"| {name} | {what} | {hf_.wall * 1e3:,.0f} | {us.wall * 1e3:,.0f} | "
@@ -438,6 +441,8 @@ def main():
   p.add_argument("--shapes", default="tiny,mid")
   p.add_argument("--tx_batch", type=int, default=64, help="rows, --vs_transformers")
   p.add_argument("--tx_seq", type=int, default=96, help="tokens per row, --vs_transformers")
+  p.add_argument("--attention", default="dense", choices=ATTENTIONS,
+                 help="mipu_jax's attention, --vs_transformers (cpu_fused: the fused CPU kernel)")
   a = p.parse_args()
   if a.vs_transformers:
     vs_transformers(a)
