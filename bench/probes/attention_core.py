@@ -19,7 +19,8 @@ interleaved rounds (fastest of `--rounds`, each round `--calls` calls in a row):
   * torch's `scaled_dot_product_attention(is_causal=True, enable_gqa=True)`.
 
 Shapes (`[B, T]`, query heads over KV heads, head dim): `moe` the MoE bench's (16 x 128,
-4 over 2, 32), `tiny` the dense learner bench's (64 x 96, 8 over 4, 32). The largest
+4 over 2, 32), `tiny` the dense learner bench's (64 x 96, 8 over 4, 32); on request `mid`
+(64 x 96, 16 over 8, 64) and `long` (4 x 1024, 8 over 4, 64). The largest
 difference of each output and gradient from `dense`'s under jax's defaults is printed.
 """
 
@@ -36,7 +37,8 @@ from mipu_jax.models import attention
 from mipu_jax.models import cpu_attention
 from mipu_jax.models import moe
 
-SHAPES = {"moe": (16, 128, 4, 2, 32), "tiny": (64, 96, 8, 4, 32)}  # B, T, N, K, H
+SHAPES = {"moe": (16, 128, 4, 2, 32), "tiny": (64, 96, 8, 4, 32),  # B, T, N, K, H
+          "mid": (64, 96, 16, 8, 64), "long": (4, 1024, 8, 4, 64)}
 
 
 def head_major(q_BTKQH, k_BSKH, v_BSKH, mask_BTS):
