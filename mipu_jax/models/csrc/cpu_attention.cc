@@ -405,28 +405,28 @@ ffi::Error Backward(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::Buffer<f
 
 }  // namespace
 
+// What both handlers take first: XLA's intra-op pool, q, k, v and the mask.
+auto BindQkvMask() {
+  return ffi::Ffi::Bind()
+      .Ctx<ffi::ThreadPool>()
+      .Arg<ffi::Buffer<ffi::F32>>()
+      .Arg<ffi::Buffer<ffi::F32>>()
+      .Arg<ffi::Buffer<ffi::F32>>()
+      .Arg<ffi::Buffer<ffi::PRED>>();
+}
+
 XLA_FFI_DEFINE_HANDLER_SYMBOL(MipuAttentionForward, Forward,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::ThreadPool>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Arg<ffi::Buffer<ffi::PRED>>()
+                              BindQkvMask()
                                   .Attr<float>("scale")
-                                  .Ret<ffi::Buffer<ffi::F32>>()
-                                  .Ret<ffi::Buffer<ffi::F32>>());
+                                  .Ret<ffi::Buffer<ffi::F32>>()   // out
+                                  .Ret<ffi::Buffer<ffi::F32>>());  // log-sum-exp
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(MipuAttentionBackward, Backward,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::ThreadPool>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Arg<ffi::Buffer<ffi::PRED>>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
+                              BindQkvMask()
+                                  .Arg<ffi::Buffer<ffi::F32>>()   // out
+                                  .Arg<ffi::Buffer<ffi::F32>>()   // log-sum-exp
+                                  .Arg<ffi::Buffer<ffi::F32>>()   // d out
                                   .Attr<float>("scale")
-                                  .Ret<ffi::Buffer<ffi::F32>>()
-                                  .Ret<ffi::Buffer<ffi::F32>>()
-                                  .Ret<ffi::Buffer<ffi::F32>>());
+                                  .Ret<ffi::Buffer<ffi::F32>>()   // dq
+                                  .Ret<ffi::Buffer<ffi::F32>>()   // dk
+                                  .Ret<ffi::Buffer<ffi::F32>>());  // dv
