@@ -30,7 +30,7 @@ import jax.numpy as jnp
 import jaxlib
 import numpy as np
 
-from mipu_jax.models import sharding
+from mipu_jax.models import invariant
 
 SOURCE = pathlib.Path(__file__).parent / "csrc" / "cpu_attention.cc"
 _FWD, _BWD = "mipu_cpu_attention_fwd", "mipu_cpu_attention_bwd"
@@ -159,12 +159,6 @@ def attend(q_BTNH: jax.Array, k_BSKH: jax.Array, v_BSKH: jax.Array,
   dense boolean mask `[B, T, S]`: `attention._dense`'s function. Under a mesh
   whose row axes divide B, each device runs the kernel on its own rows."""
   check(q_BTNH, k_BSKH, v_BSKH, mask_BTS)
-  mask_BTS = mask_BTS.astype(jnp.bool_)
-  mesh = jax.sharding.get_abstract_mesh()
-  rows = () if mesh.empty or mesh.manual_axes else sharding.row_axes(mesh)
-  if not rows or q_BTNH.shape[0] % sharding.row_shards(mesh):
-    return _attend(q_BTNH, k_BSKH, v_BSKH, mask_BTS)
-  spec = jax.sharding.PartitionSpec(rows)
-  # XLA's partitioner cannot split a custom call: each device runs its rows.
-  return jax.shard_map(_attend, mesh=mesh, in_specs=(spec,) * 4, out_specs=spec,
-                       check_vma=False)(q_BTNH, k_BSKH, v_BSKH, mask_BTS)
+  # XLA's partitioner cannot split a custom call: each device runs its own rows.
+  return invariant.per_row_shard(lambda _, *rows: _attend(*rows), (), q_BTNH, k_BSKH, v_BSKH,
+                                 mask_BTS.astype(jnp.bool_))
