@@ -84,10 +84,18 @@ def _moe_impl(cpu_artifacts: bool) -> str:
   return "footprint" if jax.default_backend() == "cpu" and not cpu_artifacts else "auto"
 
 
+def _attention(asked: str, cpu_artifacts: bool) -> str:
+  """The attention to plan: "auto" is `dense` on an accelerator, so a plan made
+  on a CPU for one plans `dense`, not the CPU's fused kernel (unless
+  `cpu_artifacts`)."""
+  return "dense" if asked == "auto" and not cpu_artifacts else asked
+
+
 def _abstract_model(cfg: TrainConfig, mesh, layout: str, cpu_artifacts: bool = False):
   m = cfg.model
   mcfg = models.get_config(m.preset, dtype=m.dtype, remat=m.remat,
-                           attention=m.attention, attention_block=m.attention_block,
+                           attention=_attention(m.attention, cpu_artifacts),
+                           attention_block=m.attention_block,
                            moe_impl=_moe_impl(cpu_artifacts))
   return sharding.abstract_model(lambda: models.Qwen3(mcfg, rngs=nnx.Rngs(0)), mesh, layout)
 

@@ -3,7 +3,8 @@
 Outputs and the three gradients within float32 rounding on odd sizes, grouped
 heads, head dims that are not a multiple of the kernel's 16 lanes, keys longer
 than queries, random masks with rows that see no key at all; the model and the
-learner step with it; 8 devices equal 1 bitwise; clear errors.
+learner step with it; 8 devices equal 1 bitwise; clear errors; "auto" (the
+default) runs it on a CPU in float32 and `dense` otherwise.
 """
 
 import jax
@@ -102,7 +103,7 @@ def test_eight_devices_equal_one_bitwise():
 
 @pytest.mark.parametrize("preset", ["tiny", "tiny_moe"])
 def test_model_logits_and_gradients_equal_dense(preset):
-  cfg = models.get_config(preset, vocab_size=67, num_layers=2)
+  cfg = models.get_config(preset, vocab_size=67, num_layers=2, attention="dense")
   dense = models.Qwen3(cfg, rngs=nnx.Rngs(3))
   fused = models.Qwen3(cfg.replace(attention="cpu_fused"), rngs=nnx.Rngs(3))
   rng = np.random.default_rng(1)
@@ -169,3 +170,26 @@ def test_the_build_is_cached_per_source(tmp_path, monkeypatch):
   stamp = first.stat().st_mtime_ns
   assert cpu_attention._library(cxx) == first and first.stat().st_mtime_ns == stamp  # pylint: disable=protected-access
   assert [p.name for p in tmp_path.iterdir()] == [first.name]  # no temporary left behind
+
+
+def test_auto_is_the_kernel_in_float32_on_a_cpu_and_dense_otherwise():
+  assert models.get_config("tiny").attention == "auto"
+  assert attention.resolve("auto", jnp.float32, jnp.float32, jnp.float32) == "cpu_fused"
+  assert attention.resolve("auto", jnp.bfloat16, jnp.bfloat16, jnp.bfloat16) == "dense"
+  assert attention.resolve("auto", jnp.float32, jnp.bfloat16, jnp.float32) == "dense"
+  assert attention.resolve("blockwise", jnp.float32) == "blockwise"
+  q, k, v, *_ = _case(2, 9, 9, 4, 2, 16, seed=9)
+  am = attention.row_mask(jnp.ones((2, 9), bool), None)
+  auto = attention.attend(q, k, v, am, implementation="auto")
+  np.testing.assert_array_equal(auto, attention.attend(q, k, v, am, implementation="cpu_fused"))
+  half = [x.astype(jnp.bfloat16) for x in (q, k, v)]
+  np.testing.assert_array_equal(attention.attend(*half, am, implementation="auto"),
+                                attention.attend(*half, am, implementation="dense"))
+
+
+def test_auto_without_the_kernel_runs_dense_and_says_why(monkeypatch, caplog):
+  monkeypatch.setattr(cpu_attention, "_built", {})
+  monkeypatch.setattr(cpu_attention, "_compiler", lambda: None)
+  attention._warn_auto_without_kernel.cache_clear()  # pylint: disable=protected-access
+  assert attention.resolve("auto", jnp.float32) == "dense"
+  assert "no C++ compiler" in caplog.text and 'attention="auto" runs "dense"' in caplog.text

@@ -441,7 +441,7 @@ def main():
   p.add_argument("--shapes", default="tiny,mid")
   p.add_argument("--tx_batch", type=int, default=64, help="rows, --vs_transformers")
   p.add_argument("--tx_seq", type=int, default=96, help="tokens per row, --vs_transformers")
-  p.add_argument("--attention", default="dense", choices=ATTENTIONS,
+  p.add_argument("--attention", default="auto", choices=ATTENTIONS,
                  help="mipu_jax's attention, --vs_transformers (cpu_fused: the fused CPU kernel)")
   a = p.parse_args()
   if a.vs_transformers:

@@ -388,7 +388,7 @@ def main():
   p.add_argument("--prompt", type=int, default=32)
   p.add_argument("--side", default="both", choices=("both", "jax", "torch"))
   p.add_argument("--top", type=int, default=15, help="costliest XLA ops to list")
-  p.add_argument("--attention", default="dense", choices=model_config.ATTENTIONS,
+  p.add_argument("--attention", default="auto", choices=model_config.ATTENTIONS,
                  help="the model's attention (cpu_fused: the fused XLA:CPU kernel)")
   p.add_argument("--steps", type=int, default=3,
                  help="profiled steps per side; each category's median is printed")

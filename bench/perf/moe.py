@@ -10,7 +10,8 @@ In one run, on this machine (fp32, one device, torch on as many threads as jax h
     in torch on transformers' `Qwen3MoeForCausalLM` loaded from our export (the same
     starting weights; `bench.perf.learner.torch_learner_step`); where the learner picks
     its own XLA options (`moe.learner_compiler_options`) or unrolls its layers
-    (`moe.learner_unroll_layers`), its step without each in turn too;
+    (`moe.learner_unroll_layers`), its step without each in turn too; where the
+    default attention ("auto") runs the fused CPU kernel, the step with `dense` too;
   * forward + backward of the mean token log-prob with the learner's arithmetic:
     mipu_jax's MoE (the grouped matmul `Qwen3Config.moe_impl` resolves to, and each
     implementation by name), transformers' MoE, and on both sides the dense twin whose
@@ -54,6 +55,7 @@ from bench.perf.learner import shape_learner
 from bench.perf.learner import torch_learner_step
 from bench.perf.model import matmul_peak_program
 from mipu_jax import models
+from mipu_jax.models import attention
 from mipu_jax.models import cpu_attention
 
 # glibc's ceiling for keeping a freed block in its heap (DEFAULT_MMAP_THRESHOLD_MAX on
@@ -66,10 +68,11 @@ TRAIN_ROWS = (
     ("step/mipu_moe_scan", "mipu_jax MoE `Learner.step`, its XLA options, the layer scan"),
     ("step/mipu_moe_jax_default", "mipu_jax MoE `Learner.step`, jax's default XLA options, "
      "the layer scan"),
-    ("step/mipu_moe_cpu_fused", "mipu_jax MoE `Learner.step`, `attention=\"cpu_fused\"`"),
+    ("step/mipu_moe_dense_attention", "mipu_jax MoE `Learner.step`, `attention=\"dense\"`"),
     ("step/transformers_moe", "transformers MoE, the same PPO step in torch"),
     ("step/mipu_dense", "mipu_jax dense twin `Learner.step`"),
-    ("step/mipu_dense_cpu_fused", "mipu_jax dense twin `Learner.step`, `attention=\"cpu_fused\"`"),
+    ("step/mipu_dense_dense_attention", "mipu_jax dense twin `Learner.step`, "
+     "`attention=\"dense\"`"),
     ("step/transformers_dense", "transformers dense twin, PPO step"),
     ("fwd_bwd/mipu_moe_auto", "mipu_jax MoE fwd+bwd (`moe_impl` auto)"),
     ("fwd_bwd/mipu_moe_blocked", "mipu_jax MoE fwd+bwd, `blocked`"),
@@ -159,11 +162,11 @@ def main():
   for impl in ("blocked", "ragged_dot"):
     fns[f"fwd_bwd/mipu_moe_{impl}"] = ours(cfg.replace(moe_impl=impl))[2]
   dense, fns["step/mipu_dense"], fns["fwd_bwd/mipu_dense"], *_ = ours(dense_cfg)
-  # The fused CPU attention kernel (opt-in: within float32 rounding of `dense`, not bitwise).
-  fused_error = cpu_attention.error()
-  if not fused_error:
-    fns["step/mipu_moe_cpu_fused"] = ours(cfg.replace(attention="cpu_fused"))[1]
-    fns["step/mipu_dense_cpu_fused"] = ours(dense_cfg.replace(attention="cpu_fused"))[1]
+  # The default attention ("auto") is the fused CPU kernel where it builds: `dense` beside it.
+  runs = attention.resolve(cfg.attention, cfg.dtype)
+  if runs != "dense":
+    fns["step/mipu_moe_dense_attention"] = ours(cfg.replace(attention="dense"))[1]
+    fns["step/mipu_dense_dense_attention"] = ours(dense_cfg.replace(attention="dense"))[1]
   hf = theirs(model)
   hf_dense = theirs(dense)
   assert type(hf).__name__ == "Qwen3MoeForCausalLM", type(hf).__name__
@@ -206,8 +209,8 @@ def main():
         f"{dense_cfg.num_params():,}; {a.batch} x {a.seq} tokens ({a.prompt} prompt), "
         f"fastest of {a.repeats} interleaved rounds; the MoE learner's XLA options "
         f"{options or 'jax defaults'}, its layer scan {'unrolled' if unrolled else 'a scan'}")
-  if fused_error:
-    print(f"attention='cpu_fused' rows left out: {fused_error}")
+  print(f"attention {cfg.attention!r} runs {runs!r} here"
+        + (f" ({cpu_attention.error()})" if runs == "dense" and cpu_attention.error() else ""))
   print("| what | seconds | tokens/s | vs transformers' MoE | MFU (active) |")
   print("| --- | --- | --- | --- | --- |")
   for key, what in TRAIN_ROWS:

@@ -34,10 +34,11 @@ class ModelConfig:
     remat: each layer's remat policy in the backward pass: "none", "layer"
       (recompute the layer: least memory) or "dots" (keep the matmul outputs);
       True / False mean "layer" / "none".
-    attention: "dense" (the reference), "blockwise" (flash-style, pure JAX,
-      memory linear in the row length), "cudnn" (GPU), "splash" (TPU) or
-      "cpu_fused" (one XLA:CPU kernel, float32, built with the host's C++
-      compiler on first use) (`mipu_jax.models.attention`).
+    attention: "auto" (the default: "cpu_fused" on a CPU in float32 where
+      the kernel builds, else "dense"), "dense" (the reference), "blockwise"
+      (flash-style, pure JAX, memory linear in the row length), "cudnn" (GPU),
+      "splash" (TPU) or "cpu_fused" (one XLA:CPU kernel, float32, built with the
+      host's C++ compiler on first use) (`mipu_jax.models.attention`).
     attention_block: the blockwise / splash tile.
     init_seed: seed of the random init.
     init_perturb_ulps: every float parameter of the base policy moved this
@@ -49,7 +50,7 @@ class ModelConfig:
   init_from: str = ""
   dtype: str = "float32"
   remat: Any = "none"
-  attention: str = "dense"
+  attention: str = "auto"
   attention_block: int = 512
   init_seed: int = 0
   init_perturb_ulps: int = 0

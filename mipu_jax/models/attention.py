@@ -24,6 +24,8 @@ every implementation; callers ignore its output.
 - `cpu_fused`: `dense`'s function as one XLA:CPU kernel, forward and backward,
   through jax's FFI, float32 (`cpu_attention`); within float32 rounding of
   `dense`, not bitwise.
+- `auto` (the default): `cpu_fused` on a CPU in float32 where the kernel builds,
+  else `dense` (`resolve`).
 
 Over a cache, `decode` runs the `DecodeImpl` the engine resolved: `paged`
 (pure XLA), jax's TPU kernel (`paged_tpu`), our GPU kernel (`paged_pallas`) or
@@ -50,7 +52,7 @@ from mipu_jax.models import paged_pallas
 from mipu_jax.models import paged_tpu
 from mipu_jax.models import splash_tpu
 
-IMPLEMENTATIONS = ("dense", "blockwise", "cudnn", "splash", "cpu_fused")
+IMPLEMENTATIONS = ("auto", "dense", "blockwise", "cudnn", "splash", "cpu_fused")
 NEG_INF = float(jnp.finfo(jnp.float32).min)
 
 
@@ -114,6 +116,7 @@ def attend(q_BTNH: jax.Array, k_BSKH: jax.Array, v_BSKH: jax.Array,
   if implementation not in IMPLEMENTATIONS:
     raise ValueError(f"unknown attention {implementation!r}; choose one of "
                      f"{IMPLEMENTATIONS}.")
+  implementation = resolve(implementation, q_BTNH.dtype, k_BSKH.dtype, v_BSKH.dtype)
   b, t, n, h = q_BTNH.shape
   kh = k_BSKH.shape[2]
   q_BTKQH = q_BTNH.reshape(b, t, kh, n // kh, h)
@@ -129,6 +132,28 @@ def attend(q_BTNH: jax.Array, k_BSKH: jax.Array, v_BSKH: jax.Array,
   else:
     out = _blockwise(q_BTKQH, k_BSKH, v_BSKH, mask, block_q, block_k)
   return out.reshape(b, t, n, h)
+
+
+def resolve(implementation: str, *dtypes) -> str:
+  """The implementation `attend` runs for `implementation` on q, k, v of
+  `dtypes`: "auto" is `cpu_fused` on a CPU where all are float32 and the kernel
+  builds (one warning when it cannot), else `dense` (docs/method.md §7); any
+  other name is itself."""
+  if implementation != "auto":
+    return implementation
+  if jax.default_backend() != "cpu" or any(jnp.dtype(d) != jnp.float32 for d in dtypes):
+    return "dense"
+  why = cpu_attention.error()
+  if why:
+    _warn_auto_without_kernel(why)
+    return "dense"
+  return "cpu_fused"
+
+
+@functools.cache
+def _warn_auto_without_kernel(why: str) -> None:  # once per process and reason
+  logging.warning('attention="auto" runs "dense" on this CPU instead of the fused kernel '
+                  '("cpu_fused"): %s.', why)
 
 
 def _dense(q_BTKQH, k_BSKH, v_BSKH, mask_BTS):

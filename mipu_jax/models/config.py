@@ -31,7 +31,7 @@ def as_dtype(dtype: Any) -> jnp.dtype:
 
 
 REMAT_POLICIES = ("none", "layer", "dots")
-ATTENTIONS = ("dense", "blockwise", "cudnn", "splash", "cpu_fused")
+ATTENTIONS = ("auto", "dense", "blockwise", "cudnn", "splash", "cpu_fused")
 MOE_IMPLS = ("auto", "ragged_dot", "blocked", "footprint")
 
 
@@ -55,7 +55,8 @@ class Qwen3Config:
     remat: remat policy of each layer in the backward pass: "none", "layer"
       (recompute the whole layer: least memory) or "dots" (keep the matmul
       outputs); `qwen3.remat`. True / False mean "layer" / "none".
-    attention: "dense" (the reference), "blockwise" (flash-style, pure JAX),
+    attention: "auto" (`cpu_fused` on a CPU in float32 where it builds, else
+      `dense`), "dense" (the reference), "blockwise" (flash-style, pure JAX),
       "cudnn" (GPU), "splash" (TPU) or "cpu_fused" (one XLA:CPU kernel, float32,
       built on first use); `mipu_jax.models.attention`.
     attention_block: query and key tile of the blockwise and splash kernels.
@@ -93,7 +94,7 @@ class Qwen3Config:
   param_dtype: Any = jnp.float32
   dtype: Any = jnp.float32
   remat: Any = "none"
-  attention: str = "dense"
+  attention: str = "auto"
   attention_block: int = 512
   num_experts: int = 0
   num_experts_per_tok: int = 0

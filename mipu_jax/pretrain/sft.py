@@ -122,8 +122,11 @@ class PretrainConfig:
     self.model_config()  # Validates the dimensions.
 
   def model_config(self) -> models.Qwen3Config:
-    """The policy's Qwen3 config: the task tokenizer's vocabulary, tied embeddings."""
+    """The policy's Qwen3 config: the task tokenizer's vocabulary, tied embeddings;
+    `dense` attention, which made the shipped base policies (so this recipe
+    rebuilds them)."""
     return models.Qwen3Config(
+        attention="dense",
         vocab_size=tasks.make_tokenizer().vocab_size,
         hidden_size=self.hidden_size, num_layers=self.num_layers,
         num_heads=self.num_heads, num_kv_heads=self.num_kv_heads,

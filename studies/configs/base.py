@@ -30,6 +30,10 @@ def get_config():
   # (`experiments/pretrain_base.py` rebuilds it).
   config.model.init_from = BASE_POLICY
   config.model.preset = "tiny"
+  # The committed studies and tables ran with `dense` attention, the default
+  # before "auto" (the fused CPU kernel, other float sums): pinned, so that a
+  # resumed or added run computes the sums of those already made.
+  config.model.attention = "dense"
 
   config.data.train_tiers = ("tier1", "tier2", "tier3")
   config.data.prompts_per_step = 16
