@@ -186,3 +186,17 @@ def test_a_run_saved_before_a_setting_existed_resumes_as_it_ran():
   assert "moe.routing_replay" in config_lib.resume_differences(
       replay, config_lib.TrainConfig(model=config_lib.ModelConfig(preset="tiny_moe"),
                                      moe=config_lib.MoEConfig(routing_replay="rollout")))
+
+
+def test_attention_is_auto_by_default_and_dense_where_committed_runs_need_its_sums():
+  """`auto` (the fused CPU kernel on a CPU in float32) for a new run; the studies' base
+  and the base policies' pretraining pin `dense`, with which their runs were made; a
+  memory plan made on a CPU for an accelerator plans what `auto` runs there, `dense`."""
+  from mipu_jax import memory_plan  # pylint: disable=g-import-not-at-top
+  from mipu_jax.pretrain import sft  # pylint: disable=g-import-not-at-top
+  assert config_lib.TrainConfig().model.attention == "auto"
+  assert config_lib.from_config_dict(base_config.get_config()).model.attention == "dense"
+  assert sft.PretrainConfig().model_config().attention == "dense"
+  assert memory_plan._attention("auto", cpu_artifacts=False) == "dense"  # pylint: disable=protected-access
+  assert memory_plan._attention("auto", cpu_artifacts=True) == "auto"  # pylint: disable=protected-access
+  assert memory_plan._attention("blockwise", cpu_artifacts=False) == "blockwise"  # pylint: disable=protected-access
