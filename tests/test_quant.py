@@ -116,7 +116,9 @@ def test_mismatch_grows_with_coarser_precision(model):
     dict(kv_cache_dtype="bf16"),
     dict(dtype="bfloat16", kv_cache_dtype="fp8_e5m2"),
     dict(dtype="float16", kv_cache_dtype="fp8"),
-    dict(weight_quant="int8", act_quant="int8", kv_cache_dtype="fp8", quant_compute="native"),
+    # The FP8 cache as the first case's, under native compute (tests/test_native_quant.py's).
+    pytest.param(dict(weight_quant="int8", act_quant="int8", kv_cache_dtype="fp8",
+                      quant_compute="native"), marks=pytest.mark.extended),
 ])
 def test_fake_kv_storage_samples_bitwise_as_real(model, kwargs):
   """A cache kept as compute-dtype values rounded through the cache dtype (CPU's

@@ -270,7 +270,8 @@ def test_a_call_draws_the_same_whatever_the_sampler_ran_before(model):
 
 
 @pytest.mark.skipif(jax.default_backend() != "cpu", reason="the CPU compile options")
-@pytest.mark.parametrize("kv", [None, "int8"])
+# The int8 cache's case in the extended tier: the claim is the compile options'.
+@pytest.mark.parametrize("kv", [None, pytest.param("int8", marks=pytest.mark.extended)])
 def test_cpu_compile_options_draw_the_same(model, kv):
   """On CPU the sampler's programs compile with XLA:CPU's loop emitters and less
   LLVM optimization (engine.Program, for the first call's time): the

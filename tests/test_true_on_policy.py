@@ -180,6 +180,9 @@ def test_learner_forward_on_a_mesh(bf16, rows):
   np.testing.assert_array_equal(lp * loss_mask[:rows], lp_mu[:rows])
 
 
+# Extended, beside the other whole first steps of `_assert_first_step_on_policy`; packed
+# rows stay bitwise in the suite (test_sampler_equals_packed_rows_under_remat).
+@pytest.mark.extended
 def test_packing_learner_is_on_policy(bf16):
   # The Learner's own packing (learner.pack_length): several responses a row.
   dtype, model, _, (tokens, mask, lp_mu, loss_mask) = bf16
