@@ -39,8 +39,10 @@ def _random_model(kw, seed=0):
   return model
 
 
-def _hf_logits(path, tokens, mask=None, positions=None):
-  hf = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+def _hf_logits(hf, tokens, mask=None, positions=None):
+  """transformers' logits of `tokens`; `hf` a checkpoint directory or a loaded model."""
+  if isinstance(hf, str):
+    hf = transformers.AutoModelForCausalLM.from_pretrained(hf, dtype=torch.float32)
   hf.eval()
   kwargs = {}
   if mask is not None:
@@ -60,7 +62,8 @@ def test_logits_match_transformers(name, tmp_path):
   tokens = rng.integers(0, v, (3, 13))
   fwd = nnx.jit(lambda m, t, k: m(t, mask_BT=k).logits)
   ours = np.asarray(fwd(model, jnp.asarray(tokens), jnp.ones((3, 13), bool)))
-  ref = _hf_logits(str(tmp_path), tokens)
+  hf = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path), dtype=torch.float32)
+  ref = _hf_logits(hf, tokens)
   assert ours.dtype == np.float32
   np.testing.assert_array_less(np.abs(ours - ref).max(), 1e-4)
 
@@ -76,7 +79,7 @@ def test_logits_match_transformers(name, tmp_path):
     positions = np.maximum(np.cumsum(mask, 1) - 1, 0)
     padded = np.where(mask, tokens, 0)
     ours = np.asarray(fwd(model, jnp.asarray(padded), jnp.asarray(mask)))
-    ref = _hf_logits(str(tmp_path), padded, mask, positions)
+    ref = _hf_logits(hf, padded, mask, positions)
     diff = np.abs(ours - ref)[mask]
     assert diff.max() <= 1e-4, (side, diff.max())
     # The real tokens' logits do not depend on padding at all.
