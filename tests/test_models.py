@@ -40,9 +40,7 @@ def _random_model(kw, seed=0):
 
 
 def _hf_logits(hf, tokens, mask=None, positions=None):
-  """transformers' logits of `tokens`; `hf` a checkpoint directory or a loaded model."""
-  if isinstance(hf, str):
-    hf = transformers.AutoModelForCausalLM.from_pretrained(hf, dtype=torch.float32)
+  """The loaded transformers model `hf`'s logits of `tokens`."""
   hf.eval()
   kwargs = {}
   if mask is not None:

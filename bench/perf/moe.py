@@ -209,8 +209,8 @@ def main():
         f"{dense_cfg.num_params():,}; {a.batch} x {a.seq} tokens ({a.prompt} prompt), "
         f"fastest of {a.repeats} interleaved rounds; the MoE learner's XLA options "
         f"{options or 'jax defaults'}, its layer scan {'unrolled' if unrolled else 'a scan'}")
-  print(f"attention {cfg.attention!r} runs {runs!r} here"
-        + (f" ({cpu_attention.error()})" if runs == "dense" and cpu_attention.error() else ""))
+  why = cpu_attention.error() if runs == "dense" else ""
+  print(f"attention {cfg.attention!r} runs {runs!r} here" + (f" ({why})" if why else ""))
   print("| what | seconds | tokens/s | vs transformers' MoE | MFU (active) |")
   print("| --- | --- | --- | --- | --- |")
   for key, what in TRAIN_ROWS:
