@@ -10,6 +10,7 @@ import pytest
 from mipu_jax import config as config_lib
 from mipu_jax import losses
 from mipu_jax import rl
+from mipu_jax import testing
 from mipu_jax.learner import LearnerState
 from mipu_jax.rl import build
 from mipu_jax.rl import rollout as rollout_lib
@@ -133,22 +134,20 @@ def test_rl_step_with_a_rejecting_gate_rolls_back_learner_and_sampler():
 
 
 def test_three_real_steps_log_everything(tmp_path):
-  cfg = config_lib.TrainConfig(
-      num_steps=3,
-      data=config_lib.DataConfig(prompts_per_step=4, group_size=4, train_tiers=("tier1",),
-                                 max_sampling_rounds=2),
-      sampling=config_lib.SamplingConfig(max_new_tokens=16),
-      optim=config_lib.OptimConfig(learning_rate=1e-3),
-      learner=config_lib.LearnerConfig(mesh=config_lib.MeshConfig(1, 1, 1)),
-      eval=config_lib.EvalConfig(tiers=("tier1",), n_per_tier=8, num_samples=2),
-      checkpoint=config_lib.CheckpointConfig(every=2),
-      logging=config_lib.LoggingConfig(progress_bar=False))
+  # The loop tests' tiny run (its programs compiled once per session, the entropy
+  # pass off: tests/test_learner.py checks `actor/entropy`), with every logger on, a
+  # second sampling round and a save every 2 steps.
+  cfg = testing.tiny_run_config(
+      3, data=dict(max_sampling_rounds=2),
+      checkpoint=dict(every=2, keep=config_lib.CheckpointConfig().keep),
+      logging=dict(backends=config_lib.LoggingConfig().backends,
+                   plots=config_lib.LoggingConfig().plots))
   result = rl.train(cfg, str(tmp_path))
   steps = [r for r in result.rows if r["step"] > 0]
   assert [r["step"] for r in result.rows] == [0, 1, 2, 3]
   required = set(losses.MISMATCH_METRIC_NAMES) | set(losses.CORRECTION_METRIC_NAMES) | {
       "rollout/reward_mean", "rollout/accuracy", "rollout/response_length_mean",
-      "rollout/response_length_max", "actor/entropy", "actor/grad_norm",
+      "rollout/response_length_max", "actor/grad_norm",
       "actor/pg_clipfrac", "actor/lr", "perf/tokens_per_second", "data/groups_dropped"}
   for row in steps:
     assert required <= set(row), required - set(row)
