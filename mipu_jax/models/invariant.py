@@ -43,12 +43,6 @@ def replicated(tree):
   return jax.tree.map(lambda x: jax.lax.with_sharding_constraint(x, spec), tree)
 
 
-def _split_axes(mesh) -> tuple[str, ...]:
-  """The row axes `per_row_shard` and `map_rows` split over: none without a
-  mesh or inside a split already."""
-  return () if mesh.empty or mesh.manual_axes else sharding.row_axes(mesh)
-
-
 def per_row_shard(fn, whole, *rows):
   """`fn(whole, *rows)` on each device with its shard of the rows (`rows`'
   leading axis over the active mesh's row axes, `shard_map`) and all of
@@ -56,7 +50,7 @@ def per_row_shard(fn, whole, *rows):
   the split. Without a mesh, or with rows its shards do not divide, replicated
   (its tile loops then split their tokens: `map_rows`)."""
   mesh = jax.sharding.get_abstract_mesh()
-  axes = _split_axes(mesh)
+  axes = sharding.split_axes(mesh)
   if not axes or rows[0].shape[0] % sharding.row_shards(mesh):
     return fn(*replicated((whole,) + rows))
   spec = jax.sharding.PartitionSpec
@@ -71,7 +65,7 @@ def map_rows(fn, *xs_M):
   devices: it would run every tile on each)."""
   m = xs_M[0].shape[0]
   mesh = jax.sharding.get_abstract_mesh()
-  axes = _split_axes(mesh)
+  axes = sharding.split_axes(mesh)
   if axes:  # rows padded with zeros to a multiple of the row shards
     grow = lambda x: jnp.pad(x, [(0, -m % sharding.row_shards(mesh))] + [(0, 0)] * (x.ndim - 1))
     spec = jax.sharding.PartitionSpec(axes)

@@ -318,7 +318,7 @@ def experts_on_mesh(h_BTD: jax.Array, hq_BTD: jax.Array, experts_BTk: jax.Array,
     return out.reshape(h_bTD.shape)
 
   mesh = jax.sharding.get_abstract_mesh()
-  rows = () if mesh.empty or mesh.manual_axes else sharding.row_axes(mesh)
+  rows = sharding.split_axes(mesh)
   if not rows or h_BTD.shape[0] % sharding.row_shards(mesh):
     return run(h_BTD, hq_BTD, experts_BTk, gates_BTk, w)
   ep = sharding.expert_shards(mesh)

@@ -41,6 +41,12 @@ def row_shards(mesh) -> int:
   return math.prod(mesh.shape[a] for a in row_axes(mesh))
 
 
+def split_axes(mesh) -> tuple[str, ...]:
+  """The row axes a `shard_map` over a batch's rows splits over on the active
+  (abstract) `mesh`: none without a mesh or inside a split already."""
+  return () if mesh.empty or mesh.manual_axes else row_axes(mesh)
+
+
 # Parameter path -> per-dimension mesh axes (a name, or a tuple of names split
 # in order), for the `train` layout.
 TRAIN_RULES: dict[str, tuple[Optional[str] | tuple[str, ...], ...]] = {
