@@ -590,7 +590,7 @@ def test_learner_unrolls_a_small_moe_on_a_cpu():
   assert scanned.spec.unroll_layers is False
   # The step's program is the unrolled one. Unrolling happens at trace time, so the
   # lowered HLO shows it as the compiled program does, without the step's compile.
-  step_loops = lambda l: layer_loops(l.lower_step(2, 9).as_text(dialect="hlo"))
+  step_loops = lambda which: layer_loops(which.lower_step(2, 9).as_text(dialect="hlo"))
   if learner.spec.unroll_layers:
     assert step_loops(learner) == 0 < step_loops(scanned)
   with pytest.raises(ValueError, match="unroll_layers"):
